@@ -1,0 +1,35 @@
+"""The Task record: one PyTorch reference program in KernelBench format."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+Origin = Literal["file", "folder", "kernelbench", "parquet", "bundled"]
+
+
+class Task(BaseModel):
+    name: str
+    source: str = Field(repr=False)
+    path: str | None = Field(None, description="where the source was read from, if a file")
+    origin: Origin = "file"
+    level: int | None = None
+    problem_id: int | None = None
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+
+class Candidate(BaseModel):
+    """A program that claims to replace a task's Model with ModelNew."""
+
+    name: str
+    source: str = Field(repr=False)
+    path: str | None = None
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()

@@ -1,0 +1,73 @@
+"""How a verification is run: tolerance policy, trials, timing budget, limits.
+
+One typed record with named presets, so the CLI, tests and benchmarks share defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+ToleranceName = Literal["strict", "paper"]
+
+
+class Tolerance(BaseModel):
+    """atol/rtol per output dtype class; an element passes when |c - r| <= atol + rtol * |r|."""
+
+    name: ToleranceName
+    fp32_atol: float
+    fp32_rtol: float
+    half_atol: float
+    half_rtol: float
+
+    def for_dtype(self, dtype_name: str) -> tuple[float, float]:
+        """(atol, rtol) for an output dtype given by name ("float32", "bfloat16", ...)."""
+        if dtype_name in ("float16", "bfloat16"):
+            return self.half_atol, self.half_rtol
+        if dtype_name.startswith(("float", "complex")):
+            return self.fp32_atol, self.fp32_rtol
+        return 0.0, 0.0  # integer and bool outputs must match exactly
+
+
+TOLERANCES: dict[str, Tolerance] = {
+    # Today's KernelBench.
+    "strict": Tolerance(name="strict", fp32_atol=1e-4, fp32_rtol=1e-4, half_atol=1e-2, half_rtol=1e-2),
+    # KernelBench v0.1 and the StitchCUDA / CUDA Agent papers.
+    "paper": Tolerance(name="paper", fp32_atol=1e-2, fp32_rtol=1e-2, half_atol=1e-2, half_rtol=1e-2),
+}
+
+
+class VerifyConfig(BaseModel):
+    """Everything that decides how one candidate is checked and timed."""
+
+    tolerance: ToleranceName = "strict"
+    trials: int = Field(5, ge=1, description="correctness trials, each with a fresh seed and input distribution")
+    seed: int = 42
+    device: str = Field("cuda:0", description="cuda:N, or cpu (for tests: wall-clock timing, no baselines but eager)")
+    timing: bool = True
+    compile_baseline: bool = Field(True, description="measure torch.compile (slow the first time; cached)")
+    baseline_cache: bool = True
+    warmup: int = Field(3, ge=1)
+    min_timing_trials: int = Field(30, ge=3)
+    max_timing_trials: int = Field(300, ge=3)
+    timing_budget_s: float = Field(8.0, gt=0, description="target seconds of timed rounds")
+    timeout_s: float = Field(300.0, gt=0, description="wall-clock limit of a worker, build time excluded")
+    build_timeout_s: float = Field(900.0, gt=0)
+    build_jobs: int = Field(0, ge=0, description="parallel candidate builds; 0 = half the CPU cores")
+
+    @property
+    def tol(self) -> Tolerance:
+        return TOLERANCES[self.tolerance]
+
+
+PRESETS: dict[str, VerifyConfig] = {
+    "default": VerifyConfig(),
+    # CPU tests: tiny, no GPU-only baselines.
+    "tiny-debug": VerifyConfig(
+        device="cpu", trials=2, compile_baseline=False, baseline_cache=False,
+        min_timing_trials=3, max_timing_trials=5, timing_budget_s=0.5, timeout_s=120,
+    ),
+    # Quick look while iterating: fewer trials, no torch.compile.
+    "quick": VerifyConfig(trials=3, compile_baseline=False, timing_budget_s=3.0, min_timing_trials=20),
+}

@@ -1,0 +1,64 @@
+"""Feedback: a few lines a Coder can act on, the most decisive first."""
+
+from __future__ import annotations
+
+from stitchcuda.verify.verdict import Verdict
+
+_MAX_LINES = 12
+
+
+def feedback_for(verdict: Verdict) -> str:
+    lines: list[str] = []
+    if verdict.reference_error:
+        return "The reference program itself failed; nothing to compare against:\n" + verdict.reference_error[-800:]
+    failed = [e for e in verdict.build.extensions if not e.ok]
+    for ext in failed:
+        lines.append(f"Build of extension {ext.requested_name!r} failed:")
+        for msg in [m for m in ext.messages if m.severity == "error"][:5]:
+            where = f"{msg.file}:{msg.line}" if msg.line else msg.file
+            lines.append(f"  {where}: {msg.message}" + (f"   <- `{msg.source_line}`" if msg.source_line else ""))
+    if verdict.crash:
+        c = verdict.crash
+        lines.append(f"The candidate crashed ({c.kind}) during {c.phase}: {_last_line(c.message)}")
+        if c.kind == "illegal_address":
+            lines.append("  Check index bounds and grid/block arithmetic of the kernels launched in forward.")
+        elif c.kind == "timeout":
+            lines.append("  It ran past the time limit: look for a kernel that never finishes or a loop with no exit.")
+        elif c.kind == "oom":
+            lines.append("  It ran out of GPU memory: allocate less or reuse buffers.")
+    lines.extend(e for e in verdict.errors if not e.startswith("build"))
+    bad = [t for t in verdict.correctness.trials if not t.passed]
+    if bad and not verdict.crash:
+        t = bad[0]
+        lines.append(f"Wrong result in {len(bad)} of {len(verdict.correctness.trials)} trials "
+                     f"(tolerance {verdict.tolerance.name}). First: trial {t.index} ({t.distribution}, {t.order}): {t.error}")
+        if t.worst:
+            lines.append(f"  Largest error at {t.worst}")
+    for f in verdict.hacking.findings:
+        if f.level != "none":
+            lines.append(f"Hacking ({f.level}): {f.check}: {f.detail}")
+    if verdict.passed and verdict.timing:
+        best = verdict.timing.best_baseline
+        eager = verdict.speedup.get("eager")
+        text = f"Correct. {verdict.timing.candidate.median_ms:.3f} ms"
+        if eager:
+            text += f", {eager:.2f}x vs eager"
+        if best and "best" in verdict.speedup:
+            text += f", {verdict.speedup['best']:.2f}x vs the best baseline ({best.name}, {best.stats.median_ms:.3f} ms)"  # type: ignore[union-attr]
+        lines.append(text + ".")
+        if verdict.speedup.get("best", 0) < 1.0:
+            lines.append("  Slower than a free baseline: fuse more operators or cut launches (a CUDA graph alone beats this).")
+    for ext in verdict.build.extensions:
+        for k in ext.kernels:
+            if k.spill_stores_bytes or k.spill_loads_bytes:
+                lines.append(f"Kernel {k.kernel} spills registers ({k.spill_stores_bytes} B stores, "
+                             f"{k.spill_loads_bytes} B loads, {k.registers} registers): shrink its per-thread state.")
+    if verdict.precision.flags_changed:
+        lines.append("Changed global precision flags (" + ", ".join(verdict.precision.flags_changed)
+                     + "); they are restored before every run, so set precision inside your own kernels.")
+    return "\n".join(lines[:_MAX_LINES])
+
+
+def _last_line(text: str) -> str:
+    stripped = [line for line in text.strip().splitlines() if line.strip()]
+    return stripped[-1].strip()[:300] if stripped else ""

@@ -1,0 +1,107 @@
+"""From what the worker reported (or how it died) to a Verdict: the pass/fail rules live here."""
+
+from __future__ import annotations
+
+from stitchcuda.task.record import Candidate, Task
+from stitchcuda.verify import precision
+from stitchcuda.verify.config import VerifyConfig
+from stitchcuda.verify.feedback import feedback_for
+from stitchcuda.verify.protocol import WorkerResult
+from stitchcuda.verify.verdict import (
+    CrashReport,
+    Finding,
+    HackingReport,
+    SourceRef,
+    Verdict,
+    WallTimes,
+)
+
+_LEVELS = ("none", "partial", "total")
+
+
+def hacking_level(findings: list[Finding]) -> str:
+    return max((f.level for f in findings), key=_LEVELS.index, default="none")
+
+
+def judge(
+    task: Task,
+    candidate: Candidate,
+    config: VerifyConfig,
+    result: WorkerResult | None,
+    crash: CrashReport | None = None,
+    wall: WallTimes | None = None,
+    static_error: str | None = None,
+) -> Verdict:
+    verdict = Verdict(
+        task=SourceRef(name=task.name, path=task.path, sha256=task.sha256),
+        candidate=SourceRef(name=candidate.name, path=candidate.path, sha256=candidate.sha256),
+        tolerance=config.tol,
+        wall=wall or WallTimes(),
+    )
+    if static_error:
+        verdict.errors.append(static_error)
+        verdict.feedback = static_error
+        return verdict
+    result = result or WorkerResult()
+    verdict.device = result.device
+    verdict.build = result.build
+    verdict.reference_error = result.reference_error
+    verdict.crash = crash or result.crash
+    verdict.correctness = result.correctness
+    verdict.timing = result.timing
+    verdict.hacking = HackingReport(level=hacking_level(result.findings), findings=result.findings)  # type: ignore[arg-type]
+
+    build_failed = [e for e in result.build.extensions if not e.ok]
+    crashed_before_import = verdict.crash is not None and verdict.crash.phase in ("start", "reference", "build")
+    verdict.compiled = (
+        result.reference_error is None and not build_failed and result.import_error is None
+        and not crashed_before_import and result.ready_at > 0
+    )
+    trials = result.correctness.trials
+    verdict.correct = (
+        verdict.compiled and verdict.crash is None and len(trials) == config.trials and all(t.passed for t in trials)
+    )
+    verdict.passed = verdict.correct and verdict.hacking.level != "total"
+
+    errors = verdict.errors
+    if result.reference_error:
+        errors.append("the reference failed to run: " + _first_line(result.reference_error))
+    for ext in build_failed:
+        first = next((m for m in ext.messages if m.severity == "error"), None)
+        where = f" at {first.file}:{first.line}: {first.message}" if first and first.line else (
+            f": {first.message}" if first else "")
+        errors.append(f"build of {ext.requested_name!r} failed{where}")
+    if result.import_error:
+        errors.append("importing the candidate failed: " + _last_line(result.import_error))
+    if verdict.crash:
+        errors.append(f"{verdict.crash.kind} during {verdict.crash.phase}: {_last_line(verdict.crash.message)}")
+    errors.extend(result.errors)
+    failed_trials = [t for t in trials if not t.passed and t.error]
+    if failed_trials and not verdict.crash:
+        errors.append(f"incorrect in {len(failed_trials)} of {len(trials)} trials: {failed_trials[0].error}")
+    errors.extend(f"hacking ({f.level}): {f.detail}" for f in result.findings if f.level == "total")
+
+    if result.timing and verdict.correct:
+        cand = result.timing.candidate.median_ms
+        for name, baseline in result.timing.baselines.items():
+            if baseline.stats and cand > 0:
+                verdict.speedup[name] = baseline.stats.median_ms / cand
+        best = result.timing.best_baseline
+        if best and best.stats and cand > 0:
+            verdict.speedup["best"] = best.stats.median_ms / cand
+
+    verdict.precision = precision.assess(
+        candidate.source, result.output_dtypes, result.flags_changed, result.correctness.rel_l2_error,
+    )
+    verdict.feedback = feedback_for(verdict)
+    return verdict
+
+
+def _first_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[0].strip()[:300] if lines else ""
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip()[:300] if lines else ""

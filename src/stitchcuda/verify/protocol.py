@@ -1,0 +1,53 @@
+"""What the orchestrator and a worker process pass each other, as JSON files.
+
+Kept free of torch so that the orchestrating process stays light.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+from stitchcuda.verify.config import VerifyConfig
+from stitchcuda.verify.verdict import (
+    BaselineTiming,
+    BuildReport,
+    CorrectnessReport,
+    CrashReport,
+    DeviceInfo,
+    Finding,
+    TimingReport,
+)
+
+
+class WorkerRequest(BaseModel):
+    mode: Literal["build", "verify"]
+    reference_path: str | None = None
+    candidate_path: str
+    config: VerifyConfig
+    device: str = "cuda:0"  # as the worker sees it (CUDA_VISIBLE_DEVICES is set for it)
+    cache_root: str
+    cached_baselines: dict[str, BaselineTiming] = {}
+    result_path: str
+    phase_path: str
+
+
+class WorkerResult(BaseModel):
+    started_at: float = 0.0  # time.time() when the worker's Python began running our code
+    ready_at: float = 0.0  # torch imported and the device initialised
+    device: DeviceInfo = DeviceInfo()
+    build: BuildReport = BuildReport()
+    import_error: str | None = None  # candidate import failed for a reason other than its build
+    reference_error: str | None = None
+    crash: CrashReport | None = None
+    errors: list[str] = []
+    correctness: CorrectnessReport = CorrectnessReport()
+    timing: TimingReport | None = None
+    measured_baselines: dict[str, BaselineTiming] = {}
+    findings: list[Finding] = []
+    output_dtypes: list[str] = []
+    flags_changed: list[str] = []
+    reference_s: float = 0.0
+    correctness_s: float = 0.0
+    timing_s: float = 0.0

@@ -1,0 +1,296 @@
+"""The orchestrating side of a verification: one fresh worker process per candidate.
+
+The orchestrator never imports candidate code. It writes the sources and a request into a
+scratch folder, starts ``python -m stitchcuda.verify.worker`` in a new process group, watches
+its phase file against the time limits, kills the whole group on overrun, and turns whatever
+came back (a result file, or an exit status and an output tail) into a Verdict.
+
+Builds take minutes and need only CPU cores, so :meth:`Verifier.prebuild` builds many
+candidates in parallel worker processes (GPU hidden) before their GPU runs, which then find
+every extension in the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from stitchcuda import machine
+from stitchcuda.paths import cache_root
+from stitchcuda.task.inspect import TaskError, check_candidate_source
+from stitchcuda.task.record import Candidate, Task
+from stitchcuda.verify.config import VerifyConfig
+from stitchcuda.verify.judge import judge
+from stitchcuda.verify.protocol import WorkerRequest, WorkerResult
+from stitchcuda.verify.verdict import BaselineTiming, BuildReport, CrashReport, Verdict, WallTimes
+
+_TAIL_CHARS = 4000
+_POLL_S = 0.05
+
+
+@dataclass
+class WorkerOutcome:
+    result: WorkerResult | None
+    crash: CrashReport | None
+    output_tail: str
+    spawned_at: float
+    ended_at: float
+
+
+def classify_exit(returncode: int, tail: str) -> tuple[str, str | None]:
+    """(crash kind, signal name) for a worker that died without writing its result."""
+    text = tail.lower()
+    sig = None
+    if returncode < 0:
+        try:
+            sig = signal.Signals(-returncode).name
+        except ValueError:
+            sig = f"signal {-returncode}"
+    if "illegal memory access" in text or "illegal address" in text:
+        return "illegal_address", sig
+    if "out of memory" in text:
+        return "oom", sig
+    if "cuda error" in text:
+        return "cuda_error", sig
+    if sig == "SIGSEGV" or "segmentation fault" in text:
+        return "segfault", sig
+    if sig == "SIGKILL":
+        return "killed", sig  # by something other than us: often the kernel's OOM killer
+    return "worker_error", sig
+
+
+def _read_phases(path: Path) -> list[tuple[str, float]]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    phases = []
+    for line in lines:
+        name, _, stamp = line.partition("\t")
+        try:
+            phases.append((name, float(stamp)))
+        except ValueError:
+            continue
+    return phases
+
+
+def _build_seconds(phases: list[tuple[str, float]], now: float) -> float:
+    """Time spent in the build phase so far: it does not count against the run's time limit."""
+    for i, (name, start) in enumerate(phases):
+        if name == "build":
+            end = phases[i + 1][1] if i + 1 < len(phases) else now
+            return max(end - start, 0.0)
+    return 0.0
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(size - _TAIL_CHARS, 0))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class Verifier:
+    """Verifies candidates against references under one :class:`VerifyConfig`."""
+
+    def __init__(self, config: VerifyConfig | None = None, cache: Path | None = None):
+        self.config = config or VerifyConfig()
+        self.cache = Path(cache) if cache else cache_root()
+        self.gpu = machine.physical_gpu(self.config.device) if self.config.device.startswith("cuda") else None
+
+    # -- environment of a worker ----------------------------------------------------------------
+
+    def _env(self, hide_gpu: bool) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # the order nvidia-smi uses
+        package_parent = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH")) if p)
+        if self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = "" if hide_gpu else str(self.gpu.index)
+            env.setdefault("TORCH_CUDA_ARCH_LIST", self.gpu.compute_capability)
+        elif hide_gpu:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        env.setdefault("TORCH_CUDA_ARCH_LIST", os.environ.get("STITCHCUDA_DEFAULT_ARCH", "9.0"))
+        # Builds run inside the worker: bound ninja's parallelism when several build at once.
+        env.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 2) // max(1, self._build_jobs()))))
+        return env
+
+    def _build_jobs(self) -> int:
+        return self.config.build_jobs or max(1, (os.cpu_count() or 2) // 2)
+
+    def _worker_device(self) -> str:
+        return "cuda:0" if self.config.device.startswith("cuda") else self.config.device
+
+    # -- one worker process -----------------------------------------------------------------------
+
+    def _spawn(self, request: WorkerRequest, workdir: Path, hide_gpu: bool, run_limit: float) -> WorkerOutcome:
+        request_path = workdir / f"request-{request.mode}.json"
+        request_path.write_text(request.model_dump_json())
+        log_path = workdir / f"worker-{request.mode}.log"
+        phase_path = Path(request.phase_path)
+        spawned = time.time()
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "stitchcuda.verify.worker", str(request_path)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
+                env=self._env(hide_gpu), start_new_session=True,
+            )
+            overrun = None
+            while proc.poll() is None:
+                time.sleep(_POLL_S)
+                now = time.time()
+                phases = _read_phases(phase_path)
+                phase = phases[-1][0] if phases else "start"
+                building = _build_seconds(phases, now)
+                if phase == "build" and building > self.config.build_timeout_s:
+                    overrun = ("build", f"the build ran past its limit of {self.config.build_timeout_s:g} s")
+                elif now - spawned - building > run_limit:
+                    overrun = (phase, f"the worker ran past its limit of {run_limit:g} s (build time excluded) "
+                                      f"during {phase}")
+                if overrun:
+                    _kill_group(proc)
+                    break
+        ended = time.time()
+        tail = _tail(log_path)
+        result = None
+        if Path(request.result_path).exists():
+            result = WorkerResult.model_validate_json(Path(request.result_path).read_text())
+        crash = None
+        if overrun is not None:
+            crash = CrashReport(kind="timeout", phase=overrun[0], message=overrun[1], output_tail=tail,
+                                signal="SIGKILL")
+        elif result is None:
+            phases = _read_phases(phase_path)
+            kind, sig = classify_exit(proc.returncode, tail)
+            crash = CrashReport(
+                kind=kind, phase=phases[-1][0] if phases else "start", exit_code=proc.returncode, signal=sig,
+                message=f"the worker died ({sig or f'exit code {proc.returncode}'}) without a result",
+                output_tail=tail,
+            )
+        elif result.crash is not None:
+            result.crash.output_tail = tail
+        return WorkerOutcome(result, crash, tail, spawned, ended)
+
+    def _request(self, mode: str, workdir: Path, candidate_path: Path, reference_path: Path | None = None,
+                 cached: dict[str, BaselineTiming] | None = None) -> WorkerRequest:
+        return WorkerRequest(
+            mode=mode,  # type: ignore[arg-type]
+            reference_path=str(reference_path) if reference_path else None,
+            candidate_path=str(candidate_path),
+            config=self.config,
+            device=self._worker_device(),
+            cache_root=str(self.cache),
+            cached_baselines=cached or {},
+            result_path=str(workdir / f"result-{mode}.json"),
+            phase_path=str(workdir / f"phases-{mode}"),
+        )
+
+    # -- public API -------------------------------------------------------------------------------
+
+    def build(self, candidate: Candidate) -> BuildReport:
+        """Build a candidate's extensions into the cache, GPU hidden; returns its build report."""
+        with tempfile.TemporaryDirectory(prefix="stitchcuda-build-") as tmp:
+            workdir = Path(tmp)
+            path = workdir / "candidate.py"
+            path.write_text(candidate.source)
+            outcome = self._spawn(self._request("build", workdir, path), workdir, hide_gpu=True,
+                                  run_limit=self.config.build_timeout_s)
+        return outcome.result.build if outcome.result else BuildReport()
+
+    def prebuild(self, candidates: Sequence[Candidate]) -> list[BuildReport]:
+        """Build many candidates in parallel on CPU cores, before any of them needs the GPU."""
+        buildable = []
+        for c in candidates:
+            try:
+                check_candidate_source(c.source)
+                buildable.append(c)
+            except TaskError:
+                continue  # its verdict will say why
+        with ThreadPoolExecutor(max_workers=self._build_jobs()) as pool:
+            return list(pool.map(self.build, buildable))
+
+    def verify(self, task: Task, candidate: Candidate) -> Verdict:
+        started = time.time()
+        try:
+            check_candidate_source(candidate.source, label=f"candidate {candidate.name}")
+        except TaskError as exc:
+            return judge(task, candidate, self.config, None, static_error=str(exc),
+                         wall=WallTimes(total_s=time.time() - started))
+        cached = self._cached_baselines(task)
+        with tempfile.TemporaryDirectory(prefix="stitchcuda-verify-") as tmp:
+            workdir = Path(tmp)
+            ref_path, cand_path = workdir / "reference.py", workdir / "candidate.py"
+            ref_path.write_text(task.source)
+            cand_path.write_text(candidate.source)
+            request = self._request("verify", workdir, cand_path, ref_path, cached)
+            outcome = self._spawn(request, workdir, hide_gpu=False, run_limit=self.config.timeout_s)
+            phases = _read_phases(Path(request.phase_path))
+        result = outcome.result
+        if result is not None and result.measured_baselines:
+            self._store_baselines(task, {**cached, **result.measured_baselines})
+        wall = WallTimes(total_s=time.time() - started)
+        if result is not None:
+            wall.worker_start_s = max(result.ready_at - outcome.spawned_at, 0.0) if result.ready_at else 0.0
+            wall.build_s = _build_seconds(phases, outcome.ended_at)
+            wall.reference_s = result.reference_s
+            wall.correctness_s = result.correctness_s
+            wall.timing_s = result.timing_s
+        return judge(task, candidate, self.config, result, crash=outcome.crash, wall=wall)
+
+    def verify_many(self, pairs: Sequence[tuple[Task, Candidate]]) -> list[Verdict]:
+        """Prebuild all candidates in parallel, then verify one at a time on the GPU."""
+        self.prebuild([c for _, c in pairs])
+        return [self.verify(task, cand) for task, cand in pairs]
+
+    # -- baseline cache -----------------------------------------------------------------------------
+
+    def _baseline_path(self, task: Task) -> Path | None:
+        if not self.config.baseline_cache or self.gpu is None:
+            return None
+        key = hashlib.sha256(json.dumps(
+            [task.sha256, self.gpu.name, machine.torch_version(), self.config.seed], sort_keys=True,
+        ).encode()).hexdigest()[:24]
+        return self.cache / "baselines" / f"{key}.json"
+
+    def _cached_baselines(self, task: Task) -> dict[str, BaselineTiming]:
+        path = self._baseline_path(task)
+        if path is None or not path.exists():
+            return {}
+        try:
+            raw = json.loads(path.read_text())
+            return {name: BaselineTiming.model_validate(value) for name, value in raw.items()}
+        except (OSError, ValueError):
+            return {}
+
+    def _store_baselines(self, task: Task, baselines: dict[str, BaselineTiming]) -> None:
+        path = self._baseline_path(task)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        usable = {k: v.model_copy(update={"cached": False}).model_dump() for k, v in baselines.items() if v.stats}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(usable, indent=1))
+        tmp.replace(path)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the worker and everything it started (ninja, nvcc, ...)
+    except ProcessLookupError:
+        pass
+    proc.wait()

@@ -1,0 +1,121 @@
+"""Timing: CUDA events plus a device-wide synchronise, L2 flushed before each call,
+contenders interleaved round by round so that clock and thermal drift cancel.
+
+The timed region is ``start event -> call -> torch.cuda.synchronize() -> end event``: the
+device-wide synchronise makes work a candidate hides on a side stream count, at the cost of a
+few microseconds that every contender pays alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from stitchcuda.verify.verdict import TimingStats
+
+Call = Callable[[], object]
+
+
+@dataclass
+class Contender:
+    name: str
+    call: Call
+    before: Callable[[], None] = lambda: None  # e.g. flip TF32 on; not timed
+    after: Callable[[], None] = lambda: None
+    samples: list[float] = field(default_factory=list)
+
+
+def summarize(samples_ms: list[float]) -> TimingStats:
+    ordered = sorted(samples_ms)
+    n = len(ordered)
+    q = statistics.quantiles(ordered, n=4, method="inclusive") if n >= 2 else [ordered[0]] * 3
+    median = statistics.median(ordered)
+    return TimingStats(
+        median_ms=median,
+        mean_ms=statistics.fmean(ordered),
+        min_ms=ordered[0],
+        max_ms=ordered[-1],
+        q25_ms=q[0],
+        q75_ms=q[2],
+        std_ms=statistics.pstdev(ordered) if n > 1 else 0.0,
+        spread_pct=100.0 * (q[2] - q[0]) / median if median > 0 else 0.0,
+        trials=n,
+    )
+
+
+class Timer:
+    """Times zero-argument calls on one device, GPU (events) or CPU (wall clock)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.flush_bytes = 0
+        self._flush: torch.Tensor | None = None
+        if self.cuda:
+            l2 = torch.cuda.get_device_properties(device).L2_cache_size or (50 << 20)
+            self.flush_bytes = 2 * l2  # at least twice the L2, so nothing of the last call survives
+            self._flush = torch.empty(self.flush_bytes // 4, dtype=torch.int32, device=device)
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def time_once(self, call: Call) -> float:
+        """Milliseconds for one call, L2 flushed first."""
+        if not self.cuda:
+            start = time.perf_counter()
+            call()
+            return (time.perf_counter() - start) * 1e3
+        assert self._flush is not None
+        self._flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        torch.cuda.synchronize(self.device)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    def run(self, contenders: list[Contender], warmup: int, min_rounds: int, max_rounds: int,
+            budget_s: float) -> int:
+        """Warm up, then time every contender once per round, rotating the order. Returns rounds."""
+        per_round_ms = 0.0
+        for c in contenders:
+            c.before()
+            try:
+                for _ in range(warmup):
+                    c.call()
+                self.sync()
+                per_round_ms += self.time_once(c.call)
+            finally:
+                c.after()
+        rounds = int(budget_s * 1e3 / max(per_round_ms, 1e-3))
+        rounds = max(min_rounds, min(max_rounds, rounds))
+        for r in range(rounds):
+            shift = r % len(contenders)
+            for c in contenders[shift:] + contenders[:shift]:
+                c.before()
+                try:
+                    c.samples.append(self.time_once(c.call))
+                finally:
+                    c.after()
+        return rounds
+
+
+def cuda_graph_call(model: torch.nn.Module, inputs: list[object], warmup: int = 3) -> Call:
+    """Capture one forward of ``model`` on static inputs; the returned call replays it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            model(*inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        model(*inputs)
+    torch.cuda.synchronize()
+    return graph.replay

@@ -1,0 +1,209 @@
+"""The Verdict: the typed, JSON-serialisable record of one verification.
+
+Everything downstream (agents, rewards, reports) reads these records and nothing else,
+so every field says what it is measured in.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from stitchcuda.verify.config import Tolerance
+
+HackLevel = Literal["none", "partial", "total"]
+CrashKind = Literal[
+    "timeout", "segfault", "illegal_address", "cuda_error", "oom", "exception", "killed", "worker_error",
+]
+
+SCHEMA_VERSION = 1
+
+
+class CompilerMessage(BaseModel):
+    file: str
+    line: int | None = None
+    severity: Literal["error", "warning"] = "error"
+    message: str
+    source_line: str | None = Field(None, description="the offending line of the candidate's source, if known")
+
+
+class KernelResources(BaseModel):
+    """What ptxas reported for one kernel (``-Xptxas -v``)."""
+
+    kernel: str
+    arch: str | None = None
+    registers: int | None = None
+    spill_stores_bytes: int = 0
+    spill_loads_bytes: int = 0
+    stack_frame_bytes: int = 0
+    shared_bytes: int = 0
+    constant_bytes: int = 0
+    barriers: int | None = None
+
+
+class ExtensionBuild(BaseModel):
+    """One ``load_inline`` call of the candidate."""
+
+    requested_name: str
+    name: str = Field(description="the unique name actually built: requested name + source hash")
+    build_dir: str
+    ok: bool
+    cache_hit: bool
+    seconds: float
+    messages: list[CompilerMessage] = []
+    kernels: list[KernelResources] = []
+    log_tail: str = ""
+
+
+class BuildReport(BaseModel):
+    seconds: float = 0.0
+    cache_hit: bool = Field(False, description="every extension came from the cache")
+    extensions: list[ExtensionBuild] = []
+
+    @property
+    def ok(self) -> bool:
+        return all(e.ok for e in self.extensions)
+
+
+class TrialResult(BaseModel):
+    """One correctness trial: fresh seed and input distribution, one order of runs."""
+
+    index: int
+    seed: int
+    distribution: str
+    order: Literal["reference-first", "candidate-first"]
+    passed: bool
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    rel_l2_error: float | None = None
+    mismatched: int = 0
+    elements: int = 0
+    worst: str | None = Field(None, description="where the largest error is, with both values")
+    error: str | None = None
+
+
+class CorrectnessReport(BaseModel):
+    trials: list[TrialResult] = []
+    weights: Literal["copied", "seeded", "none"] = Field(
+        "none", description="copied: the reference's state_dict was loaded into ModelNew; seeded: same seed only",
+    )
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    rel_l2_error: float | None = None
+
+    @property
+    def passed_trials(self) -> int:
+        return sum(t.passed for t in self.trials)
+
+
+class TimingStats(BaseModel):
+    """Per-call GPU time in milliseconds over timed trials."""
+
+    median_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    q25_ms: float
+    q75_ms: float
+    std_ms: float
+    spread_pct: float = Field(description="interquartile range over the median, in percent")
+    trials: int
+
+
+class BaselineTiming(BaseModel):
+    name: str
+    stats: TimingStats | None = None
+    error: str | None = Field(None, description="why this baseline could not be measured")
+    cached: bool = False
+    measured_at: str | None = None
+
+
+class TimingReport(BaseModel):
+    method: str
+    candidate: TimingStats
+    baselines: dict[str, BaselineTiming]
+    l2_flush_bytes: int = 0
+    rounds: int = 0
+
+    @property
+    def best_baseline(self) -> BaselineTiming | None:
+        usable = [b for b in self.baselines.values() if b.stats is not None]
+        return min(usable, key=lambda b: b.stats.median_ms) if usable else None  # type: ignore[union-attr]
+
+
+class Precision(BaseModel):
+    """What the candidate computes in, as far as can be seen from outside."""
+
+    output_dtypes: list[str] = []
+    source_hints: list[str] = Field([], description="reduced-precision constructs found in the candidate's source")
+    flags_changed: list[str] = Field([], description="global precision flags the candidate changed")
+    error_suggests: str | None = Field(None, description="what the measured error is consistent with")
+    summary: str = "unknown"
+
+
+class Finding(BaseModel):
+    check: str
+    detail: str
+    level: HackLevel = Field("none", description="the hacking level this finding implies on its own")
+
+
+class HackingReport(BaseModel):
+    level: HackLevel = "none"
+    findings: list[Finding] = []
+
+
+class CrashReport(BaseModel):
+    kind: CrashKind
+    phase: str = Field(description="where the worker was: build, import, construct, correctness, timing, ...")
+    message: str
+    exit_code: int | None = None
+    signal: str | None = None
+    output_tail: str = ""
+
+
+class DeviceInfo(BaseModel):
+    name: str = "unknown"
+    capability: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    l2_bytes: int | None = None
+
+
+class WallTimes(BaseModel):
+    """Where a verification's wall time went, in seconds."""
+
+    build_s: float = 0.0
+    worker_start_s: float = 0.0
+    reference_s: float = 0.0
+    correctness_s: float = 0.0
+    timing_s: float = 0.0
+    total_s: float = 0.0
+
+
+class SourceRef(BaseModel):
+    name: str
+    path: str | None = None
+    sha256: str
+
+
+class Verdict(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    task: SourceRef
+    candidate: SourceRef
+    tolerance: Tolerance
+    device: DeviceInfo = DeviceInfo()
+    compiled: bool = False
+    correct: bool = False
+    passed: bool = Field(False, description="compiled, correct and not a total hack")
+    errors: list[str] = []
+    crash: CrashReport | None = None
+    reference_error: str | None = Field(None, description="the reference itself could not run: the task is unusable")
+    build: BuildReport = BuildReport()
+    correctness: CorrectnessReport = CorrectnessReport()
+    timing: TimingReport | None = None
+    speedup: dict[str, float] = Field({}, description="baseline median / candidate median, per baseline and 'best'")
+    precision: Precision = Precision()
+    hacking: HackingReport = HackingReport()
+    feedback: str = ""
+    wall: WallTimes = WallTimes()

@@ -1,0 +1,441 @@
+"""The worker: the only place where candidate code runs.
+
+Started by the orchestrator as ``python -m stitchcuda.verify.worker REQUEST.json`` in a fresh
+process (and process group) per verification. It always tries to write a
+:class:`WorkerResult`; when it cannot (segfault, kill, hang), the orchestrator reads the
+exit status, the phase file and the output tail instead. After any CUDA error the context
+is unusable, so the worker records what happened and exits at once with ``os._exit``.
+
+Phases, in order: ``reference`` (import and construct the reference), ``build`` (import the
+candidate, which builds its extensions), ``construct``, ``correctness``, ``timing``.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib.util
+import os
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from stitchcuda.verify.protocol import WorkerRequest, WorkerResult
+from stitchcuda.verify.verdict import (
+    BaselineTiming,
+    BuildReport,
+    CorrectnessReport,
+    CrashReport,
+    DeviceInfo,
+    Finding,
+    TimingReport,
+    TrialResult,
+)
+
+
+class Progress:
+    """Appends ``phase <tab> unix-time`` lines the orchestrator reads to know where we are."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.phase = "start"
+
+    def __call__(self, phase: str) -> None:
+        self.phase = phase
+        with open(self.path, "a") as f:
+            f.write(f"{phase}\t{time.time():.3f}\n")
+
+
+def classify_error(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".lower()
+    if "illegal memory access" in text or "illegal address" in text:
+        return "illegal_address"
+    if "out of memory" in text or type(exc).__name__ == "OutOfMemoryError":
+        return "oom"
+    if "cuda error" in text or "cudaerror" in text or "device-side assert" in text or "launch failure" in text:
+        return "cuda_error"
+    return "exception"
+
+
+def short_traceback(exc: BaseException, limit: int = 6) -> str:
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-limit)
+    return "".join(lines)[-3000:]
+
+
+def import_from_path(path: str, module_name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class CandidateFailed(Exception):
+    """Stops the run: the candidate crashed; the crash record is already filled in."""
+
+
+def main(request_path: str) -> None:
+    faulthandler.enable()  # a segfault still prints the Python stack to our log
+    request = WorkerRequest.model_validate_json(Path(request_path).read_text())
+    result = WorkerResult(started_at=time.time())
+    progress = Progress(request.phase_path)
+    try:
+        if request.mode == "build":
+            _build_only(request, result, progress)
+        else:
+            _verify(request, result, progress)
+    except CandidateFailed:
+        pass
+    except BaseException as exc:  # nothing may escape: the result file is the contract
+        result.crash = CrashReport(kind=classify_error(exc), phase=progress.phase, message=short_traceback(exc))
+    finally:
+        tmp = Path(request.result_path + ".tmp")
+        tmp.write_text(result.model_dump_json())
+        tmp.replace(request.result_path)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skip interpreter teardown: after a CUDA error it can hang or crash.
+        os._exit(0)
+
+
+def _import_candidate(request: WorkerRequest, result: WorkerResult, progress: Progress) -> ModuleType | None:
+    from stitchcuda.verify.build import BuildFailed, ExtensionBuilder
+
+    progress("build")
+    builder = ExtensionBuilder(Path(request.cache_root))
+    builder.install()
+    started = time.perf_counter()
+    module = None
+    try:
+        module = import_from_path(request.candidate_path, "stitchcuda_candidate")
+    except BuildFailed:
+        pass  # the record says why
+    except BaseException as exc:
+        if any(not r.ok for r in builder.records):
+            pass  # the candidate caught our BuildFailed and failed later: the build is the cause
+        else:
+            result.import_error = short_traceback(exc)
+    finally:
+        builder.uninstall()
+    records = builder.records
+    result.build = BuildReport(
+        seconds=round(time.perf_counter() - started, 3),
+        cache_hit=bool(records) and all(r.cache_hit for r in records),
+        extensions=records,
+    )
+    return module if result.build.ok and result.import_error is None else None
+
+
+def _build_only(request: WorkerRequest, result: WorkerResult, progress: Progress) -> None:
+    result.ready_at = time.time()
+    _import_candidate(request, result, progress)
+
+
+# --- full verification -----------------------------------------------------------------------
+
+
+def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) -> None:
+    import torch
+
+    from stitchcuda.task.inspect import TaskError, check_module, inspect_task_module
+    from stitchcuda.verify.torch_state import TorchState, set_tf32
+
+    config = request.config
+    device = torch.device(request.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.cuda.init()
+        props = torch.cuda.get_device_properties(device)
+        result.device = DeviceInfo(
+            name=props.name, capability=f"{props.major}.{props.minor}", torch=torch.__version__,
+            cuda=torch.version.cuda, l2_bytes=props.L2_cache_size,
+        )
+    else:
+        result.device = DeviceInfo(name="cpu", torch=torch.__version__, cuda=torch.version.cuda)
+    result.ready_at = time.time()
+
+    # The reference: true fp32 (PyTorch enables TF32 for cuDNN convolutions by default).
+    progress("reference")
+    started = time.perf_counter()
+    set_tf32(False)
+    try:
+        reference = import_from_path(request.reference_path or "", "stitchcuda_reference")
+        torch.manual_seed(config.seed)
+        init_inputs = list(inspect_task_module(reference)[0])
+        torch.manual_seed(config.seed)
+        ref_model = reference.Model(*init_inputs).to(device)
+    except Exception as exc:
+        result.reference_error = str(exc) if isinstance(exc, TaskError) else short_traceback(exc)
+        return
+    result.reference_s = time.perf_counter() - started
+
+    clean_state = TorchState.capture()
+    seen_changes: set[str] = set()
+
+    def audit_state(where: str) -> None:
+        changes = TorchState.capture().changes_since(clean_state)
+        for flag, (before, after) in changes.items():
+            if flag not in seen_changes:
+                seen_changes.add(flag)
+                result.flags_changed.append(flag)
+                result.findings.append(Finding(
+                    check="global_state", level="none",
+                    detail=f"the candidate changed torch flag {flag} from {before!r} to {after!r} ({where}); restored",
+                ))
+        if changes:
+            clean_state.restore()
+
+    module = _import_candidate(request, result, progress)
+    audit_state("at import")
+    if module is None:
+        return
+    if not result.build.extensions:
+        result.findings.append(Finding(
+            check="no_custom_kernels", level="total",
+            detail="the candidate built no extension with load_inline: no kernel of its own runs",
+        ))
+
+    progress("construct")
+    try:
+        check_module(module, "ModelNew", needs_inputs=False)
+    except TaskError as exc:
+        result.errors.append(str(exc))
+        return
+    weights = "seeded"
+    try:
+        torch.manual_seed(config.seed)
+        new_model = module.ModelNew(*init_inputs).to(device)
+        ref_state, new_state = ref_model.state_dict(), new_model.state_dict()
+        if ref_state and ref_state.keys() == new_state.keys() and all(
+            ref_state[k].shape == new_state[k].shape for k in ref_state
+        ):
+            new_model.load_state_dict(ref_state)
+            weights = "copied"
+    except BaseException as exc:
+        _fail(result, exc, progress.phase)
+    audit_state("in __init__")
+    result.correctness = CorrectnessReport(weights=weights)
+
+    progress("correctness")
+    started = time.perf_counter()
+    with torch.no_grad():
+        _correctness(request, result, reference, ref_model, new_model, device, audit_state)
+    result.correctness_s = time.perf_counter() - started
+    trials = result.correctness.trials
+    if not trials or not all(t.passed for t in trials) or not config.timing:
+        return
+
+    progress("timing")
+    started = time.perf_counter()
+    with torch.no_grad():
+        _timing(request, result, reference, ref_model, new_model, device)
+    audit_state("during timing")
+    result.timing_s = time.perf_counter() - started
+
+
+def _fail(result: WorkerResult, exc: BaseException, phase: str) -> None:
+    result.crash = CrashReport(kind=classify_error(exc), phase=phase, message=short_traceback(exc))
+    raise CandidateFailed from exc
+
+
+def _to_cpu(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def _to(value: Any, device: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+def _clone(values: list[Any]) -> list[Any]:
+    import torch
+
+    return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def poison_free_memory(device: Any, nbytes: int) -> None:
+    """Return cached blocks to the driver, then fill fresh allocations with 0xFF (NaN as fp32).
+
+    A candidate that returns uninitialised memory hoping it still holds the reference's
+    output (or its own from a previous call) then reads NaNs instead.
+    """
+    import torch
+
+    if device.type != "cuda":
+        return
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info(device)
+    size = max(min(nbytes, int(free * 0.8)), 0)
+    blocks = []
+    if size:
+        blocks.append(torch.empty(size, dtype=torch.uint8, device=device).fill_(0xFF))
+    # the caching allocator serves allocations under 1 MB from a separate pool of small blocks
+    blocks += [torch.empty(512 * 1024, dtype=torch.uint8, device=device).fill_(0xFF) for _ in range(8)]
+    torch.cuda.synchronize(device)
+    del blocks  # the poisoned blocks stay in the allocator's cache and serve the next allocations
+
+
+def _correctness(request, result, reference, ref_model, new_model, device, audit_state) -> None:
+    import torch
+
+    from stitchcuda.verify.correctness import (
+        changed_inputs,
+        compare_outputs,
+        distribution_for_trial,
+        make_trial_inputs,
+    )
+    from stitchcuda.verify.torch_state import set_tf32
+
+    config = request.config
+    tolerance = config.tol
+    mutation_reported = False
+    for index in range(config.trials):
+        seed = config.seed + 1 + index
+        distribution = distribution_for_trial(index)
+        order = "reference-first" if index % 2 == 0 else "candidate-first"
+        trial = TrialResult(index=index, seed=seed, distribution=distribution, order=order, passed=False)
+        result.correctness.trials.append(trial)
+        pristine = _to(make_trial_inputs(reference.get_inputs, seed, distribution), device)
+
+        def run_reference(inputs=pristine):
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            set_tf32(False)
+            out = _to_cpu(ref_model(*_clone(inputs)))
+            peak = torch.cuda.max_memory_reserved(device) if device.type == "cuda" else 0
+            return out, peak
+
+        def run_candidate(inputs=pristine, trial=trial):
+            nonlocal mutation_reported
+            args = _clone(inputs)
+            try:
+                out = new_model(*args)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                out = _to_cpu(out)
+            except BaseException as exc:
+                trial.error = f"{type(exc).__name__}: {exc}"[:500]
+                _fail(result, exc, f"correctness trial {trial.index}")
+            audit_state(f"in forward, trial {trial.index}")
+            changed = changed_inputs(inputs, args)
+            if changed and not mutation_reported:
+                mutation_reported = True
+                result.findings.append(Finding(
+                    check="input_mutation", level="total",
+                    detail=f"forward modified its input(s) {changed} in place",
+                ))
+            return out
+
+        if order == "reference-first":
+            ref_out, peak = run_reference()
+            poison_free_memory(device, peak)
+            cand_out = run_candidate()
+        else:
+            poison_free_memory(device, 1 << 30)
+            cand_out = run_candidate()
+            ref_out, peak = run_reference()
+        poison_free_memory(device, peak)
+        # compare where the arithmetic is fast; float64 on the device
+        comparison = compare_outputs(_to(ref_out, device), _to(cand_out, device), tolerance)
+        trial.passed = comparison.passed
+        trial.error = comparison.error
+        trial.max_abs_error = comparison.max_abs_error
+        trial.max_rel_error = comparison.max_rel_error
+        trial.rel_l2_error = comparison.rel_l2_error
+        trial.mismatched = comparison.mismatched
+        trial.elements = comparison.elements
+        trial.worst = comparison.worst
+        result.output_dtypes = list(comparison.output_dtypes)
+        for field in ("max_abs_error", "max_rel_error", "rel_l2_error"):
+            value = getattr(comparison, field)
+            current = getattr(result.correctness, field)
+            if value is not None and (current is None or value > current):
+                setattr(result.correctness, field, value)
+        if not comparison.passed and comparison.max_abs_error is None:
+            break  # shape/dtype/structure errors repeat identically; one is enough
+
+
+def _timing(request, result, reference, ref_model, new_model, device) -> None:
+    import torch
+
+    from stitchcuda.verify.correctness import make_trial_inputs
+    from stitchcuda.verify.timing import Contender, Timer, cuda_graph_call, summarize
+    from stitchcuda.verify.torch_state import set_tf32
+
+    config = request.config
+    inputs = _to(make_trial_inputs(reference.get_inputs, config.seed, "given"), device)
+    timer = Timer(device)
+    contenders = [
+        Contender("candidate", lambda: new_model(*inputs)),
+        Contender("eager", lambda: ref_model(*inputs)),
+    ]
+    baselines: dict[str, BaselineTiming] = {}
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    wanted = ["eager_tf32", "cuda_graph"] + (["torch_compile"] if config.compile_baseline else [])
+    if device.type == "cuda":
+        for name in wanted:
+            cached = request.cached_baselines.get(name)
+            if cached is not None and cached.stats is not None:
+                baselines[name] = cached.model_copy(update={"cached": True})
+                continue
+            try:
+                contenders.append(_baseline_contender(name, ref_model, inputs))
+            except Exception as exc:
+                baselines[name] = BaselineTiming(name=name, error=f"{type(exc).__name__}: {exc}"[:300], measured_at=now)
+                set_tf32(False)
+    try:
+        rounds = timer.run(contenders, config.warmup, config.min_timing_trials, config.max_timing_trials,
+                           config.timing_budget_s)
+    except BaseException as exc:
+        _fail(result, exc, "timing")
+    for c in contenders[1:]:
+        baselines[c.name] = BaselineTiming(name=c.name, stats=summarize(c.samples), measured_at=now)
+        if c.name != "eager":
+            result.measured_baselines[c.name] = baselines[c.name]
+    result.timing = TimingReport(
+        method=("cuda events + device synchronize, L2 flushed, interleaved rounds" if timer.cuda
+                else "wall clock (CPU device): not comparable to GPU timings"),
+        candidate=summarize(contenders[0].samples),
+        baselines=dict(sorted(baselines.items())),
+        l2_flush_bytes=timer.flush_bytes,
+        rounds=rounds,
+    )
+
+
+def _baseline_contender(name: str, ref_model, inputs):
+    import torch
+
+    from stitchcuda.verify.timing import Contender, cuda_graph_call
+    from stitchcuda.verify.torch_state import set_tf32
+
+    if name == "eager_tf32":
+        return Contender(name, lambda: ref_model(*inputs), before=lambda: set_tf32(True), after=lambda: set_tf32(False))
+    if name == "cuda_graph":
+        return Contender(name, cuda_graph_call(ref_model, inputs))
+    if name == "torch_compile":
+        compiled = torch.compile(ref_model)
+        compiled(*inputs)  # compile now, outside the timed rounds
+        torch.cuda.synchronize()
+        return Contender(name, lambda: compiled(*inputs))
+    raise ValueError(name)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
