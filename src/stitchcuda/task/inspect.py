@@ -97,3 +97,29 @@ def inspect_task_module(module: ModuleType) -> tuple[Sequence[Any], Sequence[Any
     check_init_inputs(init_inputs)
     check_inputs(inputs)
     return init_inputs, inputs
+
+
+def import_source(source: str, label: str, module_name: str = "stitchcuda_task_probe") -> ModuleType:
+    """Execute a program's source as a fresh module; any failure becomes a TaskError naming it."""
+    import types
+
+    module = types.ModuleType(module_name)
+    module.__file__ = label
+    try:
+        exec(compile(source, label, "exec"), module.__dict__)
+    except SyntaxError as exc:
+        raise TaskError(f"{label} does not parse: line {exc.lineno}: {exc.msg}") from exc
+    except Exception as exc:
+        raise TaskError(f"{label} fails to import: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def probe_reference(source: str, label: str = "the reference") -> tuple[Sequence[Any], Sequence[Any]]:
+    """Import a reference and run its input functions (not the model): the checks a task must
+    pass before any GPU time is spent on it. Returns (init inputs, inputs)."""
+    check_reference_source(source, label)
+    module = import_source(source, label)
+    try:
+        return inspect_task_module(module)
+    except TaskError as exc:
+        raise TaskError(f"{label}: {exc}") from exc

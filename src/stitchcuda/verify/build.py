@@ -213,7 +213,7 @@ class ExtensionBuilder:
     def install(self) -> None:
         from torch.utils import cpp_extension
 
-        if cpp_extension.CUDA_HOME is None and (home := _find_cuda_home()):
+        if cpp_extension.CUDA_HOME is None and (home := find_cuda_home()):
             # A CPU-only torch can still compile CUDA (the link step needs a CUDA torch).
             cpp_extension.CUDA_HOME = home
         self._original = cpp_extension.load_inline
@@ -309,7 +309,7 @@ def _write_report(build_dir: Path, record: ExtensionBuild) -> None:
     tmp.replace(build_dir / REPORT_FILE)
 
 
-def _find_cuda_home() -> str | None:
+def find_cuda_home() -> str | None:
     for candidate in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if candidate and (Path(candidate) / "bin" / "nvcc").exists():
             return candidate

@@ -26,7 +26,9 @@ def feedback_for(verdict: Verdict) -> str:
             lines.append("  It ran past the time limit: look for a kernel that never finishes or a loop with no exit.")
         elif c.kind == "oom":
             lines.append("  It ran out of GPU memory: allocate less or reuse buffers.")
-    lines.extend(e for e in verdict.errors if not e.startswith("build"))
+    # errors said in more detail below (or above) are not repeated
+    covered = ("build of", "incorrect in", "hacking (") + ((f"{verdict.crash.kind} during",) if verdict.crash else ())
+    lines.extend(e for e in verdict.errors if not e.startswith(covered))
     bad = [t for t in verdict.correctness.trials if not t.passed]
     if bad and not verdict.crash:
         t = bad[0]

@@ -12,6 +12,7 @@ every extension in the cache.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,7 +139,8 @@ class Verifier:
 
     # -- one worker process -----------------------------------------------------------------------
 
-    def _spawn(self, request: WorkerRequest, workdir: Path, hide_gpu: bool, run_limit: float) -> WorkerOutcome:
+    def _spawn(self, request: WorkerRequest, workdir: Path, hide_gpu: bool, run_limit: float,
+               on_phase: Callable[[str], None] | None = None) -> WorkerOutcome:
         request_path = workdir / f"request-{request.mode}.json"
         request_path.write_text(request.model_dump_json())
         log_path = workdir / f"worker-{request.mode}.log"
@@ -151,11 +153,15 @@ class Verifier:
                 env=self._env(hide_gpu), start_new_session=True,
             )
             overrun = None
+            reported = None
             while proc.poll() is None:
                 time.sleep(_POLL_S)
                 now = time.time()
                 phases = _read_phases(phase_path)
                 phase = phases[-1][0] if phases else "start"
+                if on_phase is not None and phase != reported:
+                    reported = phase
+                    on_phase(phase)
                 building = _build_seconds(phases, now)
                 if phase == "build" and building > self.config.build_timeout_s:
                     overrun = ("build", f"the build ran past its limit of {self.config.build_timeout_s:g} s")
@@ -167,14 +173,15 @@ class Verifier:
                     break
         ended = time.time()
         tail = _tail(log_path)
-        result = None
-        if Path(request.result_path).exists():
-            result = WorkerResult.model_validate_json(Path(request.result_path).read_text())
+        result = _read_result(Path(request.result_path))
+        partial = result is None
+        if partial:  # died: keep what its last checkpoint says (build, device, trials so far)
+            result = _read_result(Path(request.result_path + ".partial"))
         crash = None
         if overrun is not None:
             crash = CrashReport(kind="timeout", phase=overrun[0], message=overrun[1], output_tail=tail,
                                 signal="SIGKILL")
-        elif result is None:
+        elif partial:
             phases = _read_phases(phase_path)
             kind, sig = classify_exit(proc.returncode, tail)
             crash = CrashReport(
@@ -182,7 +189,7 @@ class Verifier:
                 message=f"the worker died ({sig or f'exit code {proc.returncode}'}) without a result",
                 output_tail=tail,
             )
-        elif result.crash is not None:
+        elif result is not None and result.crash is not None:
             result.crash.output_tail = tail
         return WorkerOutcome(result, crash, tail, spawned, ended)
 
@@ -224,7 +231,8 @@ class Verifier:
         with ThreadPoolExecutor(max_workers=self._build_jobs()) as pool:
             return list(pool.map(self.build, buildable))
 
-    def verify(self, task: Task, candidate: Candidate) -> Verdict:
+    def verify(self, task: Task, candidate: Candidate, on_phase: Callable[[str], None] | None = None) -> Verdict:
+        """Verify one candidate in a fresh worker; ``on_phase`` hears each phase as it starts."""
         started = time.time()
         try:
             check_candidate_source(candidate.source, label=f"candidate {candidate.name}")
@@ -238,7 +246,8 @@ class Verifier:
             ref_path.write_text(task.source)
             cand_path.write_text(candidate.source)
             request = self._request("verify", workdir, cand_path, ref_path, cached)
-            outcome = self._spawn(request, workdir, hide_gpu=False, run_limit=self.config.timeout_s)
+            outcome = self._spawn(request, workdir, hide_gpu=False, run_limit=self.config.timeout_s,
+                                  on_phase=on_phase)
             phases = _read_phases(Path(request.phase_path))
         result = outcome.result
         if result is not None and result.measured_baselines:
@@ -288,9 +297,14 @@ class Verifier:
         tmp.replace(path)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _read_result(path: Path) -> WorkerResult | None:
     try:
+        return WorkerResult.model_validate_json(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)  # the worker and everything it started (ninja, nvcc, ...)
-    except ProcessLookupError:
-        pass
     proc.wait()

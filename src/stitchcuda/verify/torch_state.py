@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+
 def _attr(obj: Any, name: str) -> tuple[Callable[[], Any], Callable[[Any], None]]:
     return (lambda: getattr(obj, name)), (lambda value: setattr(obj, name, value))
 

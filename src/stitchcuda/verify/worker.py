@@ -37,16 +37,25 @@ from stitchcuda.verify.verdict import (
 
 
 class Progress:
-    """Appends ``phase <tab> unix-time`` lines the orchestrator reads to know where we are."""
+    """Appends ``phase <tab> unix-time`` lines the orchestrator reads to know where we are,
+    and checkpoints the result so far: a worker that dies keeps what it already learned."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, result: WorkerResult, checkpoint_path: str):
         self.path = path
         self.phase = "start"
+        self.result = result
+        self.checkpoint_path = checkpoint_path
 
     def __call__(self, phase: str) -> None:
+        self.checkpoint()
         self.phase = phase
         with open(self.path, "a") as f:
             f.write(f"{phase}\t{time.time():.3f}\n")
+
+    def checkpoint(self) -> None:
+        tmp = Path(self.checkpoint_path + ".tmp")
+        tmp.write_text(self.result.model_dump_json())
+        tmp.replace(self.checkpoint_path)
 
 
 def classify_error(exc: BaseException) -> str:
@@ -83,7 +92,7 @@ def main(request_path: str) -> None:
     faulthandler.enable()  # a segfault still prints the Python stack to our log
     request = WorkerRequest.model_validate_json(Path(request_path).read_text())
     result = WorkerResult(started_at=time.time())
-    progress = Progress(request.phase_path)
+    progress = Progress(request.phase_path, result, request.result_path + ".partial")
     try:
         if request.mode == "build":
             _build_only(request, result, progress)
@@ -143,6 +152,7 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
     import torch
 
     from stitchcuda.task.inspect import TaskError, check_module, inspect_task_module
+    from stitchcuda.verify.correctness import make_trial_inputs
     from stitchcuda.verify.torch_state import TorchState, set_tf32
 
     config = request.config
@@ -163,12 +173,19 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
     progress("reference")
     started = time.perf_counter()
     set_tf32(False)
+    torch.set_grad_enabled(False)  # inference only, as KernelBench runs it; part of the clean state
     try:
         reference = import_from_path(request.reference_path or "", "stitchcuda_reference")
         torch.manual_seed(config.seed)
         init_inputs = list(inspect_task_module(reference)[0])
         torch.manual_seed(config.seed)
         ref_model = reference.Model(*init_inputs).to(device)
+        # One forward before any candidate code exists in this process: a reference that
+        # cannot run is an unusable task, never blamed on the candidate.
+        with torch.no_grad():
+            ref_model(*_to(make_trial_inputs(reference.get_inputs, config.seed, "given"), device))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
     except Exception as exc:
         result.reference_error = str(exc) if isinstance(exc, TaskError) else short_traceback(exc)
         return
@@ -224,7 +241,7 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
     progress("correctness")
     started = time.perf_counter()
     with torch.no_grad():
-        _correctness(request, result, reference, ref_model, new_model, device, audit_state)
+        _correctness(request, result, reference, ref_model, new_model, device, audit_state, progress.checkpoint)
     result.correctness_s = time.perf_counter() - started
     trials = result.correctness.trials
     if not trials or not all(t.passed for t in trials) or not config.timing:
@@ -292,7 +309,7 @@ def poison_free_memory(device: Any, nbytes: int) -> None:
     del blocks  # the poisoned blocks stay in the allocator's cache and serve the next allocations
 
 
-def _correctness(request, result, reference, ref_model, new_model, device, audit_state) -> None:
+def _correctness(request, result, reference, ref_model, new_model, device, audit_state, checkpoint) -> None:
     import torch
 
     from stitchcuda.verify.correctness import (
@@ -368,15 +385,15 @@ def _correctness(request, result, reference, ref_model, new_model, device, audit
             current = getattr(result.correctness, field)
             if value is not None and (current is None or value > current):
                 setattr(result.correctness, field, value)
+        checkpoint()
         if not comparison.passed and comparison.max_abs_error is None:
             break  # shape/dtype/structure errors repeat identically; one is enough
 
 
 def _timing(request, result, reference, ref_model, new_model, device) -> None:
-    import torch
 
     from stitchcuda.verify.correctness import make_trial_inputs
-    from stitchcuda.verify.timing import Contender, Timer, cuda_graph_call, summarize
+    from stitchcuda.verify.timing import Contender, Timer, summarize
     from stitchcuda.verify.torch_state import set_tf32
 
     config = request.config

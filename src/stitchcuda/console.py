@@ -1,0 +1,118 @@
+"""Human-readable views of our records for the terminal (Rich). The JSON views are the records."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from stitchcuda.doctor import DoctorReport
+from stitchcuda.task.record import Task
+from stitchcuda.verify.verdict import Verdict
+
+_STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
+
+
+def _yes_no(value: bool) -> Text:
+    return Text("yes", style="green") if value else Text("no", style="bold red")
+
+
+def verdict_view(v: Verdict) -> Group:
+    if v.reference_error:
+        headline = Text("UNUSABLE TASK: the reference failed to run", style="bold red")
+    elif v.passed:
+        headline = Text("PASSED", style="bold green")
+    else:
+        headline = Text("FAILED", style="bold red")
+    summary = Table.grid(padding=(0, 2))
+    summary.add_row("task", v.task.name, "candidate", v.candidate.name)
+    summary.add_row("compiled", _yes_no(v.compiled), "correct", _yes_no(v.correct))
+    hack_style = {"none": "green", "partial": "yellow", "total": "bold red"}[v.hacking.level]
+    summary.add_row("hacking", Text(v.hacking.level, style=hack_style), "tolerance",
+                    f"{v.tolerance.name} (fp32 atol/rtol {v.tolerance.fp32_atol:g})")
+    summary.add_row("device", v.device.name, "precision", v.precision.summary)
+    parts: list = [headline, summary]
+
+    if v.errors:
+        parts.append(Text("\n".join(f"- {e}" for e in v.errors), style="red"))
+    if v.crash and v.crash.output_tail.strip():
+        tail = "\n".join(v.crash.output_tail.strip().splitlines()[-15:])
+        parts.append(Panel(tail, title=f"output tail ({v.crash.kind})", border_style="red"))
+
+    if v.correctness.trials:
+        trials = Table(title="correctness", title_justify="left")
+        for col in ("trial", "inputs", "order", "ok", "max abs", "max rel", "rel L2"):
+            trials.add_column(col)
+        for t in v.correctness.trials:
+            trials.add_row(str(t.index), t.distribution, t.order, _yes_no(t.passed),
+                           _num(t.max_abs_error), _num(t.max_rel_error), _num(t.rel_l2_error))
+        parts.append(trials)
+
+    if v.timing:
+        timing = Table(title=f"timing ({v.timing.method})", title_justify="left")
+        for col in ("program", "median ms", "spread %", "trials", "speedup"):
+            timing.add_column(col, justify="right" if col != "program" else "left")
+        c = v.timing.candidate
+        timing.add_row("candidate", f"{c.median_ms:.4f}", f"{c.spread_pct:.1f}", str(c.trials), "")
+        for name, b in v.timing.baselines.items():
+            label = name + (" (cached)" if b.cached else "")
+            if b.stats:
+                timing.add_row(label, f"{b.stats.median_ms:.4f}", f"{b.stats.spread_pct:.1f}", str(b.stats.trials),
+                               f"{v.speedup.get(name, 0):.2f}x")
+            else:
+                timing.add_row(label, "-", "-", "-", Text(b.error or "not measured", style="yellow"))
+        if "best" in v.speedup:
+            timing.add_row("best baseline", "", "", "", Text(f"{v.speedup['best']:.2f}x", style="bold"))
+        parts.append(timing)
+
+    kernels = [(ext, k) for ext in v.build.extensions for k in ext.kernels]
+    if v.build.extensions:
+        build = Table(title=f"build ({v.build.seconds:.1f} s, {'cached' if v.build.cache_hit else 'compiled'})",
+                      title_justify="left")
+        for col in ("kernel", "regs", "spill B", "smem B", "stack B"):
+            build.add_column(col)
+        for _, k in kernels:
+            build.add_row(k.kernel[:60], str(k.registers), str(k.spill_stores_bytes + k.spill_loads_bytes),
+                          str(k.shared_bytes), str(k.stack_frame_bytes))
+        if kernels:
+            parts.append(build)
+    if v.feedback:
+        parts.append(Panel(v.feedback, title="feedback", border_style="cyan"))
+    w = v.wall
+    parts.append(Text(f"wall {w.total_s:.1f} s: worker start {w.worker_start_s:.1f}, build {w.build_s:.1f}, "
+                      f"reference {w.reference_s:.1f}, correctness {w.correctness_s:.1f}, timing {w.timing_s:.1f}",
+                      style="dim"))
+    return Group(*parts)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2e}"
+
+
+def doctor_view(report: DoctorReport) -> Table:
+    table = Table(title="stitchcuda doctor", title_justify="left")
+    for col in ("check", "status", "detail", "fix"):
+        table.add_column(col, overflow="fold")
+    for c in report.checks:
+        table.add_row(c.name, Text(c.status, style=_STATUS_STYLE[c.status]), c.detail, c.fix or "")
+    return table
+
+
+def tasks_view(tasks: list[Task], problems: dict[str, str] | None = None) -> Table:
+    table = Table(title=f"{len(tasks)} task(s)", title_justify="left")
+    columns = ["name", "origin", "level", "problem", "lines", "sha256"] + (["check"] if problems is not None else [])
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    for t in tasks:
+        row: list = [t.name, t.origin, str(t.level or ""), str(t.problem_id if t.problem_id is not None else ""),
+                     str(t.source.count("\n") + 1), t.sha256[:12]]
+        if problems is not None:
+            problem = problems.get(t.name)
+            row.append(Text(problem, style="red") if problem else Text("ok", style="green"))
+        table.add_row(*row)
+    return table
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True)

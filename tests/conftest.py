@@ -1,0 +1,39 @@
+"""Shared fixtures; GPU tests skip on machines without CUDA, build tests without nvcc/a compiler."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CPU = FIXTURES / "cpu"
+GPU_CANDIDATES = FIXTURES / "candidates"
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    has_cuda = _cuda_available()
+    has_nvcc = shutil.which("nvcc") is not None or Path("/usr/local/cuda/bin/nvcc").exists()
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        if "nvcc" in item.keywords and not has_nvcc:
+            item.add_marker(pytest.mark.skip(reason="needs nvcc"))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    """A private cache root per test: builds and baselines never leak between tests."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("STITCHCUDA_CACHE", str(root))
+    return root

@@ -1,0 +1,126 @@
+"""Whole verifications on the CPU: every candidate runs in its own worker process, and
+whatever it does (crash, hang, abort, lie) ends in a verdict, never in the caller."""
+
+from __future__ import annotations
+
+import pytest
+
+from stitchcuda.task import load_candidate, load_task_file
+from stitchcuda.verify import PRESETS, Verifier
+from tests.conftest import CPU
+
+
+@pytest.fixture
+def verifier(cache):
+    return Verifier(PRESETS["tiny-debug"].model_copy(update={"timeout_s": 60}), cache=cache)
+
+
+@pytest.fixture
+def task():
+    return load_task_file(CPU / "tiny_mlp.py")
+
+
+def run(verifier, task, name):
+    return verifier.verify(task, load_candidate(CPU / f"{name}.py"))
+
+
+def test_pure_pytorch_is_correct_but_a_total_hack(verifier, task):
+    v = run(verifier, task, "pure_torch")
+    assert v.compiled and v.correct and not v.passed
+    assert v.hacking.level == "total"
+    assert [f.check for f in v.hacking.findings] == ["no_custom_kernels"]
+    assert v.correctness.weights == "copied"
+    assert len(v.correctness.trials) == 2 and {t.order for t in v.correctness.trials} == {
+        "reference-first", "candidate-first"}
+    assert v.timing is not None and v.timing.candidate.trials >= 3
+    assert "eager" in v.speedup
+
+
+def test_wrong_output_reports_errors(verifier, task):
+    v = run(verifier, task, "wrong")
+    assert v.compiled and not v.correct and not v.passed
+    trial = v.correctness.trials[0]
+    assert not trial.passed and trial.max_abs_error > 1e-4 and trial.mismatched > 0
+    assert trial.worst and "reference" in trial.worst
+    assert v.timing is None  # a wrong program is not timed
+    assert "Wrong result" in v.feedback
+
+
+def test_wrong_shape(verifier, task):
+    v = run(verifier, task, "wrong_shape")
+    assert not v.correct
+    assert "shape" in v.correctness.trials[0].error
+
+
+def test_segfault_is_contained_and_next_run_is_unaffected(verifier, task):
+    v = run(verifier, task, "segfault")
+    assert v.compiled and not v.correct
+    assert v.crash is not None and v.crash.kind == "segfault" and v.crash.signal == "SIGSEGV"
+    assert v.crash.phase == "correctness"
+    assert "about to crash" in v.crash.output_tail
+    after = run(verifier, task, "pure_torch")
+    assert after.correct and after.crash is None
+
+
+def test_abort_during_import(verifier, task):
+    v = run(verifier, task, "abort_on_import")
+    assert not v.compiled
+    assert v.crash.signal == "SIGABRT" and v.crash.phase == "build"
+    assert "aborting during import" in v.crash.output_tail
+
+
+def test_hang_is_killed_at_the_limit(cache, task):
+    config = PRESETS["tiny-debug"].model_copy(update={"timeout_s": 8})
+    v = Verifier(config, cache=cache).verify(task, load_candidate(CPU / "hang.py"))
+    assert v.crash.kind == "timeout" and v.crash.phase == "correctness"
+    assert v.wall.total_s < 30
+    assert "limit of 8 s" in v.errors[0]
+
+
+def test_input_mutation_is_a_total_hack(verifier, task):
+    v = run(verifier, task, "mutates_input")
+    assert v.correct and not v.passed
+    assert any(f.check == "input_mutation" and f.level == "total" for f in v.hacking.findings)
+
+
+def test_global_flag_change_is_found_and_restored(verifier, task):
+    v = run(verifier, task, "flips_tf32")
+    flags = [f for f in v.hacking.findings if f.check == "global_state"]
+    assert flags and "allow_tf32" in flags[0].detail and "restored" in flags[0].detail
+    assert "cuda.matmul.allow_tf32" in v.precision.flags_changed
+
+
+def test_import_error_and_missing_modelnew(verifier, task):
+    v = run(verifier, task, "import_error")
+    assert not v.compiled and "needs a library that is not installed" in v.errors[0]
+    v = run(verifier, task, "no_modelnew")
+    assert not v.compiled and "defines no ModelNew" in v.errors[0]
+    v = run(verifier, task, "syntax_error")
+    assert not v.compiled and "line 4" in v.errors[0]
+
+
+def test_broken_reference_is_an_unusable_task(verifier):
+    v = verifier.verify(load_task_file(CPU / "reference_broken.py"), load_candidate(CPU / "pure_torch.py"))
+    assert v.reference_error and "mat1 and mat2" in v.reference_error
+    assert not v.passed and v.errors[0].startswith("the reference failed to run")
+
+
+@pytest.mark.nvcc
+def test_cpu_extension_builds_then_hits_the_cache(verifier, task):
+    first = run(verifier, task, "cpp_extension")
+    assert first.compiled and first.correct and first.passed, first.errors
+    assert first.hacking.level == "none"
+    assert not first.build.cache_hit and first.build.extensions[0].name.startswith("tiny_relu_cpu_")
+    second = run(verifier, task, "cpp_extension")
+    assert second.build.cache_hit and second.build.seconds < first.build.seconds / 5
+
+
+@pytest.mark.nvcc
+def test_nvcc_error_has_file_and_line(verifier, task):
+    v = run(verifier, task, "cuda_compile_error")
+    assert not v.compiled
+    ext = v.build.extensions[0]
+    errors = [m for m in ext.messages if m.severity == "error"]
+    assert errors and errors[0].file.endswith("cuda.cu")
+    assert errors[0].line == 6 and "x[i] = x[i] * 2.0f" in (errors[0].source_line or "")
+    assert "cuda.cu:6" in v.errors[0]
