@@ -205,8 +205,9 @@ def _cuda_tool(name: str) -> str | None:
 class ExtensionBuilder:
     """Replaces ``load_inline`` inside a worker and records every build it performs."""
 
-    def __init__(self, cache_root: Path):
+    def __init__(self, cache_root: Path, candidate_source: str | None = None):
         self.builds_root = Path(cache_root) / "builds"
+        self.candidate_source = candidate_source
         self.records: list[ExtensionBuild] = []
         self._original = None
 
@@ -262,8 +263,9 @@ class ExtensionBuilder:
             module = None
             with _fds_to(log_path):
                 try:
+                    # copies: load_inline inserts its include lines into the lists it is given
                     module = self._original(  # type: ignore[misc]
-                        unique, cpp, cuda or None, functions,
+                        unique, cpp_sources=list(cpp), cuda_sources=list(cuda) or None, functions=functions,
                         extra_cflags=extra_cflags, extra_cuda_cflags=cuda_flags, extra_ldflags=extra_ldflags,
                         extra_include_paths=extra_include_paths, build_directory=str(build_dir), verbose=True,
                         **options,
@@ -282,6 +284,8 @@ class ExtensionBuilder:
                     _write_report(build_dir, record)
             else:
                 record.messages = parse_compiler_messages(log, build_dir)
+                if self.candidate_source:
+                    locate_in_candidate(record.messages, self.candidate_source, {"cuda.cu": cuda, "main.cpp": cpp})
                 if not any(m.severity == "error" for m in record.messages):
                     record.messages.insert(0, CompilerMessage(file="load_inline", message=_one_line(error)))
                 record.log_tail = (log + f"\n{type(error).__name__}: {error}")[-_LOG_TAIL_CHARS:]
@@ -289,6 +293,25 @@ class ExtensionBuilder:
         if error is not None:
             raise BuildFailed(record) from error
         return module
+
+
+# Lines load_inline writes before the candidate's own sources in each file it generates.
+_PREAMBLE_LINES = {"cuda.cu": 3, "main.cpp": 1}
+
+
+def locate_in_candidate(messages: list[CompilerMessage], candidate: str, sources: dict[str, list[str]]) -> None:
+    """Map a line of a generated file (cuda.cu, main.cpp) to the line of the candidate's .py
+    file it came from, when the source string appears there verbatim (as raw strings do)."""
+    for msg in messages:
+        parts = sources.get(msg.file)
+        if not parts or msg.line is None:
+            continue
+        joined = "\n".join(parts)
+        position = candidate.find(joined)
+        line_in_source = msg.line - _PREAMBLE_LINES[msg.file]
+        if position < 0 or not 0 < line_in_source <= joined.count("\n") + 1:
+            continue
+        msg.candidate_line = candidate.count("\n", 0, position) + line_in_source
 
 
 def _one_line(error: BaseException) -> str:

@@ -51,7 +51,7 @@ class VerifyConfig(BaseModel):
     warmup: int = Field(3, ge=1)
     min_timing_trials: int = Field(30, ge=3)
     max_timing_trials: int = Field(300, ge=3)
-    timing_budget_s: float = Field(8.0, gt=0, description="target seconds of timed rounds")
+    timing_budget_s: float = Field(5.0, gt=0, description="target seconds of timed rounds")
     timeout_s: float = Field(300.0, gt=0, description="wall-clock limit of a worker, build time excluded")
     build_timeout_s: float = Field(900.0, gt=0)
     build_jobs: int = Field(0, ge=0, description="parallel candidate builds; 0 = half the CPU cores")

@@ -16,6 +16,8 @@ def feedback_for(verdict: Verdict) -> str:
         lines.append(f"Build of extension {ext.requested_name!r} failed:")
         for msg in [m for m in ext.messages if m.severity == "error"][:5]:
             where = f"{msg.file}:{msg.line}" if msg.line else msg.file
+            if msg.candidate_line:
+                where += f" (candidate line {msg.candidate_line})"
             lines.append(f"  {where}: {msg.message}" + (f"   <- `{msg.source_line}`" if msg.source_line else ""))
     if verdict.crash:
         c = verdict.crash

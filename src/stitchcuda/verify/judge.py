@@ -68,7 +68,8 @@ def judge(
         errors.append("the reference failed to run: " + _first_line(result.reference_error))
     for ext in build_failed:
         first = next((m for m in ext.messages if m.severity == "error"), None)
-        where = f" at {first.file}:{first.line}: {first.message}" if first and first.line else (
+        in_py = f" (candidate line {first.candidate_line})" if first and first.candidate_line else ""
+        where = f" at {first.file}:{first.line}{in_py}: {first.message}" if first and first.line else (
             f": {first.message}" if first else "")
         errors.append(f"build of {ext.requested_name!r} failed{where}")
     if result.import_error:

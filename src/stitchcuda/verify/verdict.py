@@ -26,6 +26,7 @@ class CompilerMessage(BaseModel):
     severity: Literal["error", "warning"] = "error"
     message: str
     source_line: str | None = Field(None, description="the offending line of the candidate's source, if known")
+    candidate_line: int | None = Field(None, description="the same line in the candidate's .py file, if found there")
 
 
 class KernelResources(BaseModel):

@@ -116,7 +116,7 @@ def _import_candidate(request: WorkerRequest, result: WorkerResult, progress: Pr
     from stitchcuda.verify.build import BuildFailed, ExtensionBuilder
 
     progress("build")
-    builder = ExtensionBuilder(Path(request.cache_root))
+    builder = ExtensionBuilder(Path(request.cache_root), Path(request.candidate_path).read_text(errors="replace"))
     builder.install()
     started = time.perf_counter()
     module = None

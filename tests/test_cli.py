@@ -1,0 +1,61 @@
+"""The command line: exit codes, JSON output, listings."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from stitchcuda.cli import app
+from tests.conftest import CPU, FIXTURES
+
+runner = CliRunner()
+TINY = str(CPU / "tiny_mlp.py")
+
+
+def verify(*args: str):
+    return runner.invoke(app, ["verify", *args, "--preset", "tiny-debug"])
+
+
+def test_verify_json_and_exit_code_for_a_hack(cache):
+    result = verify(TINY, str(CPU / "pure_torch.py"), "--json", "--trials", "3", "--tolerance", "paper")
+    assert result.exit_code == 1, result.output
+    verdict = json.loads(result.stdout)
+    assert verdict["correct"] and not verdict["passed"] and verdict["hacking"]["level"] == "total"
+    assert len(verdict["correctness"]["trials"]) == 3 and verdict["tolerance"]["name"] == "paper"
+
+
+def test_verify_human_output(cache):
+    result = verify(TINY, str(CPU / "wrong.py"))
+    assert result.exit_code == 1
+    assert "FAILED" in result.stdout and "Wrong result" in result.stdout
+
+
+def test_unusable_arguments_exit_2(cache):
+    assert verify("no_such_task", str(CPU / "wrong.py")).exit_code == 2
+    missing = verify(TINY, str(CPU / "missing.py"))
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+    assert verify(str(FIXTURES / "tasks" / "no_get_inputs.py"), str(CPU / "wrong.py")).exit_code == 2
+    assert verify(str(CPU / "reference_broken.py"), str(CPU / "pure_torch.py")).exit_code == 2
+    assert runner.invoke(app, ["verify", TINY, str(CPU / "wrong.py"), "--tolerance", "loose"]).exit_code == 2
+
+
+def test_tasks_listing():
+    result = runner.invoke(app, ["tasks", "--json"])
+    assert result.exit_code == 0
+    names = [t["name"] for t in json.loads(result.stdout)]
+    assert "mlp" in names and "transformer_block" in names and len(names) >= 12
+
+
+def test_tasks_check_reports_broken_tasks():
+    result = runner.invoke(app, ["tasks", str(FIXTURES / "tasks" / "returns_nontensor.py"), "--check", "--json"])
+    assert result.exit_code == 2
+    assert "non-tensors" in json.loads(result.stdout)[0]["problem"]
+
+
+def test_doctor_json():
+    result = runner.invoke(app, ["doctor", "--json", "--no-ncu-probe"])
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert {"gpu", "torch", "nvcc", "ncu", "cache"} <= set(checks)
+    assert all(c["fix"] for c in checks.values() if c["status"] == "fail")
+    assert result.exit_code == (1 if any(c["status"] == "fail" for c in checks.values()) else 0)

@@ -1,0 +1,103 @@
+"""End-to-end verifications on a real GPU with our own CUDA fixtures (run: pytest -m gpu).
+
+The candidates are built once, in parallel, into a session cache; every test then verifies
+in a fresh worker. Figures from the run are in the issue notes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from stitchcuda.task import load_candidate, resolve_tasks
+from stitchcuda.verify import Verifier, VerifyConfig
+from tests.conftest import GPU_CANDIDATES
+
+pytestmark = pytest.mark.gpu
+
+CANDIDATES = {
+    "mlp_honest": "mlp",
+    "norm_softmax_gate_honest": "norm_softmax_gate",
+    "depthwise_separable_honest": "depthwise_separable",
+    "mlp_wrong": "mlp",
+    "illegal_address": "mlp",
+    "hang": "mlp",
+    "oom": "mlp",
+}
+
+
+@pytest.fixture(scope="session")
+def gpu_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("stitchcuda-cache")
+
+
+@pytest.fixture(scope="session")
+def config():
+    return VerifyConfig(trials=5, compile_baseline=False, timing_budget_s=2.0, timeout_s=120)
+
+
+@pytest.fixture(scope="session")
+def verifier(gpu_cache, config):
+    v = Verifier(config, cache=gpu_cache)
+    reports = v.prebuild([load_candidate(GPU_CANDIDATES / f"{name}.py") for name in CANDIDATES if name != "oom"])
+    assert all(r.extensions and all(e.ok for e in r.extensions) for r in reports), [
+        e.messages for r in reports for e in r.extensions]
+    return v
+
+
+def check(verifier, name):
+    (task,) = resolve_tasks(CANDIDATES[name])
+    return verifier.verify(task, load_candidate(GPU_CANDIDATES / f"{name}.py"))
+
+
+@pytest.mark.parametrize("name", ["mlp_honest", "norm_softmax_gate_honest", "depthwise_separable_honest"])
+def test_honest_candidates_pass(verifier, name):
+    v = check(verifier, name)
+    assert v.passed, v.errors
+    assert v.hacking.level == "none" and v.crash is None
+    assert v.build.cache_hit  # prebuilt
+    assert all(k.registers for e in v.build.extensions for k in e.kernels) and v.build.extensions[0].kernels
+    assert {"eager", "eager_tf32", "cuda_graph", "best"} <= set(v.speedup)
+    assert v.timing.candidate.trials >= 30
+    assert v.correctness.max_abs_error is not None and v.correctness.max_rel_error is not None
+    assert len(v.correctness.trials) == 5
+    print(f"\n{name}: {v.timing.candidate.median_ms:.3f} ms, speedups " +
+          ", ".join(f"{k} {s:.2f}x" for k, s in v.speedup.items()) +
+          f", spread {v.timing.candidate.spread_pct:.1f}%, max abs err {v.correctness.max_abs_error:.2e}")
+
+
+def test_wrong_candidate_is_caught(verifier):
+    v = check(verifier, "mlp_wrong")
+    assert v.compiled and not v.correct and not v.passed and v.crash is None
+    assert v.correctness.trials[0].mismatched > 0 and v.timing is None
+
+
+def test_illegal_address_is_contained_then_a_good_one_passes(verifier):
+    v = check(verifier, "illegal_address")
+    assert v.compiled and not v.passed
+    assert v.crash is not None and v.crash.kind == "illegal_address", (v.crash, v.errors)
+    assert "illegal memory access" in (v.crash.message + v.crash.output_tail)
+    after = check(verifier, "mlp_honest")
+    assert after.passed, after.errors
+
+
+def test_hang_is_killed(gpu_cache, config, verifier):
+    quick = Verifier(config.model_copy(update={"timeout_s": 25}), cache=gpu_cache)
+    v = check(quick, "hang")
+    assert v.crash is not None and v.crash.kind == "timeout" and v.crash.phase == "correctness"
+    assert v.wall.total_s < 60
+    assert check(verifier, "mlp_honest").passed
+
+
+def test_out_of_memory(verifier):
+    v = check(verifier, "oom")
+    assert v.crash is not None and v.crash.kind == "oom", (v.crash, v.errors)
+    assert not v.passed
+
+
+def test_baselines_are_cached_per_task_and_gpu(gpu_cache, config):
+    verifier = Verifier(config.model_copy(update={"compile_baseline": True}), cache=gpu_cache)
+    first = check(verifier, "mlp_honest")
+    second = check(verifier, "mlp_honest")
+    assert "torch_compile" in first.speedup, first.timing.baselines["torch_compile"]
+    assert not first.timing.baselines["eager"].cached  # eager is always measured beside the candidate
+    assert all(second.timing.baselines[n].cached for n in ("eager_tf32", "cuda_graph", "torch_compile"))
