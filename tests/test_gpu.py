@@ -95,7 +95,7 @@ def test_out_of_memory(verifier):
 
 
 def test_baselines_are_cached_per_task_and_gpu(gpu_cache, config):
-    verifier = Verifier(config.model_copy(update={"compile_baseline": True}), cache=gpu_cache)
+    verifier = Verifier(config.model_copy(update={"compile_baseline": True, "timeout_s": 400}), cache=gpu_cache)
     first = check(verifier, "mlp_honest")
     second = check(verifier, "mlp_honest")
     assert "torch_compile" in first.speedup, first.timing.baselines["torch_compile"]
