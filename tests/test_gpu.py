@@ -58,6 +58,7 @@ def test_honest_candidates_pass(verifier, name):
     assert all(k.registers for e in v.build.extensions for k in e.kernels) and v.build.extensions[0].kernels
     assert {"eager", "eager_tf32", "cuda_graph", "best"} <= set(v.speedup)
     assert v.timing.candidate.trials >= 30
+    assert all(b.passes for n, b in v.timing.baselines.items() if n != "eager")  # each checked once
     assert v.correctness.max_abs_error is not None and v.correctness.max_rel_error is not None
     assert len(v.correctness.trials) == 5
     print(f"\n{name}: {v.timing.candidate.median_ms:.3f} ms, speedups " +

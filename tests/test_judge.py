@@ -137,3 +137,12 @@ def test_verdict_json_round_trip():
 
     v = judge(TASK, CAND, CONFIG, good_result())
     assert Verdict.model_validate_json(v.model_dump_json()) == v
+
+
+def test_best_baseline_must_meet_the_tolerance_in_force():
+    timing = _timing(2.0, eager=6.0, eager_tf32=1.0, cuda_graph=4.0)
+    timing.baselines["eager_tf32"].passes = {"strict": False, "paper": True}
+    strict = judge(TASK, CAND, CONFIG, good_result(timing=timing))
+    assert strict.speedup["best"] == 2.0  # cuda_graph: TF32 misses strict's bar
+    paper = judge(TASK, CAND, CONFIG.model_copy(update={"tolerance": "paper"}), good_result(timing=timing))
+    assert paper.speedup["best"] == 0.5 and "eager_tf32" in paper.feedback

@@ -113,7 +113,9 @@ def check_nvcc() -> Check:
     arch, source = target_arch()
     detail = f"{path}, CUDA {version}; builds for sm_{arch.replace('.', '').split(';')[0]} ({source})"
     _, archs = _run([path, "--list-gpu-arch"], timeout=30)
-    wanted = [a.strip().replace(".", "").replace("+PTX", "") for a in re.split(r"[;\s]+", arch) if a.strip()]
+    # "9.0a" / "10.0f" name arch-specific variants of compute_90 / compute_100
+    wanted = [re.sub(r"[af]$", "", a.strip().replace(".", "").replace("+PTX", ""))
+              for a in re.split(r"[;\s]+", arch) if a.strip()]
     unsupported = [a for a in wanted if archs and f"compute_{a}" not in archs]
     if unsupported:
         return Check(name="nvcc", status="fail", detail=detail + f"; nvcc cannot target {unsupported}",
@@ -173,7 +175,7 @@ def check_ncu(probe: bool = True) -> Check:
     nvcc = nvcc_path()
     if not probe or nvcc is None:
         return Check(name="ncu", status="ok", detail=f"{ncu} (counters not probed)")
-    arch = target_arch()[0].split(";")[0].replace(".", "").replace("+PTX", "")
+    arch = re.sub(r"\+PTX$", "", target_arch()[0].split(";")[0].replace(".", ""))
     with tempfile.TemporaryDirectory(prefix="stitchcuda-doctor-") as tmp:
         (Path(tmp) / "probe.cu").write_text(_PROBE_CU)
         rc, out = _run([nvcc, f"-arch=sm_{arch}", "-o", "probe", "probe.cu"], timeout=120, cwd=tmp)

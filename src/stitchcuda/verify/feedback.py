@@ -42,7 +42,7 @@ def feedback_for(verdict: Verdict) -> str:
         if f.level != "none":
             lines.append(f"Hacking ({f.level}): {f.check}: {f.detail}")
     if verdict.passed and verdict.timing:
-        best = verdict.timing.best_baseline
+        best = verdict.timing.best_baseline(verdict.tolerance.name)
         eager = verdict.speedup.get("eager")
         text = f"Correct. {verdict.timing.candidate.median_ms:.3f} ms"
         if eager:
@@ -51,7 +51,8 @@ def feedback_for(verdict: Verdict) -> str:
             text += f", {verdict.speedup['best']:.2f}x vs the best baseline ({best.name}, {best.stats.median_ms:.3f} ms)"  # type: ignore[union-attr]
         lines.append(text + ".")
         if verdict.speedup.get("best", 0) < 1.0:
-            lines.append("  Slower than a free baseline: fuse more operators or cut launches (a CUDA graph alone beats this).")
+            lines.append(f"  Slower than a baseline anyone gets for free ({best.name}): fuse more operators, "  # type: ignore[union-attr]
+                         "cut launches, or use the tensor cores where the tolerance allows.")
     for ext in verdict.build.extensions:
         for k in ext.kernels:
             if k.spill_stores_bytes or k.spill_loads_bytes:

@@ -87,7 +87,7 @@ def judge(
         for name, baseline in result.timing.baselines.items():
             if baseline.stats and cand > 0:
                 verdict.speedup[name] = baseline.stats.median_ms / cand
-        best = result.timing.best_baseline
+        best = result.timing.best_baseline(config.tolerance)
         if best and best.stats and cand > 0:
             verdict.speedup["best"] = best.stats.median_ms / cand
 

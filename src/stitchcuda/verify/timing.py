@@ -107,7 +107,8 @@ class Timer:
 
 
 def cuda_graph_call(model: torch.nn.Module, inputs: list[object], warmup: int = 3) -> Call:
-    """Capture one forward of ``model`` on static inputs; the returned call replays it."""
+    """Capture one forward of ``model`` on static inputs; the returned call replays it and
+    returns the graph's (static) output."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -116,6 +117,11 @@ def cuda_graph_call(model: torch.nn.Module, inputs: list[object], warmup: int = 
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        model(*inputs)
+        static_output = model(*inputs)
     torch.cuda.synchronize()
-    return graph.replay
+
+    def replay() -> object:
+        graph.replay()
+        return static_output
+
+    return replay

@@ -118,6 +118,10 @@ class BaselineTiming(BaseModel):
     error: str | None = Field(None, description="why this baseline could not be measured")
     cached: bool = False
     measured_at: str | None = None
+    passes: dict[str, bool] = Field(
+        {}, description="per tolerance policy: does this baseline's own output match the fp32 reference? "
+                        "A baseline that fails the policy in force (e.g. TF32 under strict) is not 'best'")
+    max_abs_error: float | None = Field(None, description="of this baseline's output against the fp32 reference")
 
 
 class TimingReport(BaseModel):
@@ -127,9 +131,10 @@ class TimingReport(BaseModel):
     l2_flush_bytes: int = 0
     rounds: int = 0
 
-    @property
-    def best_baseline(self) -> BaselineTiming | None:
-        usable = [b for b in self.baselines.values() if b.stats is not None]
+    def best_baseline(self, tolerance: str | None = None) -> BaselineTiming | None:
+        """The fastest baseline whose own output meets ``tolerance`` (any, when None)."""
+        usable = [b for b in self.baselines.values()
+                  if b.stats is not None and (tolerance is None or b.passes.get(tolerance, True))]
         return min(usable, key=lambda b: b.stats.median_ms) if usable else None  # type: ignore[union-attr]
 
 

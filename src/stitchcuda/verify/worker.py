@@ -422,8 +422,10 @@ def _timing(request, result, reference, ref_model, new_model, device) -> None:
                            config.timing_budget_s)
     except BaseException as exc:
         _fail(result, exc, "timing")
+    accuracy = _baseline_accuracy(ref_model, inputs, contenders[2:])
     for c in contenders[1:]:
-        baselines[c.name] = BaselineTiming(name=c.name, stats=summarize(c.samples), measured_at=now)
+        baselines[c.name] = BaselineTiming(name=c.name, stats=summarize(c.samples), measured_at=now,
+                                           **accuracy.get(c.name, {}))
         if c.name != "eager":
             result.measured_baselines[c.name] = baselines[c.name]
     result.timing = TimingReport(
@@ -434,6 +436,30 @@ def _timing(request, result, reference, ref_model, new_model, device) -> None:
         l2_flush_bytes=timer.flush_bytes,
         rounds=rounds,
     )
+
+
+def _baseline_accuracy(ref_model, inputs, contenders) -> dict[str, dict]:
+    """Each baseline's output against the fp32 reference, under every tolerance policy: a
+    faster baseline that would fail the policy is no bar for an honest candidate."""
+    from stitchcuda.verify.config import TOLERANCES
+    from stitchcuda.verify.correctness import compare_outputs
+    from stitchcuda.verify.torch_state import set_tf32
+
+    set_tf32(False)
+    reference = _to_cpu(ref_model(*inputs))
+    found = {}
+    for c in contenders:
+        c.before()
+        try:
+            out = _to_cpu(c.call())
+        except Exception:
+            continue
+        finally:
+            c.after()
+        checks = {name: compare_outputs(reference, out, tol) for name, tol in TOLERANCES.items()}
+        found[c.name] = {"passes": {name: r.passed for name, r in checks.items()},
+                         "max_abs_error": checks["strict"].max_abs_error}
+    return found
 
 
 def _baseline_contender(name: str, ref_model, inputs):
