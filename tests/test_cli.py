@@ -59,3 +59,11 @@ def test_doctor_json():
     assert {"gpu", "torch", "nvcc", "ncu", "cache"} <= set(checks)
     assert all(c["fix"] for c in checks.values() if c["status"] == "fail")
     assert result.exit_code == (1 if any(c["status"] == "fail" for c in checks.values()) else 0)
+
+
+def test_missing_gpu_is_an_unusable_argument(cache, monkeypatch):
+    from stitchcuda import machine
+
+    monkeypatch.setattr(machine, "gpus", lambda: ())
+    result = runner.invoke(app, ["verify", TINY, str(CPU / "pure_torch.py"), "--device", "cuda:0"])
+    assert result.exit_code == 2 and "--device cpu" in result.output

@@ -72,7 +72,7 @@ def verify(
 ) -> None:
     """Build, check and time CANDIDATE against REFERENCE in a fresh worker process."""
     from stitchcuda.console import verdict_view
-    from stitchcuda.verify import Verifier
+    from stitchcuda.verify import DeviceUnavailable, Verifier
 
     if kernelbench is not None and candidate is None:
         reference, candidate = "", Path(reference)  # `verify --kernelbench KB --level 1 --problem 3 CAND`
@@ -99,9 +99,12 @@ def verify(
         updates["timeout_s"] = timeout
     config = PRESETS[preset].model_copy(update=updates)
 
-    err = Console(stderr=True)
-    with err.status("starting the worker") as status:
-        verdict = Verifier(config).verify(tasks[0], cand, on_phase=lambda p: status.update(f"verifying: {p}"))
+    try:
+        verifier = Verifier(config)
+    except DeviceUnavailable as exc:
+        raise _unusable(str(exc)) from None
+    with Console(stderr=True).status("starting the worker") as status:
+        verdict = verifier.verify(tasks[0], cand, on_phase=lambda p: status.update(f"verifying: {p}"))
     if json_out:
         print(verdict.model_dump_json(indent=1))
     else:

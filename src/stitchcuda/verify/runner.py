@@ -105,13 +105,26 @@ def _tail(path: Path) -> str:
         return ""
 
 
+class DeviceUnavailable(RuntimeError):
+    """The configured device does not exist on this machine; the message says what to do."""
+
+
 class Verifier:
     """Verifies candidates against references under one :class:`VerifyConfig`."""
 
     def __init__(self, config: VerifyConfig | None = None, cache: Path | None = None):
         self.config = config or VerifyConfig()
         self.cache = Path(cache) if cache else cache_root()
-        self.gpu = machine.physical_gpu(self.config.device) if self.config.device.startswith("cuda") else None
+        self.gpu = None
+        if self.config.device.startswith("cuda"):
+            self.gpu = machine.physical_gpu(self.config.device)
+            if self.gpu is None:
+                found = len(machine.gpus())
+                raise DeviceUnavailable(
+                    f"{self.config.device} is not a GPU on this machine (nvidia-smi lists {found}). Verifying "
+                    "needs a CUDA GPU; `--device cpu` checks pure-PyTorch or C++ candidates on the CPU, and "
+                    "`stitchcuda doctor` says what this machine can do."
+                )
 
     # -- environment of a worker ----------------------------------------------------------------
 
