@@ -109,7 +109,7 @@ def test_broken_reference_is_an_unusable_task(verifier):
 def test_cpu_extension_builds_then_hits_the_cache(verifier, task):
     first = run(verifier, task, "cpp_extension")
     assert first.compiled and first.correct and first.passed, first.errors
-    assert first.hacking.level == "none"
+    assert first.hacking.level == "partial"  # its Linear layers stay in PyTorch: a partial hack still passes
     assert not first.build.cache_hit and first.build.extensions[0].name.startswith("tiny_relu_cpu_")
     second = run(verifier, task, "cpp_extension")
     assert second.build.cache_hit and second.build.seconds < first.build.seconds / 5

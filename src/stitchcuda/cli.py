@@ -66,6 +66,8 @@ def verify(
         "--no-compile-baseline", help="Skip the torch.compile baseline (slow the first time).")] = False,
     timeout: Annotated[float | None, typer.Option(help="Worker wall-clock limit in seconds, builds excluded.")] = None,
     preset: Annotated[str, typer.Option(help=f"Defaults to start from: {', '.join(PRESETS)}.")] = "default",
+    static_only: Annotated[bool, typer.Option(
+        "--static-only", help="Only the static hacking checks (no build, no GPU); exit 0 unless a total hack.")] = False,
     kernelbench: KernelBenchOpt = None,
     level: LevelOpt = None,
     problem: ProblemOpt = None,
@@ -99,18 +101,24 @@ def verify(
         updates["timeout_s"] = timeout
     config = PRESETS[preset].model_copy(update=updates)
 
-    try:
-        verifier = Verifier(config)
-    except DeviceUnavailable as exc:
-        raise _unusable(str(exc)) from None
-    with Console(stderr=True).status("starting the worker") as status:
-        verdict = verifier.verify(tasks[0], cand, on_phase=lambda p: status.update(f"verifying: {p}"))
+    verifier = Verifier(config)
+    if static_only:
+        verdict = verifier.verify_static(tasks[0], cand)
+    else:
+        try:
+            verifier.require_device()
+        except DeviceUnavailable as exc:
+            raise _unusable(str(exc)) from None
+        with Console(stderr=True).status("starting the worker") as status:
+            verdict = verifier.verify(tasks[0], cand, on_phase=lambda p: status.update(f"verifying: {p}"))
     if json_out:
         print(verdict.model_dump_json(indent=1))
     else:
         Console().print(verdict_view(verdict))
     if verdict.reference_error:
         raise typer.Exit(EXIT_UNUSABLE)
+    if static_only:  # nothing ran: success means no total hack was found
+        raise typer.Exit(EXIT_PASSED if verdict.hacking.level != "total" and not verdict.errors else EXIT_FAILED)
     raise typer.Exit(EXIT_PASSED if verdict.passed else EXIT_FAILED)
 
 

@@ -19,7 +19,10 @@ def _yes_no(value: bool) -> Text:
 
 
 def verdict_view(v: Verdict) -> Group:
-    if v.reference_error:
+    if v.static_only:
+        style = {"none": "green", "partial": "yellow", "total": "bold red"}[v.hacking.level]
+        headline = Text(f"STATIC CHECKS ONLY (nothing built or run): hacking level {v.hacking.level}", style=style)
+    elif v.reference_error:
         headline = Text("UNUSABLE TASK: the reference failed to run", style="bold red")
     elif v.passed:
         headline = Text("PASSED", style="bold green")

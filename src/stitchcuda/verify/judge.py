@@ -7,6 +7,7 @@ from stitchcuda.verify import precision
 from stitchcuda.verify.config import VerifyConfig
 from stitchcuda.verify.feedback import feedback_for
 from stitchcuda.verify.protocol import WorkerResult
+from stitchcuda.verify.static_checks import StaticReport
 from stitchcuda.verify.verdict import (
     CrashReport,
     Finding,
@@ -23,6 +24,29 @@ def hacking_level(findings: list[Finding]) -> str:
     return max((f.level for f in findings), key=_LEVELS.index, default="none")
 
 
+def merge_findings(static: list[Finding], dynamic: list[Finding]) -> list[Finding]:
+    """Static findings first; a run-time finding that only repeats a static one is dropped."""
+    seen = {f.check for f in static}
+    return list(static) + [f for f in dynamic if f.check not in seen]
+
+
+def judge_static(task: Task, candidate: Candidate, config: VerifyConfig, static: StaticReport,
+                 static_error: str | None = None) -> Verdict:
+    """The verdict of ``--static-only``: the hacking checks that need no GPU, nothing run."""
+    verdict = Verdict(
+        task=SourceRef(name=task.name, path=task.path, sha256=task.sha256),
+        candidate=SourceRef(name=candidate.name, path=candidate.path, sha256=candidate.sha256),
+        tolerance=config.tol, static_only=True,
+    )
+    if static_error:
+        verdict.errors.append(static_error)
+    verdict.hacking = HackingReport(level=hacking_level(static.findings), findings=static.findings)  # type: ignore[arg-type]
+    verdict.errors.extend(f"hacking ({f.level}): {f.detail}" for f in static.findings if f.level == "total")
+    verdict.precision = precision.assess(candidate.source, [], [], None)
+    verdict.feedback = feedback_for(verdict)
+    return verdict
+
+
 def judge(
     task: Task,
     candidate: Candidate,
@@ -31,6 +55,7 @@ def judge(
     crash: CrashReport | None = None,
     wall: WallTimes | None = None,
     static_error: str | None = None,
+    static: StaticReport | None = None,
 ) -> Verdict:
     verdict = Verdict(
         task=SourceRef(name=task.name, path=task.path, sha256=task.sha256),
@@ -49,7 +74,8 @@ def judge(
     verdict.crash = crash or result.crash
     verdict.correctness = result.correctness
     verdict.timing = result.timing
-    verdict.hacking = HackingReport(level=hacking_level(result.findings), findings=result.findings)  # type: ignore[arg-type]
+    findings = merge_findings(static.findings if static else [], result.findings)
+    verdict.hacking = HackingReport(level=hacking_level(findings), findings=findings)  # type: ignore[arg-type]
 
     build_failed = [e for e in result.build.extensions if not e.ok]
     crashed_before_import = verdict.crash is not None and verdict.crash.phase in ("start", "reference", "build")
@@ -80,7 +106,7 @@ def judge(
     failed_trials = [t for t in trials if not t.passed and t.error]
     if failed_trials and not verdict.crash:
         errors.append(f"incorrect in {len(failed_trials)} of {len(trials)} trials: {failed_trials[0].error}")
-    errors.extend(f"hacking ({f.level}): {f.detail}" for f in result.findings if f.level == "total")
+    errors.extend(f"hacking ({f.level}): {f.detail}" for f in findings if f.level == "total")
 
     if result.timing and verdict.correct:
         cand = result.timing.candidate.median_ms

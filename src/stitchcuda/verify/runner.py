@@ -31,8 +31,9 @@ from stitchcuda.paths import cache_root
 from stitchcuda.task.inspect import TaskError, check_candidate_source
 from stitchcuda.task.record import Candidate, Task
 from stitchcuda.verify.config import VerifyConfig
-from stitchcuda.verify.judge import judge
+from stitchcuda.verify.judge import judge, judge_static
 from stitchcuda.verify.protocol import WorkerRequest, WorkerResult
+from stitchcuda.verify.static_checks import static_findings
 from stitchcuda.verify.verdict import BaselineTiming, BuildReport, CrashReport, Verdict, WallTimes
 
 _TAIL_CHARS = 4000
@@ -115,16 +116,16 @@ class Verifier:
     def __init__(self, config: VerifyConfig | None = None, cache: Path | None = None):
         self.config = config or VerifyConfig()
         self.cache = Path(cache) if cache else cache_root()
-        self.gpu = None
-        if self.config.device.startswith("cuda"):
-            self.gpu = machine.physical_gpu(self.config.device)
-            if self.gpu is None:
-                found = len(machine.gpus())
-                raise DeviceUnavailable(
-                    f"{self.config.device} is not a GPU on this machine (nvidia-smi lists {found}). Verifying "
-                    "needs a CUDA GPU; `--device cpu` checks pure-PyTorch or C++ candidates on the CPU, and "
-                    "`stitchcuda doctor` says what this machine can do."
-                )
+        self.gpu = machine.physical_gpu(self.config.device) if self.config.device.startswith("cuda") else None
+
+    def require_device(self) -> None:
+        """Raise :class:`DeviceUnavailable` unless the configured device exists here."""
+        if self.config.device.startswith("cuda") and self.gpu is None:
+            raise DeviceUnavailable(
+                f"{self.config.device} is not a GPU on this machine (nvidia-smi lists {len(machine.gpus())}). "
+                "Verifying needs a CUDA GPU; `--device cpu` checks pure-PyTorch or C++ candidates on the CPU, "
+                "`--static-only` runs the hacking checks alone, and `stitchcuda doctor` says what this machine can do."
+            )
 
     # -- environment of a worker ----------------------------------------------------------------
 
@@ -246,12 +247,14 @@ class Verifier:
 
     def verify(self, task: Task, candidate: Candidate, on_phase: Callable[[str], None] | None = None) -> Verdict:
         """Verify one candidate in a fresh worker; ``on_phase`` hears each phase as it starts."""
+        self.require_device()
         started = time.time()
         try:
             check_candidate_source(candidate.source, label=f"candidate {candidate.name}")
         except TaskError as exc:
             return judge(task, candidate, self.config, None, static_error=str(exc),
                          wall=WallTimes(total_s=time.time() - started))
+        static = static_findings(candidate.source)
         cached = self._cached_baselines(task)
         with tempfile.TemporaryDirectory(prefix="stitchcuda-verify-") as tmp:
             workdir = Path(tmp)
@@ -272,7 +275,16 @@ class Verifier:
             wall.reference_s = result.reference_s
             wall.correctness_s = result.correctness_s
             wall.timing_s = result.timing_s
-        return judge(task, candidate, self.config, result, crash=outcome.crash, wall=wall)
+        return judge(task, candidate, self.config, result, crash=outcome.crash, wall=wall, static=static)
+
+    def verify_static(self, task: Task, candidate: Candidate) -> Verdict:
+        """Only the static hacking checks: no build, no GPU, nothing of the candidate runs."""
+        try:
+            check_candidate_source(candidate.source, label=f"candidate {candidate.name}")
+            error = None
+        except TaskError as exc:
+            error = str(exc)
+        return judge_static(task, candidate, self.config, static_findings(candidate.source), error)
 
     def verify_many(self, pairs: Sequence[tuple[Task, Candidate]]) -> list[Verdict]:
         """Prebuild all candidates in parallel, then verify one at a time on the GPU."""

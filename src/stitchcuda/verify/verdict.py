@@ -152,6 +152,7 @@ class Finding(BaseModel):
     check: str
     detail: str
     level: HackLevel = Field("none", description="the hacking level this finding implies on its own")
+    source: Literal["static", "dynamic"] = Field("dynamic", description="read from the source, or seen at run time")
 
 
 class HackingReport(BaseModel):
@@ -212,4 +213,5 @@ class Verdict(BaseModel):
     precision: Precision = Precision()
     hacking: HackingReport = HackingReport()
     feedback: str = ""
+    static_only: bool = Field(False, description="only the static checks ran (--static-only): nothing was built or run")
     wall: WallTimes = WallTimes()

@@ -1,0 +1,624 @@
+"""Static anti-hacking checks: read a candidate's Python (AST) and its CUDA/C++ sources, run nothing.
+
+Each check returns :class:`Finding` records with the hacking level the finding implies on its
+own (DESIGN.md, "What counts as hacking"). They are cheap enough for CI and for every sample
+of an RL batch; the worker's dynamic checks confirm what can only be seen at run time.
+
+The Python analysis follows the code reachable from ``ModelNew.forward``: its own methods,
+module-level helpers and candidate-defined submodules it calls. Names bound to the value of
+``load_inline(...)`` are "extensions"; a call through one of them is a call into the
+candidate's own compiled code.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+from stitchcuda.verify.verdict import Finding
+
+# PyTorch operations that carry the heavy compute of a model: left in forward, they make a
+# candidate at best a partial hack.
+HEAVY_OPS = {
+    "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "linear", "bilinear", "einsum", "tensordot",
+    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+    "scaled_dot_product_attention", "multi_head_attention_forward", "lstm", "gru", "rnn_tanh", "rnn_relu",
+    "embedding_bag", "chain_matmul", "kron", "inner", "outer", "dot", "mv",
+}
+HEAVY_MODULES = {
+    "Linear", "Bilinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+    "ConvTranspose3d", "MultiheadAttention", "LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell",
+    "Transformer", "TransformerEncoder", "TransformerDecoder", "TransformerEncoderLayer",
+    "TransformerDecoderLayer", "EmbeddingBag",
+}
+# Python-side operations that move or allocate data without computing the model's function.
+SHAPE_OPS = {
+    "view", "reshape", "permute", "transpose", "t", "contiguous", "flatten", "unflatten", "unsqueeze",
+    "squeeze", "expand", "expand_as", "size", "dim", "numel", "stride", "data_ptr", "is_contiguous",
+    "empty", "empty_like", "new_empty", "empty_strided", "to", "cuda", "cpu", "float", "view_as",
+    "narrow", "split", "chunk", "unbind", "select", "as_strided", "movedim", "swapaxes", "get_device",
+    "device", "is_cuda", "element_size", "storage_offset", "zeros", "zeros_like", "new_zeros",
+    "zero_", "fill_", "ones", "ones_like", "new_ones", "full", "full_like", "tensor", "as_tensor",
+    "arange", "Size", "is_floating_point", "type", "item", "tolist", "numpy", "clone", "detach",
+    "requires_grad_", "parameters", "named_parameters", "buffers", "state_dict", "cat", "stack",
+    "no_grad", "inference_mode", "manual_seed", "get_default_dtype", "current_device",
+    "current_stream", "default_stream", "synchronize", "is_available", "set_device", "copy_",
+}
+# Global state a candidate may not change (precision is disclosed, the change is flagged).
+GLOBAL_STATE_CALLS = {
+    "set_float32_matmul_precision", "set_default_dtype", "set_default_tensor_type",
+    "use_deterministic_algorithms", "set_num_threads", "set_flush_denormal", "set_default_device",
+    "set_autocast_enabled", "enable_flash_sdp", "enable_math_sdp", "enable_mem_efficient_sdp",
+    "set_grad_enabled",
+}
+LOW_PRECISION = {"half", "bfloat16", "float16", "autocast"}
+COMPILERS = {("torch", "compile"), ("jit", "script"), ("jit", "trace"), ("torch", "_dynamo"),
+             ("torch", "_inductor"), ("torch", "jit")}
+REFERENCE_REACH = {"sys.modules", "__main__", "importlib", "gc.get_objects", "inspect.stack",
+                   "inspect.currentframe", "sys._getframe", "get_inputs", "get_init_inputs", "builtins"}
+THREAD_MODULES = {"threading", "concurrent", "multiprocessing", "_thread", "asyncio"}
+SUBCLASS_HOOKS = {"__torch_function__", "__torch_dispatch__", "_make_subclass", "_make_wrapper_subclass",
+                  "TorchDispatchMode", "TorchFunctionMode", "_python_dispatch"}
+STREAM_SYNC = {"wait_stream", "synchronize", "wait_event", "record_event"}
+
+# C++: ATen calls that only allocate or describe tensors; anything else under torch::/at:: computes.
+CPP_ALLOWED_ATEN = {
+    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "from_blob",
+    "TensorOptions", "Tensor", "IntArrayRef", "Device", "Scalar", "ScalarType", "dtype", "device", "kCUDA",
+    "kFloat", "kFloat32", "kHalf", "kBFloat16", "kInt", "kLong", "kInt64", "kInt32", "kBool", "kByte",
+    "getCurrentCUDAStream", "getDefaultCUDAStream", "getCurrentCUDABlasHandle", "OptionalCUDAGuard",
+    "CUDAGuard", "cuda", "getDeviceProperties", "getCurrentDeviceProperties", "check", "Layout",
+    "MemoryFormat", "TensorArg", "checkAllSameGPU", "elementSize", "typeMetaToScalarType", "arange",
+    "tensor", "scalar_tensor", "empty_cache", "CUDAStream", "CUDAEvent", "getStreamFromPool",
+    "zero_", "indexing", "Slice", "nullopt", "optional", "IntList", "globalContext", "DeviceGuard",
+}
+CPP_COMPUTE_METHODS = {
+    "matmul", "mm", "bmm", "addmm", "baddbmm", "linear", "conv2d", "conv1d", "softmax", "log_softmax",
+    "sum", "mean", "exp", "log", "tanh", "sigmoid", "relu", "gelu", "silu", "mul", "add", "sub", "div",
+    "pow", "sqrt", "rsqrt", "layer_norm", "norm", "var", "std", "cumsum", "einsum", "index_select",
+    "gather", "scatter", "where", "clamp", "abs", "amax", "max", "min", "argmax", "topk", "sort", "erf",
+    "mul_", "add_", "div_", "sub_", "addcmul", "lerp", "masked_fill", "embedding", "dropout", "sin", "cos",
+}
+_CPP_CALL = re.compile(r"\b(?:torch|at)::(?:native::|cuda::|functional::|nn::)?(\w+)\s*[(<{]")
+_CPP_METHOD = re.compile(r"\.\s*(\w+)\s*\(")
+_KERNEL_DEF = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(?:static\s+)?void\s+"
+                         r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)")
+_LIBRARY_CALL = re.compile(r"\b(cublas\w*|cublasLt\w*|cudnn\w*|cufft\w*|curand\w*|cusparse\w*)\s*\(")
+
+
+@dataclass
+class StaticReport:
+    findings: list[Finding] = field(default_factory=list)
+    extensions: list[str] = field(default_factory=list)  # requested names of load_inline builds
+    exported: list[str] = field(default_factory=list)  # functions the extensions export
+    kernels: list[str] = field(default_factory=list)  # __global__ functions in the sources
+    torch_ops_in_forward: list[str] = field(default_factory=list)
+    libraries: list[str] = field(default_factory=list)
+
+    def add(self, check: str, level: str, detail: str) -> None:
+        if not any(f.check == check and f.detail == detail for f in self.findings):
+            self.findings.append(Finding(check=check, level=level, detail=detail, source="static"))  # type: ignore[arg-type]
+
+
+def _dotted(node: ast.AST) -> str:
+    """``torch.nn.functional.linear`` for an attribute chain, '' when it is not one."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    if isinstance(node, ast.Call):
+        inner = _dotted(node.func)
+        return (inner + "()." + ".".join(reversed(parts))) if inner and parts else ""
+    return ""
+
+
+def _strip_cpp_comments(code: str) -> str:
+    code = re.sub(r"/\*.*?\*/", " ", code, flags=re.S)
+    return re.sub(r"//[^\n]*", "", code)
+
+
+def _string_value(node: ast.AST, constants: dict[str, str]) -> str | None:
+    """The text of a string expression: literals, names of module constants, + and f-strings."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.Name):
+        return constants.get(node.id)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _string_value(node.left, constants), _string_value(node.right, constants)
+        return left + right if left is not None and right is not None else (left or right)
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
+    if isinstance(node, (ast.List, ast.Tuple)):
+        parts = [_string_value(e, constants) for e in node.elts]
+        return "\n".join(p for p in parts if p)
+    return None
+
+
+class _Module:
+    """Indexes a candidate module: constants, functions, classes, extension handles."""
+
+    def __init__(self, tree: ast.Module):
+        self.tree = tree
+        self.constants: dict[str, str] = {}
+        self.functions: dict[str, ast.FunctionDef] = {}
+        self.classes: dict[str, ast.ClassDef] = {}
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                value = _string_value(node.value, self.constants)
+                if value is not None:
+                    self.constants[node.targets[0].id] = value
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.functions[node.name] = node  # type: ignore[assignment]
+            elif isinstance(node, ast.ClassDef):
+                self.classes[node.name] = node
+        self.ext_names: set[str] = set()  # plain names and "self.attr" bound to extensions
+        self.ext_calls: list[ast.Call] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and _dotted(node.func).split(".")[-1] in ("load_inline", "load"):
+                self.ext_calls.append(node)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and node.value in self.ext_calls:
+                for target in node.targets:
+                    name = _dotted(target)
+                    if name:
+                        self.ext_names.add(name)
+        # aliases: self.ext = ext, _ops = ext
+        changed = True
+        while changed:
+            changed = False
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Assign) and _dotted(node.value) in self.ext_names:
+                    for target in node.targets:
+                        name = _dotted(target)
+                        if name and name not in self.ext_names:
+                            self.ext_names.add(name)
+                            changed = True
+
+    def methods(self, cls: str) -> dict[str, ast.FunctionDef]:
+        node = self.classes.get(cls)
+        if node is None:
+            return {}
+        return {n.name: n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}  # type: ignore[misc]
+
+    def submodules(self, cls: str) -> dict[str, str]:
+        """self.<attr> -> the class it is built from in __init__ ('nn.Linear', 'MyBlock', ...)."""
+        init = self.methods(cls).get("__init__")
+        found: dict[str, str] = {}
+        if init is None:
+            return found
+        for node in ast.walk(init):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                built = _dotted(node.value.func)
+                for target in node.targets:
+                    name = _dotted(target)
+                    if name.startswith("self.") and built:
+                        found[name] = built
+        return found
+
+
+def _reachable(mod: _Module, root_class: str = "ModelNew") -> list[tuple[str, ast.FunctionDef]]:
+    """(owner, function) pairs reachable from root_class.forward through self-methods, module
+    functions and candidate-defined submodules."""
+    seen: set[tuple[str, str]] = set()
+    order: list[tuple[str, ast.FunctionDef]] = []
+    todo = [(root_class, "forward")]
+    while todo:
+        owner, name = todo.pop()
+        if (owner, name) in seen:
+            continue
+        seen.add((owner, name))
+        fn = mod.methods(owner).get(name) if owner else mod.functions.get(name)
+        if fn is None:
+            continue
+        order.append((owner, fn))
+        subs = mod.submodules(owner) if owner else {}
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Call):
+                continue
+            callee = _dotted(node.func)
+            if callee.startswith("self.") and callee.count(".") == 1 and owner:
+                attr = callee
+                if callee.split(".")[1] in mod.methods(owner):
+                    todo.append((owner, callee.split(".")[1]))
+                elif subs.get(attr, "").split(".")[-1] in mod.classes:
+                    todo.append((subs[attr].split(".")[-1], "forward"))
+            elif callee in mod.functions:
+                todo.append(("", callee))
+            elif callee in mod.classes:
+                todo.append((callee, "__init__"))
+            for arg in node.args:  # functions passed as callbacks
+                if isinstance(arg, ast.Name) and arg.id in mod.functions:
+                    todo.append(("", arg.id))
+    return order
+
+
+def _calls_extension(node: ast.AST, mod: _Module) -> bool:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            callee = _dotted(sub.func)
+            head = callee.rsplit(".", 1)[0] if "." in callee else ""
+            if head in mod.ext_names or callee in mod.ext_names:
+                return True
+    return False
+
+
+def _torch_compute(node: ast.AST, mod: _Module, owner: str) -> list[str]:
+    """PyTorch compute operations called in ``node`` (names, in order, once each)."""
+    subs = mod.submodules(owner) if owner else {}
+    ops: list[str] = []
+    for sub in ast.walk(node):
+        op = None
+        if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.MatMult):
+            op = "@ (matmul)"
+        elif isinstance(sub, ast.Call):
+            callee = _dotted(sub.func)
+            last = callee.split(".")[-1] if callee else ""
+            head = callee.rsplit(".", 1)[0] if "." in callee else ""
+            if not callee or head in mod.ext_names:
+                continue
+            if callee.startswith("self.") and callee.count(".") == 1:
+                built = subs.get(callee, "")
+                kind = built.split(".")[-1]
+                if built and kind not in mod.classes and (built.startswith(("nn.", "torch.nn.")) or kind in HEAVY_MODULES):
+                    op = f"{kind} module"
+                continue_ = op is None
+                if continue_:
+                    continue
+            elif callee.startswith(("torch.", "F.", "nn.functional.", "functional.")) and last not in SHAPE_OPS:
+                if not callee.startswith(("torch.cuda.", "torch.utils.", "torch.backends.", "torch.nn.Parameter")):
+                    op = callee
+            elif isinstance(sub.func, ast.Attribute) and (last in HEAVY_OPS or last in _TENSOR_COMPUTE_METHODS):
+                root = _dotted(sub.func.value)
+                if root.split(".")[0] not in ("math", "np", "numpy", "os", "sys", "re", "json", "self") or (
+                        root.startswith("self.") and root in subs):
+                    op = f".{last}()"
+        if op and op not in ops:
+            ops.append(op)
+    return ops
+
+
+_TENSOR_COMPUTE_METHODS = {
+    "relu", "gelu", "silu", "sigmoid", "tanh", "softmax", "log_softmax", "exp", "log", "sum", "mean",
+    "pow", "sqrt", "rsqrt", "mul", "add", "sub", "div", "clamp", "clamp_min", "var", "std", "norm",
+    "layer_norm", "max", "amax", "min", "cumsum", "gather", "masked_fill", "abs", "erf", "lerp", "addcmul",
+    "mul_", "add_", "div_", "sub_", "clamp_", "relu_", "exp_", "matmul", "mm", "bmm", "addmm",
+}
+
+
+def _is_heavy(op: str) -> bool:
+    name = op.split(".")[-1].replace("()", "").replace(" module", "").strip()
+    return name in HEAVY_OPS or name in HEAVY_MODULES or op.startswith("@")
+
+
+def check_python(source: str, report: StaticReport) -> None:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return  # the verdict already says it does not parse
+    mod = _Module(tree)
+    _check_whole_module(tree, mod, report)
+    if "ModelNew" not in mod.classes:
+        return
+    reachable = _reachable(mod)
+    forward_fns = [(o, f) for o, f in reachable if f.name != "__init__"]
+    uses_ext = any(_calls_extension(f, mod) for _, f in forward_fns)
+
+    for ext in mod.ext_calls:
+        for kw in ext.keywords:
+            if kw.arg == "name":
+                value = _string_value(kw.value, mod.constants)
+                if value:
+                    report.extensions.append(value)
+            if kw.arg == "functions":
+                if isinstance(kw.value, (ast.List, ast.Tuple)):
+                    report.exported += [e.value for e in kw.value.elts
+                                        if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+                elif isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                    report.exported.append(kw.value.value)
+
+    ops: list[str] = []
+    for owner, fn in forward_fns:
+        for op in _torch_compute(fn, mod, owner):
+            if op not in ops:
+                ops.append(op)
+    report.torch_ops_in_forward = ops
+    heavy = [op for op in ops if _is_heavy(op)]
+    light = [op for op in ops if not _is_heavy(op)]
+
+    if not mod.ext_calls:
+        report.add("no_custom_kernels", "total", "the candidate builds no extension (no load_inline): "
+                   + (f"forward computes with PyTorch ({', '.join(ops[:8])})" if ops else "no kernel of its own"))
+    elif not uses_ext:
+        report.add("kernels_never_called", "total",
+                   f"the extension(s) {report.extensions or '?'} are built but forward never calls them"
+                   + (f"; it computes with PyTorch ({', '.join(ops[:8])})" if ops else ""))
+    else:
+        if heavy:
+            report.add("pytorch_compute", "partial",
+                       f"heavy compute left in PyTorch in forward: {', '.join(heavy)}")
+        if light:
+            report.add("pytorch_compute_light", "none",
+                       f"PyTorch compute left in forward (own kernels could fuse it): {', '.join(light)}")
+
+    for owner, fn in forward_fns:
+        _check_fallbacks(fn, mod, owner, report)
+        _check_outputs(fn, mod, owner, report)
+    forward = mod.methods("ModelNew").get("forward")
+    if forward is not None:
+        _check_input_mutation(forward, mod, report)
+
+
+def _check_whole_module(tree: ast.Module, mod: _Module, report: StaticReport) -> None:
+    """Checks that hold wherever in the file the construct appears."""
+    stream_made = stream_synced = False
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            for name in names:
+                root = name.split(".")[0]
+                if root in THREAD_MODULES:
+                    report.add("threads", "total", f"imports {name}: work on another thread escapes the timer")
+                if root == "importlib" or name in ("gc", "inspect", "builtins"):
+                    report.add("reference_access", "total", f"imports {name}, a way to reach the reference program")
+            if isinstance(node, ast.ImportFrom):
+                if any(a.name in ("Model", "get_inputs", "get_init_inputs") for a in node.names):
+                    report.add("reference_access", "total", f"imports the reference's names from {node.module}")
+                if node.module and node.module.startswith(("torch._dynamo", "torch._inductor")):
+                    report.add("torch_compile", "total", f"imports {node.module}")
+        elif isinstance(node, ast.Name) and node.id in ("Model", "get_inputs", "get_init_inputs") and isinstance(
+                node.ctx, ast.Load):
+            report.add("reference_access", "total", f"uses the reference's name {node.id!r}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in (
+                "__main__", "stitchcuda_reference", "reference", "Model"):
+            report.add("reference_access", "total", f"looks up {node.value!r}, a way to reach the reference program")
+        elif isinstance(node, ast.Attribute):
+            dotted = _dotted(node)
+            if any(dotted == r or dotted.startswith(r + ".") for r in REFERENCE_REACH if "." in r):
+                report.add("reference_access", "total", f"uses {dotted}, a way to reach the reference program")
+            if node.attr in ("compile", "script", "trace") and dotted.startswith(("torch.", "jit.")) and (
+                    dotted in ("torch.compile", "torch.jit.script", "torch.jit.trace", "jit.script", "jit.trace")):
+                report.add("torch_compile", "total", f"uses {dotted}: PyTorch's compiler writes the kernels")
+            if dotted.startswith(("torch._dynamo", "torch._inductor")):
+                report.add("torch_compile", "total", f"uses {dotted}")
+            if node.attr in SUBCLASS_HOOKS:
+                report.add("tensor_subclass", "total", f"uses {dotted}: a tensor subclass or dispatch mode can fake or defer results")
+            if dotted in ("torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.set_stream", "torch.cuda.ExternalStream"):
+                stream_made = True
+            if node.attr in STREAM_SYNC and dotted not in ("torch.cuda.synchronize",):
+                stream_synced = True
+            if dotted == "torch.cuda.synchronize":
+                stream_synced = True
+            if node.attr in GLOBAL_STATE_CALLS and dotted.startswith("torch"):
+                report.add("global_state", "partial", f"calls {dotted}: changes torch's global state")
+        elif isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                if _dotted(base) in ("torch.Tensor", "Tensor", "torch._C._TensorBase", "TorchDispatchMode",
+                                     "TorchFunctionMode"):
+                    report.add("tensor_subclass", "total", f"class {node.name} subclasses {_dotted(base)}")
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in SUBCLASS_HOOKS:
+                    report.add("tensor_subclass", "total", f"class {node.name} defines {item.name}")
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                _check_patching(_dotted(target), report)
+        elif isinstance(node, ast.Call):
+            callee = _dotted(node.func)
+            if callee == "setattr" and node.args:
+                _check_patching(_dotted(node.args[0]) + ".<attr>", report)
+            if callee in ("globals", "vars", "locals", "eval", "exec", "__import__", "open"):
+                report.add("reference_access", "total" if callee != "open" else "partial",
+                           f"calls {callee}(): dynamic code or file access can reach the reference or the harness")
+    if stream_made and not stream_synced:
+        report.add("side_stream", "total", "runs work on a side CUDA stream that is never synchronised with the "
+                                           "caller's stream: the timer does not see it")
+    elif stream_made:
+        report.add("side_stream_synced", "none", "uses a side CUDA stream, synchronised back (wait_stream/events)")
+
+
+def _check_patching(dotted: str, report: StaticReport) -> None:
+    if not dotted:
+        return
+    root = dotted.split(".")[0]
+    if dotted.startswith("torch.backends."):
+        report.add("global_state", "partial", f"sets {dotted}: changes torch's global state (restored by the verifier)")
+    elif root in ("torch", "time", "builtins", "gc", "sys", "os", "stitchcuda", "timeit", "triton"):
+        report.add("harness_patching", "total", f"assigns {dotted}: patches a module the harness relies on "
+                                                "(timers, synchronisation or torch itself)")
+
+
+def _guard_refs_state(test: ast.AST) -> bool:
+    for sub in ast.walk(test):
+        dotted = _dotted(sub) if isinstance(sub, ast.Attribute) else ""
+        if dotted.startswith("self.") or (isinstance(sub, ast.Call) and _dotted(sub.func) == "hasattr"):
+            return True
+        if isinstance(sub, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in sub.ops):
+            return True
+        if isinstance(sub, ast.Name) and sub.id.isupper():  # module-level caches are usually CONSTANT_CASE
+            return True
+    return False
+
+
+def _check_fallbacks(fn: ast.FunctionDef, mod: _Module, owner: str, report: StaticReport) -> None:
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Try):
+            body_ext = any(_calls_extension(s, mod) for s in node.body)
+            for handler in node.handlers:
+                reraises = all(isinstance(s, ast.Raise) for s in handler.body)
+                handler_ops = [op for s in handler.body for op in _torch_compute(s, mod, owner)]
+                if body_ext and not reraises:
+                    what = f" with PyTorch ({', '.join(handler_ops[:5])})" if handler_ops else ""
+                    report.add("try_except_fallback", "total",
+                               f"{fn.name} catches failures of its own kernels and carries on{what}")
+        elif isinstance(node, ast.If):
+            body_ext = any(_calls_extension(s, mod) for s in node.body)
+            else_ext = any(_calls_extension(s, mod) for s in node.orelse)
+            body_ops = [op for s in node.body for op in _torch_compute(s, mod, owner)]
+            else_ops = [op for s in node.orelse for op in _torch_compute(s, mod, owner)]
+            returns_torch = any(isinstance(s, ast.Return) for s in node.body) and body_ops and not body_ext
+            if (body_ext and else_ops and not else_ext) or (else_ext and body_ops and not body_ext) or (
+                    returns_torch and _calls_extension(fn, mod)):
+                ops = ", ".join((body_ops or else_ops)[:5])
+                report.add("fallback_branch", "total",
+                           f"{fn.name} has a branch that computes with PyTorch ({ops}) instead of its own kernels")
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+        _dotted(n) for n in ast.walk(node) if isinstance(n, ast.Attribute) and _dotted(n).startswith("self.")}
+
+
+def _check_outputs(fn: ast.FunctionDef, mod: _Module, owner: str, report: StaticReport) -> None:
+    """Constant, cached and uninitialised outputs."""
+    params = {a.arg for a in fn.args.args[1:] + fn.args.kwonlyargs} | (
+        {fn.args.vararg.arg} if fn.args.vararg else set())
+    if fn.args.args and fn.args.args[0].arg != "self":
+        params.add(fn.args.args[0].arg)
+    tainted = set(params)
+    empties: dict[str, ast.AST] = {}
+    written: set[str] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call):
+            for arg in list(node.args) + [k.value for k in node.keywords]:
+                written |= {n.id for n in ast.walk(arg) if isinstance(n, ast.Name)}
+    # propagate taint in statement order (a fixed point covers loops)
+    for _ in range(3):
+        for node in ast.walk(fn):
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None \
+                    and _names(node.value) & tainted:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    tainted |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+                    tainted |= {_dotted(n) for n in ast.walk(t) if isinstance(n, ast.Attribute)}
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                callee = _dotted(node.value.func).split(".")[-1]
+                if callee in ("empty", "empty_like", "new_empty", "empty_strided"):
+                    for t in node.targets:
+                        if isinstance(t, ast.Name):
+                            empties[t.id] = node
+    if fn.name != "forward" or owner != "ModelNew":
+        return
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Return) and node.value is not None:
+            used = _names(node.value)
+            if not (used & tainted) and not _calls_extension(node.value, mod):
+                if any(isinstance(n, ast.Attribute) and _dotted(n).startswith("self.") for n in ast.walk(node.value)) \
+                        or any(n.id.isupper() for n in ast.walk(node.value) if isinstance(n, ast.Name)):
+                    report.add("cached_output", "total",
+                               f"forward returns stored state ({ast.unparse(node.value)[:80]}) that does not "
+                               "depend on this call's inputs")
+                else:
+                    report.add("constant_output", "total",
+                               f"forward returns {ast.unparse(node.value)[:80]}, which does not depend on its inputs")
+            for name in used & set(empties):
+                if name not in written:
+                    report.add("uninitialised_output", "total",
+                               f"forward returns {name}, allocated with torch.empty and never written by a kernel")
+    for node in ast.walk(fn):
+        if isinstance(node, ast.If) and _guard_refs_state(node.test):
+            for branch in (node.body, node.orelse):
+                for stmt in branch:
+                    if isinstance(stmt, ast.Return) and stmt.value is not None and not _calls_extension(stmt.value, mod):
+                        state = [_dotted(n) for n in ast.walk(stmt.value)
+                                 if isinstance(n, ast.Attribute) and _dotted(n).startswith("self.")]
+                        caches = [n for n in ast.walk(stmt.value) if isinstance(n, ast.Subscript)]
+                        if state and (caches or not (_names(stmt.value) & set(params))):
+                            report.add("cached_output", "total",
+                                       f"forward returns a stored result ({ast.unparse(stmt.value)[:80]}) "
+                                       "when a cache check passes")
+
+
+def _check_input_mutation(fn: ast.FunctionDef, mod: _Module, report: StaticReport) -> None:
+    params = [a.arg for a in fn.args.args[1:]]
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            root = _dotted(node.func.value)
+            method = node.func.attr
+            if root in params and method.endswith("_") and not method.endswith("__") and method not in (
+                    "requires_grad_",):
+                report.add("input_mutation", "total", f"forward modifies its input {root} in place ({method})")
+            for kw in node.keywords:
+                if kw.arg == "out" and _dotted(kw.value) in params:
+                    report.add("input_mutation", "total", f"forward writes into its input {_dotted(kw.value)} (out=)")
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Subscript) and _dotted(t.value) in params:
+                    report.add("input_mutation", "total", f"forward assigns into its input {_dotted(t.value)}")
+                if isinstance(t, ast.Attribute) and t.attr == "data" and _dotted(t.value) in params:
+                    report.add("input_mutation", "total", f"forward replaces {_dotted(t.value)}.data")
+            if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id in params:
+                report.add("input_mutation", "total", f"forward updates its input {node.target.id} in place (augmented assignment)")
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Name) and node.value.id in params:
+            feeds_ext = any(isinstance(c, ast.Call) and _calls_extension(c, mod)
+                            and node.value.id in {n.id for a in c.args for n in ast.walk(a) if isinstance(n, ast.Name)}
+                            for c in ast.walk(fn))
+            if feeds_ext:
+                report.add("input_mutation", "total",
+                           f"forward returns its input buffer {node.value.id} after its kernels wrote into it")
+
+
+def check_cpp(sources: list[str], report: StaticReport) -> None:
+    code = _strip_cpp_comments("\n".join(sources))
+    if not code.strip():
+        return
+    kernels = list(dict.fromkeys(_KERNEL_DEF.findall(code)))
+    report.kernels = kernels
+    launched = [k for k in kernels if re.search(rf"\b{k}\s*(?:<[^<>;]*(?:<[^<>;]*>[^<>;]*)*>)?\s*<<<", code)
+                or re.search(rf"cudaLaunch\w*\s*\(\s*\(?\s*(?:const\s+)?(?:void\s*\*\s*\)?)?\s*&?\s*{k}\b", code)]
+    libraries = sorted({m.split("(")[0] for m in _LIBRARY_CALL.findall(code)})
+    report.libraries = [lib for lib in libraries if not lib.endswith(("Create", "Destroy", "SetStream",
+                                                                     "SetMathMode", "SetWorkspace"))]
+    never = [k for k in kernels if k not in launched]
+    if never:
+        report.add("kernel_never_launched", "none", f"kernels defined but never launched: {', '.join(never)}")
+    aten = sorted({name for name in _CPP_CALL.findall(code) if name not in CPP_ALLOWED_ATEN
+                   and not name.startswith("k") and not name[0].isupper()})
+    methods = sorted({m for m in _CPP_METHOD.findall(code) if m in CPP_COMPUTE_METHODS})
+    if aten or methods:
+        what = ", ".join([f"torch::/at::{a}" for a in aten] + [f".{m}()" for m in methods])
+        own = bool(launched) or bool(report.libraries)
+        report.add("aten_in_cpp", "partial" if own else "total",
+                   f"the C++ computes with ATen ({what})" + (" beside its own kernels" if own else
+                                                              " and launches no kernel of its own"))
+    if kernels and not launched and not report.libraries and not aten:
+        report.add("kernels_never_called", "total", "the CUDA source defines kernels but launches none")
+    if re.search(r"\bstd::(thread|async|jthread)\b|\bpthread_create\b", code):
+        report.add("threads", "total", "the C++ starts threads: work can escape the timer")
+    if re.search(r"\bcudaStreamCreate\w*\b", code) and not re.search(
+            r"\bcuda(StreamSynchronize|DeviceSynchronize|StreamWaitEvent|EventSynchronize)\b", code):
+        report.add("side_stream", "total", "the C++ creates CUDA streams and never synchronises them back")
+    if re.search(r"\bstatic\s+(?:torch|at)::Tensor\b", code):
+        report.add("static_tensor", "none", "the C++ keeps a tensor in a static variable (cache or workspace)")
+    if re.search(r"\b(half|__half|__nv_bfloat16|nv_bfloat16|wmma|mma\.sync|CUDA_R_16F|CUBLAS_COMPUTE_32F_FAST_TF32|"
+                 r"CUBLAS_TF32_TENSOR_OP_MATH|CUDA_R_16BF)\b", code):
+        report.add("reduced_precision", "none", "the CUDA source uses reduced precision or tensor-core math "
+                                                "(disclosed, not a hack)")
+
+
+def cpp_sources_of(source: str) -> list[str]:
+    """Every string in the candidate that looks like C++/CUDA (sources given to load_inline and
+    any other code-bearing string), so nothing escapes the C++ checks."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    texts = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+            if any(marker in text for marker in ("#include", "__global__", "torch::", "at::", "<<<", "cuda")) \
+                    and ("(" in text and ";" in text):
+                texts.append(text)
+    return texts
+
+
+def static_findings(source: str) -> StaticReport:
+    report = StaticReport()
+    check_python(source, report)
+    check_cpp(cpp_sources_of(source), report)
+    return report
