@@ -123,6 +123,39 @@ def verify(
 
 
 @app.command()
+def profile(
+    reference: Annotated[str, typer.Argument(help="A KernelBench-format .py file or a bundled task name.")],
+    json_out: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
+    device: Annotated[str, typer.Option(help="cuda:N")] = "cuda:0",
+    kernelbench: KernelBenchOpt = None,
+    level: LevelOpt = None,
+    problem: ProblemOpt = None,
+) -> None:
+    """The reference's profile for planning: GPU time per operator and module, launches, idle
+    share, copies and syncs, FLOPs and bytes against this GPU's roofline."""
+    from stitchcuda.console import profile_view
+    from stitchcuda.verify import DeviceUnavailable, Verifier, VerifyConfig
+
+    tasks = _tasks(reference, kernelbench, level, problem)
+    if len(tasks) != 1:
+        raise _unusable(f"{len(tasks)} tasks match; narrow it to one (--level N --problem ID)")
+    verifier = Verifier(VerifyConfig(device=device))
+    try:
+        verifier.require_device()
+    except DeviceUnavailable as exc:
+        raise _unusable(str(exc)) from None
+    with Console(stderr=True).status(f"profiling {tasks[0].name}"):
+        result = verifier.profile(tasks[0])
+    if result.reference_error or result.crash or result.reference_profile is None:
+        why = result.reference_error or (result.crash.message if result.crash else "; ".join(result.errors))
+        raise _unusable(f"the reference could not be profiled: {why}")
+    if json_out:
+        print(result.reference_profile.model_dump_json(indent=1))
+    else:
+        Console().print(profile_view(tasks[0].name, result.reference_profile))
+
+
+@app.command()
 def doctor(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     no_ncu_probe: Annotated[bool, typer.Option("--no-ncu-probe", help="Skip profiling a probe kernel.")] = False,

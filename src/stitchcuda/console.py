@@ -9,7 +9,7 @@ from rich.text import Text
 
 from stitchcuda.doctor import DoctorReport
 from stitchcuda.task.record import Task
-from stitchcuda.verify.verdict import Verdict
+from stitchcuda.verify.verdict import ProgramProfile, Verdict
 
 _STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 
@@ -80,12 +80,48 @@ def verdict_view(v: Verdict) -> Group:
                           str(k.shared_bytes), str(k.stack_frame_bytes))
         if kernels:
             parts.append(build)
+    if v.profile:
+        p = v.profile
+        shares = ", ".join(f"{k} {s:.0%}" for k, s in p.origin_share.items())
+        coverage = f", operator coverage {v.hacking.operator_coverage:.0%}" if v.hacking.operator_coverage is not None else ""
+        parts.append(Text(f"profile: GPU time {shares}{coverage}; {p.launches} launches, idle {p.idle_share:.0%}",
+                          style="dim"))
     if v.feedback:
         parts.append(Panel(v.feedback, title="feedback", border_style="cyan"))
     w = v.wall
     parts.append(Text(f"wall {w.total_s:.1f} s: worker start {w.worker_start_s:.1f}, build {w.build_s:.1f}, "
                       f"reference {w.reference_s:.1f}, correctness {w.correctness_s:.1f}, timing {w.timing_s:.1f}",
                       style="dim"))
+    return Group(*parts)
+
+
+def profile_view(name: str, p: ProgramProfile) -> Group:
+    parts: list = [Text(f"profile of {name}: {p.gpu_time_us / 1e3:.3f} ms of GPU time, {p.launches} kernel "
+                        f"launches, GPU idle {p.idle_share:.0%} of the {p.window_us / 1e3:.3f} ms window, "
+                        f"{sum(p.copies.values())} copies, {p.syncs} syncs", style="bold")]
+    for title, rows in (("operators", p.ops), ("modules", p.modules)):
+        if rows:
+            table = Table(title=title, title_justify="left")
+            for col in ("name", "GPU us", "share", "calls", "kernels", "shapes"):
+                table.add_column(col, overflow="fold")
+            for r in rows:
+                table.add_row(r.name, f"{r.gpu_us:.0f}", f"{r.share:.1%}", str(r.calls), str(r.kernels),
+                              "; ".join(r.shapes)[:80])
+            parts.append(table)
+    if p.kernels:
+        table = Table(title="kernels", title_justify="left")
+        for col in ("kernel", "origin", "GPU us", "share", "calls"):
+            table.add_column(col, overflow="fold")
+        for k in p.kernels:
+            table.add_row(k.name[:80], k.origin, f"{k.total_us:.0f}", f"{k.share:.1%}", str(k.calls))
+        parts.append(table)
+    if p.roofline:
+        r = p.roofline
+        parts.append(Text(
+            f"roofline: {r.flops / 1e9:.2f} GFLOP, {r.min_bytes / 2**20:.1f} MiB minimum traffic; floor "
+            f"{r.floor_ms:.4f} ms (compute {r.compute_floor_ms:.4f} at {max(r.peaks.fp32_tflops, r.peaks.tf32_tflops, r.peaks.bf16_tflops):.0f} "
+            f"TFLOP/s, memory {r.memory_floor_ms:.4f} at {r.peaks.copy_gbps:.0f} GB/s); measured peaks fp32 "
+            f"{r.peaks.fp32_tflops:.0f}, tf32 {r.peaks.tf32_tflops:.0f}, bf16 {r.peaks.bf16_tflops:.0f} TFLOP/s"))
     return Group(*parts)
 
 

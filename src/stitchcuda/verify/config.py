@@ -46,6 +46,7 @@ class VerifyConfig(BaseModel):
     seed: int = 42
     device: str = Field("cuda:0", description="cuda:N, or cpu (for tests: wall-clock timing, no baselines but eager)")
     timing: bool = True
+    profile: bool = Field(True, description="profile the candidate and the reference once (torch.profiler, roofline)")
     compile_baseline: bool = Field(True, description="measure torch.compile (slow the first time; cached)")
     baseline_cache: bool = True
     warmup: int = Field(3, ge=1)

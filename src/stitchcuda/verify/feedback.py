@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stitchcuda.verify.verdict import Verdict
 
-_MAX_LINES = 12
+_MAX_LINES = 14
 
 
 def feedback_for(verdict: Verdict) -> str:
@@ -53,6 +53,8 @@ def feedback_for(verdict: Verdict) -> str:
         if verdict.speedup.get("best", 0) < 1.0:
             lines.append(f"  Slower than a baseline anyone gets for free ({best.name}): fuse more operators, "  # type: ignore[union-attr]
                          "cut launches, or use the tensor cores where the tolerance allows.")
+    if verdict.passed:
+        lines.extend(bottleneck_lines(verdict))
     for ext in verdict.build.extensions:
         for k in ext.kernels:
             if k.spill_stores_bytes or k.spill_loads_bytes:
@@ -67,3 +69,35 @@ def feedback_for(verdict: Verdict) -> str:
 def _last_line(text: str) -> str:
     stripped = [line for line in text.strip().splitlines() if line.strip()]
     return stripped[-1].strip()[:300] if stripped else ""
+
+
+def bottleneck_lines(verdict: Verdict) -> list[str]:
+    """The profile in a few lines, the dominant bottleneck first, with its numbers."""
+    p = verdict.profile
+    if p is None or not p.gpu_time_us:
+        return []
+    lines: list[tuple[float, str]] = []  # (weight, text): the heavier, the earlier
+    if p.idle_share > 0.2 and p.launches > 3:
+        lines.append((p.idle_share, f"Launch-bound: the GPU is idle {p.idle_share:.0%} of the forward's "
+                                    f"{p.window_us:.0f} us across {p.launches} kernel launches; fuse kernels or "
+                                    "capture the forward in a CUDA graph."))
+    if p.kernels:
+        k = p.kernels[0]
+        lines.append((k.share, f"Top kernel: {k.name[:70]} ({k.origin}) takes {k.share:.0%} of GPU time "
+                               f"({k.total_us:.0f} us over {k.calls} call(s))."))
+    torch_share = p.origin_share.get("pytorch", 0.0)
+    if torch_share > 0.05:
+        ops = ", ".join(f"{o.name} {o.share:.0%}" for o in p.ops[:3])
+        lines.append((torch_share, f"PyTorch still runs {torch_share:.0%} of the GPU time ({ops}): replace it."))
+    if p.copies:
+        lines.append((0.5, f"Host-device copies inside forward ({dict(p.copies)}, {p.copy_us:.0f} us): keep data "
+                           "on the GPU."))
+    if p.syncs:
+        lines.append((0.4, f"{p.syncs} host synchronisation(s) inside forward: remove them."))
+    roof = verdict.reference_profile.roofline if verdict.reference_profile else None
+    if roof is not None and verdict.timing and roof.floor_ms > 0:
+        gap = verdict.timing.candidate.median_ms / roof.floor_ms
+        bound = "compute" if roof.compute_floor_ms >= roof.memory_floor_ms else "memory"
+        lines.append((0.3, f"{gap:.1f}x above the roofline floor of {roof.floor_ms:.3f} ms ({bound}-bound: "
+                           f"{roof.flops / 1e9:.1f} GFLOP, {roof.min_bytes / 2**20:.0f} MiB minimum traffic)."))
+    return [text for _, text in sorted(lines, key=lambda item: -item[0])]

@@ -74,8 +74,14 @@ def judge(
     verdict.crash = crash or result.crash
     verdict.correctness = result.correctness
     verdict.timing = result.timing
+    verdict.profile = result.profile
+    verdict.reference_profile = result.reference_profile
     findings = merge_findings(static.findings if static else [], result.findings)
-    verdict.hacking = HackingReport(level=hacking_level(findings), findings=findings)  # type: ignore[arg-type]
+    verdict.hacking = HackingReport(
+        level=hacking_level(findings), findings=findings,  # type: ignore[arg-type]
+        origin_share=result.profile.origin_share if result.profile else {},
+        operator_coverage=result.operator_coverage,
+    )
 
     build_failed = [e for e in result.build.extensions if not e.ok]
     crashed_before_import = verdict.crash is not None and verdict.crash.phase in ("start", "reference", "build")

@@ -17,12 +17,13 @@ from stitchcuda.verify.verdict import (
     CrashReport,
     DeviceInfo,
     Finding,
+    ProgramProfile,
     TimingReport,
 )
 
 
 class WorkerRequest(BaseModel):
-    mode: Literal["build", "verify"]
+    mode: Literal["build", "verify", "profile"]
     reference_path: str | None = None
     candidate_path: str
     config: VerifyConfig
@@ -46,6 +47,10 @@ class WorkerResult(BaseModel):
     timing: TimingReport | None = None
     measured_baselines: dict[str, BaselineTiming] = {}
     findings: list[Finding] = []
+    profile: ProgramProfile | None = None
+    reference_profile: ProgramProfile | None = None
+    operator_coverage: float | None = None
+    profile_s: float = 0.0
     output_dtypes: list[str] = []
     flags_changed: list[str] = []
     reference_s: float = 0.0

@@ -275,7 +275,22 @@ class Verifier:
             wall.reference_s = result.reference_s
             wall.correctness_s = result.correctness_s
             wall.timing_s = result.timing_s
+            wall.profile_s = result.profile_s
         return judge(task, candidate, self.config, result, crash=outcome.crash, wall=wall, static=static)
+
+    def profile(self, task: Task) -> WorkerResult:
+        """The reference alone under the profiler (``stitchcuda profile``), in a worker."""
+        self.require_device()
+        with tempfile.TemporaryDirectory(prefix="stitchcuda-profile-") as tmp:
+            workdir = Path(tmp)
+            ref_path = workdir / "reference.py"
+            ref_path.write_text(task.source)
+            request = self._request("profile", workdir, ref_path, ref_path)
+            outcome = self._spawn(request, workdir, hide_gpu=False, run_limit=self.config.timeout_s)
+        result = outcome.result or WorkerResult()
+        if outcome.crash is not None:
+            result.crash = outcome.crash
+        return result
 
     def verify_static(self, task: Task, candidate: Candidate) -> Verdict:
         """Only the static hacking checks: no build, no GPU, nothing of the candidate runs."""

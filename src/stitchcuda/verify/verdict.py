@@ -148,6 +148,66 @@ class Precision(BaseModel):
     summary: str = "unknown"
 
 
+KernelOrigin = Literal["own", "library", "pytorch", "unattributed"]
+
+
+class KernelStat(BaseModel):
+    name: str
+    origin: KernelOrigin
+    calls: int
+    total_us: float
+    share: float = Field(description="of the program's GPU time")
+    streams: list[int] = []
+
+
+class OpStat(BaseModel):
+    """GPU time of one PyTorch operator (or module), as the Planner sees the reference."""
+
+    name: str
+    calls: int
+    gpu_us: float
+    share: float
+    shapes: list[str] = []
+    kernels: int = 0
+
+
+class Peaks(BaseModel):
+    """Measured ceilings of this GPU, the most generous of what the candidate might use."""
+
+    gpu: str
+    fp32_tflops: float
+    tf32_tflops: float
+    bf16_tflops: float
+    copy_gbps: float = Field(description="device-to-device copy, bytes read + written per second / 1e9")
+
+
+class Roofline(BaseModel):
+    flops: float
+    min_bytes: float = Field(description="inputs + parameters read once, outputs written once")
+    floor_ms: float = Field(description="max(flops / best peak, min bytes / copy bandwidth)")
+    compute_floor_ms: float
+    memory_floor_ms: float
+    peaks: Peaks
+
+
+class ProgramProfile(BaseModel):
+    """One forward pass seen by torch.profiler: where the GPU time goes and how busy the GPU is."""
+
+    gpu_time_us: float = 0.0
+    window_us: float = Field(0.0, description="first kernel start to last kernel end")
+    idle_share: float = Field(0.0, description="of the window with no kernel running (launch gaps)")
+    launches: int = 0
+    origin_share: dict[str, float] = Field({}, description="GPU time share per origin: own / library / pytorch")
+    kernels: list[KernelStat] = []
+    ops: list[OpStat] = Field([], description="PyTorch operators with their GPU time (reference profiles)")
+    modules: list[OpStat] = Field([], description="submodules with their GPU time (reference profiles)")
+    copies: dict[str, int] = Field({}, description="memcpy count per direction (HtoD, DtoH, DtoD)")
+    copy_us: float = 0.0
+    syncs: int = Field(0, description="host-side synchronisations (device, stream, event, blocking memcpy)")
+    streams: list[int] = []
+    roofline: Roofline | None = None
+
+
 class Finding(BaseModel):
     check: str
     detail: str
@@ -158,6 +218,9 @@ class Finding(BaseModel):
 class HackingReport(BaseModel):
     level: HackLevel = "none"
     findings: list[Finding] = []
+    origin_share: dict[str, float] = Field({}, description="share of the candidate's GPU time per kernel origin")
+    operator_coverage: float | None = Field(
+        None, description="share of the reference's GPU time spent in operators the candidate no longer calls")
 
 
 class CrashReport(BaseModel):
@@ -185,6 +248,7 @@ class WallTimes(BaseModel):
     reference_s: float = 0.0
     correctness_s: float = 0.0
     timing_s: float = 0.0
+    profile_s: float = 0.0
     total_s: float = 0.0
 
 
@@ -212,6 +276,8 @@ class Verdict(BaseModel):
     speedup: dict[str, float] = Field({}, description="baseline median / candidate median, per baseline and 'best'")
     precision: Precision = Precision()
     hacking: HackingReport = HackingReport()
+    profile: ProgramProfile | None = Field(None, description="the candidate's forward pass under torch.profiler")
+    reference_profile: ProgramProfile | None = None
     feedback: str = ""
     static_only: bool = Field(False, description="only the static checks ran (--static-only): nothing was built or run")
     wall: WallTimes = WallTimes()

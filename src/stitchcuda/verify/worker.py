@@ -96,6 +96,8 @@ def main(request_path: str) -> None:
     try:
         if request.mode == "build":
             _build_only(request, result, progress)
+        elif request.mode == "profile":
+            _profile_reference(request, result, progress)
         else:
             _verify(request, result, progress)
     except CandidateFailed:
@@ -148,14 +150,9 @@ def _build_only(request: WorkerRequest, result: WorkerResult, progress: Progress
 # --- full verification -----------------------------------------------------------------------
 
 
-def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) -> None:
+def _init_device(request: WorkerRequest, result: WorkerResult):
     import torch
 
-    from stitchcuda.task.inspect import TaskError, check_module, inspect_task_module
-    from stitchcuda.verify.correctness import make_trial_inputs
-    from stitchcuda.verify.torch_state import TorchState, set_tf32
-
-    config = request.config
     device = torch.device(request.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -168,6 +165,54 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
     else:
         result.device = DeviceInfo(name="cpu", torch=torch.__version__, cuda=torch.version.cuda)
     result.ready_at = time.time()
+    return device
+
+
+def _profile_reference(request: WorkerRequest, result: WorkerResult, progress: Progress) -> None:
+    """``stitchcuda profile``: the reference alone, per operator and module, with its roofline."""
+    import torch
+
+    from stitchcuda.task.inspect import TaskError, inspect_task_module
+    from stitchcuda.verify import profiling
+    from stitchcuda.verify.correctness import make_trial_inputs
+    from stitchcuda.verify.torch_state import set_tf32
+
+    device = _init_device(request, result)
+    progress("reference")
+    set_tf32(False)
+    torch.set_grad_enabled(False)
+    try:
+        reference = import_from_path(request.reference_path or "", "stitchcuda_reference")
+        torch.manual_seed(request.config.seed)
+        init_inputs = list(inspect_task_module(reference)[0])
+        model = reference.Model(*init_inputs).to(device)
+        inputs = _to(make_trial_inputs(reference.get_inputs, request.config.seed, "given"), device)
+        for _ in range(2):
+            model(*inputs)
+    except Exception as exc:
+        result.reference_error = str(exc) if isinstance(exc, TaskError) else short_traceback(exc)
+        return
+    if device.type != "cuda":
+        result.errors.append("profiling needs a CUDA device")
+        return
+    progress("profile")
+    started = time.perf_counter()
+    profile = profiling.profile_call(lambda: model(*inputs), model=model, shapes=True, top=25)
+    profile.roofline = profiling.roofline(model, inputs, profiling.measure_peaks(device, Path(request.cache_root)))
+    result.reference_profile = profile
+    result.profile_s = time.perf_counter() - started
+
+
+def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) -> None:
+    import torch
+
+    from stitchcuda.task.inspect import TaskError, check_module, inspect_task_module
+    from stitchcuda.verify.correctness import make_trial_inputs
+    from stitchcuda.verify.harness_guard import HarnessGuard
+    from stitchcuda.verify.torch_state import TorchState, set_tf32
+
+    config = request.config
+    device = _init_device(request, result)
 
     # The reference: true fp32 (PyTorch enables TF32 for cuDNN convolutions by default).
     progress("reference")
@@ -201,12 +246,14 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
                 seen_changes.add(flag)
                 result.flags_changed.append(flag)
                 result.findings.append(Finding(
-                    check="global_state", level="none",
+                    check="global_state", level="partial",
                     detail=f"the candidate changed torch flag {flag} from {before!r} to {after!r} ({where}); restored",
                 ))
         if changes:
             clean_state.restore()
+        result.findings.extend(guard.check(where))
 
+    guard = HarnessGuard()  # before any candidate code: the identities of the harness's functions
     module = _import_candidate(request, result, progress)
     audit_state("at import")
     if module is None:
@@ -247,12 +294,90 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
     if not trials or not all(t.passed for t in trials) or not config.timing:
         return
 
+    if config.profile and device.type == "cuda":
+        progress("profile")
+        started = time.perf_counter()
+        with torch.no_grad():
+            _profile(request, result, reference, ref_model, new_model, device)
+        audit_state("while profiled")
+        result.profile_s = time.perf_counter() - started
+
     progress("timing")
     started = time.perf_counter()
     with torch.no_grad():
         _timing(request, result, reference, ref_model, new_model, device)
     audit_state("during timing")
     result.timing_s = time.perf_counter() - started
+    _check_speed_of_light(result)
+
+
+def _profile(request, result, reference, ref_model, new_model, device) -> None:
+    """Both programs under torch.profiler once, the reference's roofline, and what they show."""
+    from stitchcuda.verify import profiling
+    from stitchcuda.verify.correctness import make_trial_inputs
+    from stitchcuda.verify.torch_state import set_tf32
+
+    inputs = _to(make_trial_inputs(reference.get_inputs, request.config.seed, "given"), device)
+    set_tf32(False)
+    try:
+        reference_profile = profiling.profile_call(lambda: ref_model(*inputs), model=ref_model, shapes=True)
+        peaks = profiling.measure_peaks(device, Path(request.cache_root))
+        reference_profile.roofline = profiling.roofline(ref_model, inputs, peaks)
+    except Exception as exc:  # the reference's profile is advisory: never fail the candidate for it
+        result.errors.append(f"profiling the reference failed: {type(exc).__name__}: {exc}"[:300])
+        return
+    result.reference_profile = reference_profile
+    try:
+        profile = profiling.profile_call(lambda: new_model(*inputs))
+    except BaseException as exc:
+        _fail(result, exc, "profile")
+    result.profile = profile
+    result.operator_coverage = profiling.operator_coverage(reference_profile, profile)
+    result.findings.extend(profile_findings(profile, bool(result.build.extensions)))
+
+
+def profile_findings(profile, built_extensions: bool) -> list[Finding]:
+    """Hacking findings from where the candidate's GPU time went."""
+    from stitchcuda.verify.profiling import pytorch_compute_share
+
+    findings = []
+    share = profile.origin_share
+    mine = share.get("own", 0.0) + share.get("library", 0.0)
+    torch_share, top = pytorch_compute_share(profile)
+    if profile.gpu_time_us and mine < 0.01:
+        findings.append(Finding(check="no_own_gpu_time", level="total",
+                                detail=f"{1 - mine:.0%} of the GPU time is PyTorch's or of unknown origin"
+                                       + (f" ({', '.join(top)})" if top else "")
+                                       + ("; the candidate's own kernels never ran" if built_extensions else "")))
+    elif torch_share > 0.2:
+        findings.append(Finding(check="pytorch_gpu_time", level="partial",
+                                detail=f"PyTorch operators compute {torch_share:.0%} of the GPU time: {', '.join(top)}"))
+    elif torch_share > 0.0:
+        findings.append(Finding(check="pytorch_gpu_time_light", level="none",
+                                detail=f"PyTorch operators compute {torch_share:.0%} of the GPU time: {', '.join(top)}"))
+    if share.get("unattributed", 0.0) > 0.05:
+        findings.append(Finding(check="unattributed_gpu_time", level="partial",
+                                detail=f"{share['unattributed']:.0%} of the GPU time was launched outside the "
+                                       "forward call's scope (another thread, or work left running)"))
+    if len(profile.streams) > 1:
+        findings.append(Finding(check="streams", level="none",
+                                detail=f"kernels ran on {len(profile.streams)} CUDA streams {profile.streams}"))
+    return findings
+
+
+def _check_speed_of_light(result: WorkerResult) -> None:
+    """A candidate faster than the reference's roofline floor did not compute the function."""
+    roof = result.reference_profile.roofline if result.reference_profile else None
+    if roof is None or result.timing is None or roof.floor_ms <= 0:
+        return
+    measured = result.timing.candidate.median_ms
+    if measured < 0.8 * roof.floor_ms:
+        result.findings.append(Finding(
+            check="impossible_speedup", level="total",
+            detail=f"{measured:.4f} ms is below the roofline floor of {roof.floor_ms:.4f} ms "
+                   f"({roof.flops / 1e9:.1f} GFLOP, {roof.min_bytes / 2**20:.0f} MiB at this GPU's measured peaks): "
+                   "the work cannot have been done in that time",
+        ))
 
 
 def _fail(result: WorkerResult, exc: BaseException, phase: str) -> None:
