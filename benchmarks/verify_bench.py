@@ -50,13 +50,13 @@ def main() -> None:
         runs = [verifier.verify(task, candidate) for _ in range(args.repeats)]
 
     table = Table(title=f"verification of {candidate.name} on {task.name} ({first.device.name})")
-    for col in ("run", "total s", "worker start", "build", "reference", "correctness", "timing",
+    for col in ("run", "total s", "worker start", "build", "reference", "correctness", "profile", "timing",
                 "cand ms", "eager ms", "vs eager", "vs best"):
         table.add_column(col, justify="right")
     def row(label, v):
         w = v.wall
         table.add_row(label, f"{w.total_s:.1f}", f"{w.worker_start_s:.1f}", f"{w.build_s:.1f}",
-                      f"{w.reference_s:.1f}", f"{w.correctness_s:.1f}", f"{w.timing_s:.1f}",
+                      f"{w.reference_s:.1f}", f"{w.correctness_s:.1f}", f"{w.profile_s:.1f}", f"{w.timing_s:.1f}",
                       f"{v.timing.candidate.median_ms:.3f}", f"{v.timing.baselines['eager'].stats.median_ms:.3f}",
                       f"{v.speedup['eager']:.3f}x", f"{v.speedup['best']:.3f}x")
     row("first (baselines measured)", first)
@@ -74,6 +74,8 @@ def main() -> None:
         "cold_build_s": round(cold.seconds, 1), "cold_build_wall_s": round(cold_wall, 1),
         "first_verify_s": round(first.wall.total_s, 1),
         "cached_verify_s_median": round(statistics.median(v.wall.total_s for v in runs), 2),
+        "profile_s_median": round(statistics.median(v.wall.profile_s for v in runs), 2),
+        "profile_share_of_wall_pct": round(100 * statistics.median(v.wall.profile_s / v.wall.total_s for v in runs), 1),
         "candidate_ms": round(statistics.median(v.timing.candidate.median_ms for v in runs), 4),
         "speedup_vs_eager_median": round(statistics.median(eager), 3),
         "speedup_vs_eager_spread_pct": round(spread(eager), 2),

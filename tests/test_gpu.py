@@ -102,3 +102,40 @@ def test_baselines_are_cached_per_task_and_gpu(gpu_cache, config):
     assert "torch_compile" in first.speedup, first.timing.baselines["torch_compile"]
     assert not first.timing.baselines["eager"].cached  # eager is always measured beside the candidate
     assert all(second.timing.baselines[n].cached for n in ("eager_tf32", "cuda_graph", "torch_compile"))
+
+
+def test_profile_attributes_gpu_time(verifier):
+    v = check(verifier, "mlp_honest")
+    assert v.profile is not None and v.profile.origin_share.get("own", 0) > 0.9, v.profile
+    assert v.hacking.operator_coverage is not None and v.hacking.operator_coverage > 0.9
+    assert v.reference_profile.ops[0].name.startswith("aten::")
+    assert v.reference_profile.roofline.floor_ms > 0 and v.reference_profile.roofline.flops > 3e11
+    assert v.profile.launches == 3 and "roofline floor" in v.feedback
+    print(f"\nmlp_honest profile: {v.profile.origin_share}, coverage {v.hacking.operator_coverage}, "
+          f"profile pass {v.wall.profile_s:.2f} s of {v.wall.total_s:.1f} s")
+
+
+def test_pure_pytorch_gpu_time_is_pytorch(verifier):
+    from tests.conftest import CPU
+
+    task = resolve_tasks(str(CPU / "tiny_mlp.py"))[0]
+    v = verifier.verify(task, load_candidate(CPU / "pure_torch.py"))
+    assert v.correct and v.hacking.level == "total"
+    assert v.profile.origin_share.get("pytorch", 0) > 0.99
+    assert {"no_custom_kernels", "no_own_gpu_time"} <= {f.check for f in v.hacking.findings}
+
+
+def test_profile_command(gpu_cache, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from stitchcuda.cli import app
+
+    monkeypatch.setenv("STITCHCUDA_CACHE", str(gpu_cache))
+    result = CliRunner().invoke(app, ["profile", "transformer_block", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["ops"] and data["modules"] and data["launches"] > 5 and data["roofline"]["flops"] > 0
+    print("\ntransformer_block profile:", {k: data[k] for k in ("gpu_time_us", "launches", "idle_share")},
+          [(o["name"], round(o["share"], 3)) for o in data["ops"][:5]])

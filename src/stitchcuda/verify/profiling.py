@@ -87,19 +87,62 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def profile_call(call: Callable[[], Any], model: torch.nn.Module | None = None, shapes: bool = False,
-                 top: int = 12) -> ProgramProfile:
-    """Profile one call (already warmed up). With ``model``, GPU time per submodule too."""
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    scopes = module_scopes(model) if model is not None else contextlib.nullcontext()
-    with torch.profiler.profile(activities=activities, record_shapes=shapes) as prof, scopes:
-        with torch.profiler.record_function(MARKER):
-            call()
-        torch.cuda.synchronize()
-    events = list(prof.events())
-    cpu_by_id = {e.id: e for e in events if not _is_device(e)}
-    marker = next((e for e in events if e.name == MARKER and not _is_device(e)), None)
+def _launch_owner(kernel: Any, runtime: dict[int, Any], frontend: dict[int, Any]) -> Any:
+    """The CPU operator that launched a device event: the runtime call (cudaLaunchKernel, ...)
+    shares the kernel's CUPTI correlation id, and its parent is the operator around it."""
+    for key in (getattr(kernel, "id", None), getattr(kernel, "linked_correlation_id", None)):
+        launch = runtime.get(key) if key else None
+        if launch is not None:
+            return launch.cpu_parent
+    linked = getattr(kernel, "linked_correlation_id", None)
+    return frontend.get(linked) if linked else None
 
+
+def _enclosing(evt: Any, names: set[str]) -> str | None:
+    while evt is not None:
+        if evt.name in names:
+            return evt.name
+        evt = evt.cpu_parent
+    return None
+
+
+def profile_calls(calls: dict[str, Callable[[], Any]], models: dict[str, torch.nn.Module] | None = None,
+                  shapes: bool = False, top: int = 12) -> dict[str, ProgramProfile]:
+    """Profile several programs (each already warmed up) in one profiler session: starting the
+    profiler costs more than a forward. ``models`` adds GPU time per submodule for those named."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    markers = {f"{MARKER}:{name}": name for name in calls}
+    with contextlib.ExitStack() as stack:
+        for model in (models or {}).values():
+            stack.enter_context(module_scopes(model))
+        prof = stack.enter_context(torch.profiler.profile(activities=activities, record_shapes=shapes))
+        for name, call in calls.items():
+            with torch.profiler.record_function(f"{MARKER}:{name}"):
+                call()
+            torch.cuda.synchronize()
+    events = list(prof.events())
+    cpu = [e for e in events if not _is_device(e)]
+    runtime = {e.id: e for e in cpu if e.name.startswith(("cuda", "cu"))}
+    frontend = {e.id: e for e in cpu if not e.name.startswith(("cuda", "cu"))}
+    scopes = {e.name: e for e in cpu if e.name in markers}
+    grouped: dict[str, list[tuple[Any, Any]]] = {name: [] for name in calls}
+    for evt in events:
+        if not _is_device(evt) or evt.name in markers or evt.name.startswith(("module::", MARKER)):
+            continue  # GPU-side copies of our own annotations
+        owner = _launch_owner(evt, runtime, frontend)
+        scope = _enclosing(owner, set(markers))
+        if scope is None:
+            # Launched outside every profiled call's scope (another thread, say): it belongs to
+            # the last call started before it, as each call is synchronised before the next.
+            started = [(e.time_range.start, m) for m, e in scopes.items() if e.time_range.start <= evt.time_range.start]
+            scope = max(started)[1] if started else None
+            owner = None
+        if scope is not None:
+            grouped[markers[scope]].append((evt, owner))
+    return {name: _summarize(grouped[name], cpu, scopes.get(f"{MARKER}:{name}"), shapes, top) for name in calls}
+
+
+def _summarize(items: list[tuple[Any, Any]], cpu: list[Any], scope: Any, shapes: bool, top: int) -> ProgramProfile:
     kernels: dict[tuple[str, str], KernelStat] = {}
     ops: dict[str, OpStat] = {}
     modules: dict[str, OpStat] = {}
@@ -107,9 +150,7 @@ def profile_call(call: Callable[[], Any], model: torch.nn.Module | None = None, 
     copies: dict[str, int] = defaultdict(int)
     copy_us = 0.0
     streams: set[int] = set()
-    for evt in events:
-        if not _is_device(evt):
-            continue
+    for evt, owner in items:
         start, end = evt.time_range.start, evt.time_range.end
         duration = max(end - start, 0.0)
         stream = getattr(evt, "device_resource_id", None)
@@ -123,9 +164,8 @@ def profile_call(call: Callable[[], Any], model: torch.nn.Module | None = None, 
         intervals.append((start, end))
         if stream is not None:
             streams.add(int(stream))
-        launcher = cpu_by_id.get(getattr(evt, "linked_correlation_id", 0) or -1)
-        aten = _innermost(launcher, "aten::")
-        if launcher is None:
+        aten = _innermost(owner, "aten::")
+        if owner is None:
             origin = "unattributed"
         elif aten is not None:
             origin = "pytorch"
@@ -144,16 +184,17 @@ def profile_call(call: Callable[[], Any], model: torch.nn.Module | None = None, 
             shape = str(getattr(aten, "input_shapes", "") or "")
             if shapes and shape and shape not in op.shapes and len(op.shapes) < 4:
                 op.shapes.append(shape)
-        scope = _innermost(launcher, "module::")
-        if scope is not None:
-            mod = modules.setdefault(scope.name[8:], OpStat(name=scope.name[8:], calls=0, gpu_us=0.0, share=0.0))
+        module = _innermost(owner, "module::")
+        if module is not None:
+            mod = modules.setdefault(module.name[8:], OpStat(name=module.name[8:], calls=0, gpu_us=0.0, share=0.0))
             mod.gpu_us += duration
             mod.kernels += 1
-    for evt in events:  # operator call counts, inside the forward only
-        if not _is_device(evt) and evt.name in ops and _inside(evt, marker):
-            ops[evt.name].calls += 1
-        if not _is_device(evt) and evt.name.startswith("module::") and evt.name[8:] in modules:
-            modules[evt.name[8:]].calls += 1
+    for evt in cpu:  # call counts, inside this program's scope only
+        if _inside(evt, scope):
+            if evt.name in ops:
+                ops[evt.name].calls += 1
+            elif evt.name.startswith("module::") and evt.name[8:] in modules:
+                modules[evt.name[8:]].calls += 1
 
     gpu_us = sum(k.total_us for k in kernels.values())
     window = (max(e for _, e in intervals) - min(s for s, _ in intervals)) if intervals else 0.0
@@ -164,7 +205,7 @@ def profile_call(call: Callable[[], Any], model: torch.nn.Module | None = None, 
         by_origin[k.origin] += k.share
     for stat in list(ops.values()) + list(modules.values()):
         stat.share = stat.gpu_us / gpu_us if gpu_us else 0.0
-    syncs = sum(1 for e in events if not _is_device(e) and e.name in _SYNC_CALLS and _inside(e, marker))
+    syncs = sum(1 for e in cpu if e.name in _SYNC_CALLS and _inside(e, scope))
     return ProgramProfile(
         gpu_time_us=round(gpu_us, 2),
         window_us=round(window, 2),
@@ -179,6 +220,12 @@ def profile_call(call: Callable[[], Any], model: torch.nn.Module | None = None, 
         syncs=syncs,
         streams=sorted(streams),
     )
+
+
+def profile_call(call: Callable[[], Any], model: torch.nn.Module | None = None, shapes: bool = False,
+                 top: int = 12) -> ProgramProfile:
+    """Profile one call (already warmed up). With ``model``, GPU time per submodule too."""
+    return profile_calls({"program": call}, {"program": model} if model is not None else None, shapes, top)["program"]
 
 
 def _inside(evt: Any, scope: Any) -> bool:

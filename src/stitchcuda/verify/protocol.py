@@ -30,6 +30,7 @@ class WorkerRequest(BaseModel):
     device: str = "cuda:0"  # as the worker sees it (CUDA_VISIBLE_DEVICES is set for it)
     cache_root: str
     cached_baselines: dict[str, BaselineTiming] = {}
+    cached_reference_profile: ProgramProfile | None = None
     result_path: str
     phase_path: str
 

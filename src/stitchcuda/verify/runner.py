@@ -34,7 +34,14 @@ from stitchcuda.verify.config import VerifyConfig
 from stitchcuda.verify.judge import judge, judge_static
 from stitchcuda.verify.protocol import WorkerRequest, WorkerResult
 from stitchcuda.verify.static_checks import static_findings
-from stitchcuda.verify.verdict import BaselineTiming, BuildReport, CrashReport, Verdict, WallTimes
+from stitchcuda.verify.verdict import (
+    BaselineTiming,
+    BuildReport,
+    CrashReport,
+    ProgramProfile,
+    Verdict,
+    WallTimes,
+)
 
 _TAIL_CHARS = 4000
 _POLL_S = 0.05
@@ -256,18 +263,22 @@ class Verifier:
                          wall=WallTimes(total_s=time.time() - started))
         static = static_findings(candidate.source)
         cached = self._cached_baselines(task)
+        cached_profile = self._cached_profile(task)
         with tempfile.TemporaryDirectory(prefix="stitchcuda-verify-") as tmp:
             workdir = Path(tmp)
             ref_path, cand_path = workdir / "reference.py", workdir / "candidate.py"
             ref_path.write_text(task.source)
             cand_path.write_text(candidate.source)
             request = self._request("verify", workdir, cand_path, ref_path, cached)
+            request.cached_reference_profile = cached_profile
             outcome = self._spawn(request, workdir, hide_gpu=False, run_limit=self.config.timeout_s,
                                   on_phase=on_phase)
             phases = _read_phases(Path(request.phase_path))
         result = outcome.result
         if result is not None and result.measured_baselines:
             self._store_baselines(task, {**cached, **result.measured_baselines})
+        if result is not None and result.reference_profile is not None and cached_profile is None:
+            self._store_profile(task, result.reference_profile)
         wall = WallTimes(total_s=time.time() - started)
         if result is not None:
             wall.worker_start_s = max(result.ready_at - outcome.spawned_at, 0.0) if result.ready_at else 0.0
@@ -315,6 +326,26 @@ class Verifier:
             [task.sha256, self.gpu.name, machine.torch_version(), self.config.seed], sort_keys=True,
         ).encode()).hexdigest()[:24]
         return self.cache / "baselines" / f"{key}.json"
+
+    def _profile_path(self, task: Task) -> Path | None:
+        path = self._baseline_path(task)
+        return path.parent.parent / "profiles" / path.name if path else None
+
+    def _cached_profile(self, task: Task) -> ProgramProfile | None:
+        path = self._profile_path(task)
+        try:
+            return ProgramProfile.model_validate_json(path.read_text()) if path and path.exists() else None
+        except (OSError, ValueError):
+            return None
+
+    def _store_profile(self, task: Task, profile: ProgramProfile) -> None:
+        path = self._profile_path(task)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(profile.model_dump_json())
+        tmp.replace(path)
 
     def _cached_baselines(self, task: Task) -> dict[str, BaselineTiming]:
         path = self._baseline_path(task)

@@ -319,18 +319,24 @@ def _profile(request, result, reference, ref_model, new_model, device) -> None:
 
     inputs = _to(make_trial_inputs(reference.get_inputs, request.config.seed, "given"), device)
     set_tf32(False)
+    reference_profile = request.cached_reference_profile
+    calls = {"candidate": lambda: new_model(*inputs)}
+    if reference_profile is None:  # one profiler session for both: starting one costs seconds
+        calls = {"reference": lambda: ref_model(*inputs), **calls}
     try:
-        reference_profile = profiling.profile_call(lambda: ref_model(*inputs), model=ref_model, shapes=True)
-        peaks = profiling.measure_peaks(device, Path(request.cache_root))
-        reference_profile.roofline = profiling.roofline(ref_model, inputs, peaks)
-    except Exception as exc:  # the reference's profile is advisory: never fail the candidate for it
-        result.errors.append(f"profiling the reference failed: {type(exc).__name__}: {exc}"[:300])
-        return
-    result.reference_profile = reference_profile
-    try:
-        profile = profiling.profile_call(lambda: new_model(*inputs))
+        profiles = profiling.profile_calls(calls, {"reference": ref_model} if "reference" in calls else None,
+                                           shapes="reference" in calls)
     except BaseException as exc:
         _fail(result, exc, "profile")
+    if reference_profile is None:
+        reference_profile = profiles["reference"]
+        try:
+            peaks = profiling.measure_peaks(device, Path(request.cache_root))
+            reference_profile.roofline = profiling.roofline(ref_model, inputs, peaks)
+        except Exception as exc:  # the roofline is advisory: never fail the candidate for it
+            result.errors.append(f"the reference's roofline failed: {type(exc).__name__}: {exc}"[:300])
+    result.reference_profile = reference_profile
+    profile = profiles["candidate"]
     result.profile = profile
     result.operator_coverage = profiling.operator_coverage(reference_profile, profile)
     result.findings.extend(profile_findings(profile, bool(result.build.extensions)))

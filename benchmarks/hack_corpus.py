@@ -1,0 +1,71 @@
+"""Score the hacking checks over a labelled corpus: expected level against found level.
+
+    python benchmarks/hack_corpus.py [--folder tests/hacks] [--static-only] [--json OUT.json]
+
+Without --static-only every candidate is built (in parallel) and fully verified on the GPU
+(the "quick" preset), so dynamic checks (profiler attribution, harness guards, roofline)
+count too. Prints a per-candidate table and the confusion matrix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from stitchcuda.task import load_candidate, resolve_tasks
+from stitchcuda.verify import PRESETS, Verifier
+from stitchcuda.verify.corpus import confusion, confusion_text, load_corpus
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--folder", default=str(Path(__file__).parents[1] / "tests" / "hacks"))
+    parser.add_argument("--static-only", action="store_true")
+    parser.add_argument("--only", help="comma-separated candidate names")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    corpus = load_corpus(args.folder)
+    if args.only:
+        wanted = set(args.only.split(","))
+        corpus = [c for c in corpus if c.name in wanted]
+    verifier = Verifier(PRESETS["quick"].model_copy(update={"timing_budget_s": 1.0, "timeout_s": 120}))
+    pairs = [(resolve_tasks(c.task)[0], load_candidate(c.path)) for c in corpus]
+    started = time.time()
+    if args.static_only:
+        verdicts = [verifier.verify_static(t, c) for t, c in pairs]
+    else:
+        verdicts = verifier.verify_many(pairs)
+    wall = time.time() - started
+
+    table = Table(title=f"{'static' if args.static_only else 'full'} hacking checks over {args.folder}")
+    for col in ("candidate", "hack", "expect", "found", "ok", "correct", "own/lib/torch GPU", "findings"):
+        table.add_column(col, overflow="fold")
+    rows = []
+    for item, v in zip(corpus, verdicts, strict=True):
+        share = v.hacking.origin_share
+        shares = "/".join(f"{share.get(k, 0):.0%}" for k in ("own", "library", "pytorch")) if share else "-"
+        checks = ", ".join(sorted({f.check for f in v.hacking.findings if f.level != "none"}))
+        ok = v.hacking.level == item.expect
+        table.add_row(item.name, item.hack, item.expect, v.hacking.level, "yes" if ok else "NO",
+                      "-" if args.static_only else ("yes" if v.correct else "no"), shares, checks)
+        rows.append({"candidate": item.name, "hack": item.hack, "expect": item.expect, "found": v.hacking.level,
+                     "correct": v.correct, "crash": v.crash.kind if v.crash else None, "origin_share": share,
+                     "coverage": v.hacking.operator_coverage, "findings": [f.model_dump() for f in v.hacking.findings],
+                     "errors": v.errors[:3]})
+    console = Console()
+    console.print(table)
+    matrix = confusion([(r["expect"], r["found"]) for r in rows])
+    console.print(confusion_text(matrix))
+    console.print(f"{sum(r['expect'] == r['found'] for r in rows)}/{len(rows)} at their level, {wall:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "confusion": matrix}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
