@@ -139,3 +139,15 @@ def test_profile_command(gpu_cache, monkeypatch):
     assert data["ops"] and data["modules"] and data["launches"] > 5 and data["roofline"]["flops"] > 0
     print("\ntransformer_block profile:", {k: data[k] for k in ("gpu_time_us", "launches", "idle_share")},
           [(o["name"], round(o["share"], 3)) for o in data["ops"][:5]])
+
+
+def test_ncu_counters_label_the_top_kernels(gpu_cache, config):
+    verifier = Verifier(config.model_copy(update={"ncu": True, "timing_budget_s": 0.5}), cache=gpu_cache)
+    v = check(verifier, "norm_softmax_gate_honest")
+    assert v.passed, v.errors
+    assert v.counters.status == "ok", v.counters.detail
+    top = v.counters.kernels[0]
+    assert top.origin == "own" and top.duration_us > 0 and top.label in ("memory-bound", "compute-bound", "latency-bound")
+    assert top.registers and "ncu:" in v.feedback
+    print(f"\nncu on norm_softmax_gate_honest: {top.name} {top.duration_us:.0f} us, {top.label} ({top.why}); "
+          f"ncu pass {v.wall.ncu_s:.1f} s of {v.wall.total_s:.1f} s")

@@ -37,7 +37,7 @@ KernelBenchOpt = Annotated[
 
 
 def _unusable(message: str) -> typer.Exit:
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False)
+    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(EXIT_UNUSABLE)
 
 
@@ -68,6 +68,8 @@ def verify(
     preset: Annotated[str, typer.Option(help=f"Defaults to start from: {', '.join(PRESETS)}.")] = "default",
     static_only: Annotated[bool, typer.Option(
         "--static-only", help="Only the static hacking checks (no build, no GPU); exit 0 unless a total hack.")] = False,
+    ncu: Annotated[bool, typer.Option(
+        "--ncu", help="Also read the top kernels' hardware counters with Nsight Compute (slower).")] = False,
     kernelbench: KernelBenchOpt = None,
     level: LevelOpt = None,
     problem: ProblemOpt = None,
@@ -99,6 +101,8 @@ def verify(
         updates["compile_baseline"] = False
     if timeout is not None:
         updates["timeout_s"] = timeout
+    if ncu:
+        updates["ncu"] = True
     config = PRESETS[preset].model_copy(update=updates)
 
     verifier = Verifier(config)

@@ -86,11 +86,24 @@ def verdict_view(v: Verdict) -> Group:
         coverage = f", operator coverage {v.hacking.operator_coverage:.0%}" if v.hacking.operator_coverage is not None else ""
         parts.append(Text(f"profile: GPU time {shares}{coverage}; {p.launches} launches, idle {p.idle_share:.0%}",
                           style="dim"))
+    if v.counters.kernels:
+        counters = Table(title=f"Nsight Compute ({v.counters.seconds:.0f} s)", title_justify="left")
+        for col in ("kernel", "origin", "us", "SM %", "mem %", "DRAM %", "occ %", "regs", "bound"):
+            counters.add_column(col)
+        for k in v.counters.kernels:
+            counters.add_row(k.name[:50], k.origin, f"{k.duration_us:.0f}", f"{k.sm_pct:.0f}", f"{k.memory_pct:.0f}",
+                             f"{k.dram_pct:.0f}", f"{k.occupancy_pct:.0f}" if k.occupancy_pct is not None else "-", str(k.registers or "-"), k.label)
+        parts.append(counters)
+    elif v.counters.status != "not_requested":
+        parts.append(Text(f"ncu {v.counters.status}: {v.counters.detail}", style="yellow"))
+    if v.counters.estimate:
+        parts.append(Text(f"estimate: {v.counters.estimate}", style="dim"))
     if v.feedback:
         parts.append(Panel(v.feedback, title="feedback", border_style="cyan"))
     w = v.wall
     parts.append(Text(f"wall {w.total_s:.1f} s: worker start {w.worker_start_s:.1f}, build {w.build_s:.1f}, "
-                      f"reference {w.reference_s:.1f}, correctness {w.correctness_s:.1f}, timing {w.timing_s:.1f}",
+                      f"reference {w.reference_s:.1f}, correctness {w.correctness_s:.1f}, timing {w.timing_s:.1f}"
+                      + (f", ncu {w.ncu_s:.1f}" if w.ncu_s else ""),
                       style="dim"))
     return Group(*parts)
 

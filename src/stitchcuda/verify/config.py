@@ -47,6 +47,10 @@ class VerifyConfig(BaseModel):
     device: str = Field("cuda:0", description="cuda:N, or cpu (for tests: wall-clock timing, no baselines but eager)")
     timing: bool = True
     profile: bool = Field(True, description="profile the candidate and the reference once (torch.profiler, roofline)")
+    ncu: bool = Field(False, description="read the top kernels' hardware counters with Nsight Compute (opt-in: "
+                                         "a replayed forward costs seconds to minutes)")
+    ncu_kernels: int = Field(5, ge=1, description="how many of the candidate's kernels ncu reports, longest first")
+    ncu_timeout_s: float = Field(300.0, gt=0)
     compile_baseline: bool = Field(True, description="measure torch.compile (slow the first time; cached)")
     baseline_cache: bool = True
     warmup: int = Field(3, ge=1)

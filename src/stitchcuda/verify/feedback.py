@@ -94,6 +94,16 @@ def bottleneck_lines(verdict: Verdict) -> list[str]:
                            "on the GPU."))
     if p.syncs:
         lines.append((0.4, f"{p.syncs} host synchronisation(s) inside forward: remove them."))
+    counters = verdict.counters
+    for k in [k for k in counters.kernels if k.origin != "pytorch"][:2]:
+        share = k.duration_us / p.gpu_time_us if p.gpu_time_us else 0.0
+        advice = {"memory-bound": "cut bytes moved (fuse, vectorise, keep data in shared memory or registers)",
+                  "compute-bound": "use the tensor cores or cheaper math where the tolerance allows",
+                  "latency-bound": "raise occupancy or the work per launch, or fuse it with its neighbours"}[k.label]
+        lines.append((max(share, 0.35), f"ncu: {k.name[:60]} is {k.label} ({k.why.split(':')[0]}; "
+                                        f"{k.duration_us:.0f} us): {advice}."))
+    if counters.status in ("unavailable", "failed"):
+        lines.append((0.05, f"No hardware counters ({counters.detail[:120]})."))
     roof = verdict.reference_profile.roofline if verdict.reference_profile else None
     if roof is not None and verdict.timing and roof.floor_ms > 0:
         gap = verdict.timing.candidate.median_ms / roof.floor_ms

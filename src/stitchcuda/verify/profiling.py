@@ -19,11 +19,10 @@ from typing import Any
 
 import torch
 
+from stitchcuda.verify.kernel_names import is_library_kernel
 from stitchcuda.verify.verdict import KernelStat, OpStat, Peaks, ProgramProfile, Roofline
 
 MARKER = "stitchcuda::forward"
-_LIBRARY = re.compile(r"gemm|xmma|cutlass|cublas|cudnn|\bsm\d+_|ampere|hopper|volta|turing|implicit_convolve|"
-                      r"winograd|fft|cutensor|splitk|gemv|nvjet|conv2d_grouped|scudnn|dgrad|wgrad", re.I)
 # ATen operators that allocate, copy or reshape: their kernels are not the model's compute.
 DATA_MOVEMENT_OPS = {"aten::empty", "aten::empty_like", "aten::zeros", "aten::zeros_like", "aten::fill_",
                      "aten::zero_", "aten::copy_", "aten::contiguous", "aten::clone", "aten::cat", "aten::to",
@@ -31,10 +30,6 @@ DATA_MOVEMENT_OPS = {"aten::empty", "aten::empty_like", "aten::zeros", "aten::ze
                      "aten::new_zeros", "aten::new_empty", "aten::resize_"}
 _SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
                "cudaMemcpyAsync+sync", "cuCtxSynchronize", "cudaStreamQuery"}
-
-
-def is_library_kernel(name: str) -> bool:
-    return bool(_LIBRARY.search(name))
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from stitchcuda.verify.verdict import (
 
 
 class WorkerRequest(BaseModel):
-    mode: Literal["build", "verify", "profile"]
+    mode: Literal["build", "verify", "profile", "counters"]
     reference_path: str | None = None
     candidate_path: str
     config: VerifyConfig

@@ -30,13 +30,16 @@ from stitchcuda import machine
 from stitchcuda.paths import cache_root
 from stitchcuda.task.inspect import TaskError, check_candidate_source
 from stitchcuda.task.record import Candidate, Task
+from stitchcuda.verify import nsight
 from stitchcuda.verify.config import VerifyConfig
+from stitchcuda.verify.feedback import feedback_for
 from stitchcuda.verify.judge import judge, judge_static
 from stitchcuda.verify.protocol import WorkerRequest, WorkerResult
 from stitchcuda.verify.static_checks import static_findings
 from stitchcuda.verify.verdict import (
     BaselineTiming,
     BuildReport,
+    CounterReport,
     CrashReport,
     ProgramProfile,
     Verdict,
@@ -161,7 +164,7 @@ class Verifier:
     # -- one worker process -----------------------------------------------------------------------
 
     def _spawn(self, request: WorkerRequest, workdir: Path, hide_gpu: bool, run_limit: float,
-               on_phase: Callable[[str], None] | None = None) -> WorkerOutcome:
+               on_phase: Callable[[str], None] | None = None, prefix: Sequence[str] = ()) -> WorkerOutcome:
         request_path = workdir / f"request-{request.mode}.json"
         request_path.write_text(request.model_dump_json())
         log_path = workdir / f"worker-{request.mode}.log"
@@ -169,7 +172,7 @@ class Verifier:
         spawned = time.time()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "stitchcuda.verify.worker", str(request_path)],
+                [*prefix, sys.executable, "-m", "stitchcuda.verify.worker", str(request_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
                 env=self._env(hide_gpu), start_new_session=True,
             )
@@ -274,20 +277,56 @@ class Verifier:
             outcome = self._spawn(request, workdir, hide_gpu=False, run_limit=self.config.timeout_s,
                                   on_phase=on_phase)
             phases = _read_phases(Path(request.phase_path))
-        result = outcome.result
-        if result is not None and result.measured_baselines:
-            self._store_baselines(task, {**cached, **result.measured_baselines})
-        if result is not None and result.reference_profile is not None and cached_profile is None:
-            self._store_profile(task, result.reference_profile)
-        wall = WallTimes(total_s=time.time() - started)
-        if result is not None:
-            wall.worker_start_s = max(result.ready_at - outcome.spawned_at, 0.0) if result.ready_at else 0.0
-            wall.build_s = _build_seconds(phases, outcome.ended_at)
-            wall.reference_s = result.reference_s
-            wall.correctness_s = result.correctness_s
-            wall.timing_s = result.timing_s
-            wall.profile_s = result.profile_s
-        return judge(task, candidate, self.config, result, crash=outcome.crash, wall=wall, static=static)
+            result = outcome.result
+            if result is not None and result.measured_baselines:
+                self._store_baselines(task, {**cached, **result.measured_baselines})
+            if result is not None and result.reference_profile is not None and cached_profile is None:
+                self._store_profile(task, result.reference_profile)
+            wall = WallTimes()
+            if result is not None:
+                wall.worker_start_s = max(result.ready_at - outcome.spawned_at, 0.0) if result.ready_at else 0.0
+                wall.build_s = _build_seconds(phases, outcome.ended_at)
+                wall.reference_s = result.reference_s
+                wall.correctness_s = result.correctness_s
+                wall.timing_s = result.timing_s
+                wall.profile_s = result.profile_s
+            verdict = judge(task, candidate, self.config, result, crash=outcome.crash, wall=wall, static=static)
+            if self.config.ncu and verdict.correct:
+                if on_phase is not None:
+                    on_phase("ncu")
+                verdict.counters = self._counters(workdir, ref_path, cand_path, verdict.profile)
+                wall.ncu_s = verdict.counters.seconds
+        if verdict.counters.status != "ok" and verdict.timing is not None:
+            roof = verdict.reference_profile.roofline if verdict.reference_profile else None
+            verdict.counters.estimate = nsight.timing_estimate(verdict.profile, roof, verdict.timing.candidate.median_ms)
+        verdict.feedback = feedback_for(verdict)
+        wall.total_s = time.time() - started
+        verdict.wall = wall
+        return verdict
+
+    def _counters(self, workdir: Path, ref_path: Path, cand_path: Path,
+                  profile: ProgramProfile | None) -> CounterReport:
+        """The candidate's top kernels under Nsight Compute, in one more worker run under ``ncu``."""
+        ncu = nsight.find_ncu()
+        if ncu is None:
+            return CounterReport(status="unavailable", detail="Nsight Compute (ncu) is not installed here; bound "
+                                 "labels fall back to timing-based roofline estimates")
+        log = workdir / "ncu.csv"
+        request = self._request("counters", workdir, cand_path, ref_path)
+        started = time.time()
+        outcome = self._spawn(request, workdir, hide_gpu=False, run_limit=self.config.ncu_timeout_s,
+                              prefix=nsight.ncu_command(ncu, log))
+        seconds = round(time.time() - started, 2)
+        crash = outcome.crash or (outcome.result.crash if outcome.result else None)
+        if crash is not None:
+            why = _last_line(crash.message)
+            return CounterReport(status="failed", seconds=seconds,
+                                 detail=f"the ncu pass ended with {crash.kind} during {crash.phase}: {why}")
+        text = log.read_text(errors="replace") if log.exists() else ""
+        origin_of = {k.name: k.origin for k in profile.kernels} if profile else {}
+        report = nsight.report_from_log(text + "\n" + outcome.output_tail, origin_of, self.config.ncu_kernels)
+        report.seconds = seconds
+        return report
 
     def profile(self, task: Task) -> WorkerResult:
         """The reference alone under the profiler (``stitchcuda profile``), in a worker."""
@@ -373,6 +412,11 @@ def _read_result(path: Path) -> WorkerResult | None:
         return WorkerResult.model_validate_json(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -208,6 +208,35 @@ class ProgramProfile(BaseModel):
     roofline: Roofline | None = None
 
 
+BoundLabel = Literal["memory-bound", "compute-bound", "latency-bound"]
+
+
+class KernelCounters(BaseModel):
+    """One kernel's hardware counters from Nsight Compute, summed or averaged over its launches."""
+
+    name: str
+    origin: KernelOrigin
+    launches: int
+    duration_us: float
+    sm_pct: float = Field(description="SM throughput, % of peak sustained")
+    memory_pct: float = Field(description="compute-memory throughput (L1/L2/DRAM), % of peak sustained")
+    dram_pct: float = Field(description="DRAM throughput, % of peak sustained")
+    occupancy_pct: float | None = Field(None, description="achieved occupancy: active warps, % of peak")
+    registers: int | None = None
+    label: BoundLabel
+    why: str = Field(description="the numbers behind the label")
+
+
+class CounterReport(BaseModel):
+    """Nsight Compute's view of the candidate's top kernels (``--ncu``), or why there is none."""
+
+    status: Literal["not_requested", "ok", "unavailable", "failed"] = "not_requested"
+    detail: str = ""
+    kernels: list[KernelCounters] = []
+    estimate: str | None = Field(None, description="timing-based roofline estimate, when counters are missing")
+    seconds: float = 0.0
+
+
 class Finding(BaseModel):
     check: str
     detail: str
@@ -249,6 +278,7 @@ class WallTimes(BaseModel):
     correctness_s: float = 0.0
     timing_s: float = 0.0
     profile_s: float = 0.0
+    ncu_s: float = 0.0
     total_s: float = 0.0
 
 
@@ -278,6 +308,7 @@ class Verdict(BaseModel):
     hacking: HackingReport = HackingReport()
     profile: ProgramProfile | None = Field(None, description="the candidate's forward pass under torch.profiler")
     reference_profile: ProgramProfile | None = None
+    counters: CounterReport = CounterReport()
     feedback: str = ""
     static_only: bool = Field(False, description="only the static checks ran (--static-only): nothing was built or run")
     wall: WallTimes = WallTimes()

@@ -12,6 +12,7 @@ candidate, which builds its extensions), ``construct``, ``correctness``, ``timin
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import importlib.util
 import os
@@ -98,6 +99,8 @@ def main(request_path: str) -> None:
             _build_only(request, result, progress)
         elif request.mode == "profile":
             _profile_reference(request, result, progress)
+        elif request.mode == "counters":
+            _counters(request, result, progress)
         else:
             _verify(request, result, progress)
     except CandidateFailed:
@@ -207,6 +210,45 @@ def _profile_reference(request: WorkerRequest, result: WorkerResult, progress: P
     profile.roofline = profiling.roofline(model, inputs, profiling.measure_peaks(device, Path(request.cache_root)))
     result.reference_profile = profile
     result.profile_s = time.perf_counter() - started
+
+
+def _counters(request: WorkerRequest, result: WorkerResult, progress: Progress) -> None:
+    """One forward of a verified candidate inside the range Nsight Compute profiles (the
+    orchestrator runs this worker under ``ncu --profile-from-start off``)."""
+    import torch
+
+    from stitchcuda.task.inspect import inspect_task_module
+    from stitchcuda.verify.correctness import make_trial_inputs
+    from stitchcuda.verify.torch_state import set_tf32
+
+    config = request.config
+    device = _init_device(request, result)
+    progress("reference")
+    set_tf32(False)
+    torch.set_grad_enabled(False)
+    reference = import_from_path(request.reference_path or "", "stitchcuda_reference")
+    torch.manual_seed(config.seed)
+    init_inputs = list(inspect_task_module(reference)[0])
+    torch.manual_seed(config.seed)
+    ref_model = reference.Model(*init_inputs).to(device)
+    module = _import_candidate(request, result, progress)
+    if module is None:
+        return
+    progress("construct")
+    torch.manual_seed(config.seed)
+    model = module.ModelNew(*init_inputs).to(device)
+    with contextlib.suppress(RuntimeError):  # same weights as in the verification, where they fit
+        model.load_state_dict(ref_model.state_dict())
+    del ref_model
+    inputs = _to(make_trial_inputs(reference.get_inputs, config.seed, "given"), device)
+    progress("counters")
+    for _ in range(2):  # builds, autotuning and lazy module loading stay outside the profiled range
+        model(*inputs)
+    torch.cuda.synchronize(device)
+    torch.cuda.profiler.start()
+    model(*inputs)
+    torch.cuda.synchronize(device)
+    torch.cuda.profiler.stop()
 
 
 def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) -> None:
