@@ -1,0 +1,28 @@
+"""The Coder's two skills: a program from scratch for a subtask, and a better program from feedback."""
+
+from __future__ import annotations
+
+from stitchcuda.agents.prompting import conversation
+from stitchcuda.agents.records import Action, Plan, Subtask
+from stitchcuda.llm.base import Message
+from stitchcuda.task.record import Task
+from stitchcuda.verify.config import TOLERANCES
+
+
+def _rules(tolerance: str) -> dict[str, object]:
+    return {"tolerance": tolerance, "atol": TOLERANCES[tolerance].fp32_atol}
+
+
+def scratch_prompt(task: Task, plan: Plan, subtask: Subtask, program: str | None, program_status: str,
+                   notes: str, tolerance: str, note: str = "") -> list[Message]:
+    """Skill 1: task + plan + current subtask + current program -> a program that adds the subtask."""
+    return conversation("coder_system", "coder_scratch", task=task, plan=plan, subtask=subtask, program=program,
+                        program_status=program_status, notes=notes, note=note, **_rules(tolerance))
+
+
+def feedback_prompt(task: Task, subtask: Subtask, program: str, feedback: str, action: Action, notes: str,
+                    tolerance: str, note: str = "") -> list[Message]:
+    """Skill 2: program + the Verifier's feedback -> a fixed or faster program."""
+    return conversation("coder_system", "coder_feedback", task=task, subtask=subtask, program=program,
+                        feedback=feedback or "(no feedback)", action=action, notes=notes, note=note,
+                        **_rules(tolerance))
