@@ -8,7 +8,7 @@ arguments or tasks.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -157,6 +157,109 @@ def profile(
         print(result.reference_profile.model_dump_json(indent=1))
     else:
         Console().print(profile_view(tasks[0].name, result.reference_profile))
+
+
+Provider = Literal["openai", "anthropic", "hf"]
+
+
+@app.command()
+def optimize(
+    reference: Annotated[str | None, typer.Argument(
+        help="The PyTorch reference: a KernelBench-format .py file or a bundled task name.")] = None,
+    model: Annotated[str | None, typer.Option(help="The LLM for every agent (e.g. Qwen/Qwen3-32B, gpt-5).")] = None,
+    provider: Annotated[Provider, typer.Option(help="openai: any OpenAI-compatible server (vLLM, SGLang, "
+                                                    "hosted APIs); anthropic; hf: a local Hugging Face model.")] = "openai",
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server, e.g. http://localhost:8000/v1.")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="Environment variable with the key "
+                                                          "(default OPENAI_API_KEY / ANTHROPIC_API_KEY).")] = None,
+    planner_model: Annotated[str | None, typer.Option(help="A different model for the Planner.")] = None,
+    coder_model: Annotated[str | None, typer.Option(help="A different model for the Coder.")] = None,
+    coder_provider: Annotated[Provider | None, typer.Option(help="The Coder's provider, if not --provider.")] = None,
+    coder_base_url: Annotated[str | None, typer.Option(help="The Coder's server, if not --base-url.")] = None,
+    adapter: Annotated[Path | None, typer.Option(help="A PEFT LoRA adapter for the Coder (with --coder-provider hf).")] = None,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.7,
+    llm_timeout: Annotated[float, typer.Option(help="Seconds per LLM call before it is retried.")] = 600.0,
+    prices: Annotated[Path | None, typer.Option(help="Price table (JSON/TOML, USD per 1M tokens) for cost.")] = None,
+    samples: Annotated[int, typer.Option(min=1, help="Coder samples per step, verified in parallel.")] = 1,
+    tolerance: Annotated[ToleranceName, typer.Option(help="strict (1e-4 fp32) or paper (1e-2).")] = "strict",
+    device: Annotated[str | None, typer.Option(help="cuda:N (cpu for C++-only debugging).")] = None,
+    preset: Annotated[str, typer.Option(help=f"Verifier defaults: {', '.join(PRESETS)}.")] = "quick",
+    max_steps: Annotated[int, typer.Option(min=1, help="Budget: Coder steps.")] = 24,
+    max_llm_calls: Annotated[int | None, typer.Option(min=1, help="Budget: LLM calls.")] = None,
+    max_tokens: Annotated[int | None, typer.Option(min=1, help="Budget: prompt + completion tokens.")] = None,
+    max_cost: Annotated[float | None, typer.Option(help="Budget: USD, from the price table.")] = None,
+    max_wall: Annotated[float | None, typer.Option(help="Budget: seconds of wall time.")] = None,
+    max_attempts: Annotated[int, typer.Option(min=1, help="Steps per subtask before moving on or replanning.")] = 6,
+    max_replans: Annotated[int, typer.Option(min=0, help="Replans allowed.")] = 2,
+    max_subtasks: Annotated[int, typer.Option(min=1, help="Subtasks per plan.")] = 4,
+    workspace: Annotated[Path, typer.Option(help="Where the run store and artifacts live.")] = Path(".stitchcuda"),
+    resume: Annotated[str | None, typer.Option(help="Resume a run (id, unique prefix, or 'last').")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the best program here "
+                                                               "(default ./<task>_stitchcuda.py).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the run's summary as JSON.")] = False,
+    kernelbench: KernelBenchOpt = None,
+    level: LevelOpt = None,
+    problem: ProblemOpt = None,
+) -> None:
+    """Plan, write and verify an end-to-end CUDA program for REFERENCE with an LLM; keep the best."""
+    from stitchcuda.agents.session import SessionError, run_session
+    from stitchcuda.console import optimize_summary_view
+
+    try:
+        summary = run_session(
+            reference=reference, kernelbench=kernelbench, level=level, problem=problem, model=model,
+            provider=provider, base_url=base_url, api_key_env=api_key_env, planner_model=planner_model,
+            coder_model=coder_model, coder_provider=coder_provider, coder_base_url=coder_base_url, adapter=adapter,
+            temperature=temperature, llm_timeout=llm_timeout, prices=prices, samples=samples, tolerance=tolerance,
+            device=device, preset=preset, max_steps=max_steps, max_llm_calls=max_llm_calls, max_tokens=max_tokens,
+            max_cost=max_cost, max_wall=max_wall, max_attempts=max_attempts, max_replans=max_replans,
+            max_subtasks=max_subtasks, workspace=workspace, resume=resume, out=out, quiet=json_out,
+        )
+    except SessionError as exc:
+        raise _unusable(str(exc)) from None
+    if json_out:
+        import json
+
+        print(json.dumps(summary, indent=1))
+    else:
+        Console().print(optimize_summary_view(summary))
+    raise typer.Exit(EXIT_PASSED if summary.get("best") else EXIT_FAILED)
+
+
+@app.command()
+def runs(
+    run: Annotated[str | None, typer.Argument(help="Show one run (id, unique prefix or 'last').")] = None,
+    workspace: Annotated[Path, typer.Option(help="Where the run store lives.")] = Path(".stitchcuda"),
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """List the runs of a workspace, or show one: plan, steps, decisions, usage."""
+    import json
+
+    from stitchcuda.console import run_view, runs_view
+    from stitchcuda.store import RunStore
+
+    if not (workspace / "runs.sqlite").exists():
+        raise _unusable(f"no run store in {workspace} (runs are kept where `stitchcuda optimize` ran, "
+                        "or pass --workspace)")
+    store = RunStore(workspace)
+    if run is None:
+        found = store.runs()
+        if json_out:
+            print(json.dumps([r.model_dump() for r in found], indent=1))
+        else:
+            Console().print(runs_view(found))
+        return
+    try:
+        run_id = store.resolve(run)
+    except KeyError as exc:
+        raise _unusable(f"no such run: {exc.args[0]}") from None
+    state, plans, steps = store.load_state(run_id), store.plans(run_id), store.steps(run_id)
+    if json_out:
+        print(json.dumps({"state": state.model_dump(), "plans": [p.model_dump() for p in plans],
+                          "steps": [s.model_dump() for s in steps], "llm_calls": store.llm_calls(run_id)},
+                         indent=1, default=str))
+    else:
+        Console().print(run_view(state, plans, steps))
 
 
 @app.command()

@@ -168,3 +168,107 @@ def tasks_view(tasks: list[Task], problems: dict[str, str] | None = None) -> Tab
 
 def stderr_console() -> Console:
     return Console(stderr=True)
+
+
+class LiveReporter:
+    """Live progress of an optimize run on stderr: a status line (subtask, step, best speedup,
+    tokens, cost) under a log of what happened; silent with ``quiet``."""
+
+    def __init__(self, quiet: bool = False):
+        self.console = Console(stderr=True)
+        self.quiet = quiet
+        self._status = None
+
+    def __enter__(self) -> LiveReporter:
+        if not self.quiet:
+            self._status = self.console.status("starting")
+            self._status.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._status is not None:
+            self._status.__exit__(*exc)
+
+    def __call__(self, state, message: str) -> None:
+        if self.quiet:
+            return
+        plan = state.plan
+        subtask = (f"subtask {state.subtask_index + 1}/{len(plan.subtasks)}: "
+                   f"{plan.subtasks[min(state.subtask_index, len(plan.subtasks) - 1)].title[:40]}") if plan else "planning"
+        best = f"best {state.best.speedup_eager:.2f}x ({state.best.hacking})" if state.best else "no verified program yet"
+        tokens = state.prompt_tokens + state.completion_tokens
+        line = (f"{subtask} | step {state.steps_done + 1}, attempt {state.attempts_on_subtask + 1} | {best} | "
+                f"{tokens:,} tokens, ${state.cost_usd:.2f}")
+        self.console.log(message, highlight=False)
+        if self._status is not None:
+            self._status.update(line)
+
+
+def optimize_summary_view(summary: dict) -> Group:
+    best = summary.get("best")
+    style = {"done": "bold green", "stopped": "yellow", "failed": "bold red"}.get(summary["status"], "")
+    head = Text(f"run {summary['run']} {summary['status']}: {summary.get('stop_reason') or ''}", style=style)
+    grid = Table.grid(padding=(0, 2))
+    grid.add_row("task", summary["task"], "steps", str(summary["steps"]), "replans", str(summary["replans"]))
+    grid.add_row("LLM calls", str(summary["llm_calls"]), "tokens", f"{summary['tokens']:,}",
+                 "cost", f"${summary['cost_usd']:.2f}")
+    parts: list = [head, grid]
+    if not best:
+        parts.append(Text("no verified program: see `stitchcuda runs " + summary["run"] + "`", style="red"))
+        return Group(*parts)
+    table = Table(title="best program", title_justify="left")
+    for col in ("against", "speedup"):
+        table.add_column(col)
+    for name, value in (best.get("speedup") or {"eager": best["speedup_eager"]}).items():
+        table.add_row(name, f"{value:.2f}x")
+    parts.append(table)
+    coverage = best.get("operator_coverage")
+    parts.append(Text(
+        f"{best.get('milliseconds') or 0:.3f} ms on {best.get('device', '?')}; hacking {best['hacking']}; precision "
+        f"{best.get('precision', '?')}; operator coverage {f'{coverage:.0%}' if coverage is not None else '?'}; "
+        f"tolerance {best.get('tolerance', '?')}"))
+    if summary.get("output"):
+        parts.append(Text(f"written to {summary['output']}", style="bold"))
+    return Group(*parts)
+
+
+def runs_view(runs) -> Table:
+    table = Table(title=f"{len(runs)} run(s)", title_justify="left")
+    for col in ("run", "task", "status", "steps", "best", "LLM calls", "cost", "why it ended"):
+        table.add_column(col, overflow="fold")
+    for r in runs:
+        table.add_row(r.id, r.task, r.status, str(r.steps), f"{r.best_speedup:.2f}x" if r.best_speedup else "-",
+                      str(r.llm_calls), f"${r.cost_usd:.2f}", r.stop_reason or "")
+    return table
+
+
+def run_view(state, plans, steps) -> Group:
+    parts: list = [Text(f"run {state.run_id} ({state.task}): {state.status} {state.stop_reason or ''}", style="bold")]
+    for plan in plans:
+        table = Table(title=f"plan v{plan.version} ({plan.source}): {plan.rationale[:100]}", title_justify="left")
+        for col in ("#", "subtask", "operators", "share", "target"):
+            table.add_column(col, overflow="fold")
+        for s in plan.subtasks:
+            table.add_row(str(s.id), s.title, ", ".join(s.operators)[:60], f"{s.time_share:.0%}",
+                          f"{s.target_speedup:.2f}x")
+        parts.append(table)
+    table = Table(title="steps", title_justify="left")
+    for col in ("step", "subtask", "skill", "kept", "result", "decision"):
+        table.add_column(col, overflow="fold")
+    for st in steps:
+        kept = next((o for o in st.samples if o.sample == st.chosen), None)
+        if kept is None:
+            result = "-"
+        elif kept.passed:
+            result = f"passed {kept.speedup_eager or 0:.2f}x ({kept.hacking})"
+        else:
+            result = (kept.llm_error or kept.extract_error or (kept.feedback.splitlines() or ["failed"])[0])[:80]
+        decision = f"{st.decision.action}: {st.decision.reason[:70]}" if st.decision else "-"
+        table.add_row(str(st.index + 1), str(st.subtask), st.skill, f"{len(st.samples)} sample(s)", result, decision)
+    parts.append(table)
+    best = state.best
+    parts.append(Text(f"best: {best.speedup_eager:.2f}x vs eager ({best.hacking}) at {best.path}" if best
+                      else "best: none", style="green" if best else "red"))
+    parts.append(Text(f"{state.llm_calls} LLM calls, {state.prompt_tokens + state.completion_tokens:,} tokens, "
+                      f"${state.cost_usd:.2f}, {state.seconds:.0f} s", style="dim"))
+    return Group(*parts)

@@ -138,6 +138,39 @@ def _string_value(node: ast.AST, constants: dict[str, str]) -> str | None:
     return None
 
 
+# The names the checks already read as PyTorch: aliases of these need no resolving.
+_CONVENTIONAL = {"torch": "torch", "nn": "torch.nn", "F": "torch.nn.functional",
+                 "functional": "torch.nn.functional"}
+
+
+def _torch_aliases(tree: ast.Module) -> dict[str, str]:
+    """Module-level names bound to PyTorch modules or functions under another name:
+    ``import torch.nn.functional as nnf``, ``from torch import cuda as _cuda``,
+    ``from torch.nn.functional import linear as dense``, ``_mm = torch.matmul``."""
+    aliases: dict[str, str] = {}
+
+    def bind(name: str, target: str) -> None:
+        if _CONVENTIONAL.get(name) != target:
+            aliases[name] = target
+
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname and a.name.split(".")[0] == "torch":
+                    bind(a.asname, a.name)
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "torch":
+            for a in node.names:
+                if a.name != "*":
+                    bind(a.asname or a.name, f"{node.module}.{a.name}")
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = _dotted(node.value)
+            head, _, rest = value.partition(".")
+            value = aliases.get(head, _CONVENTIONAL.get(head, head)) + ("." + rest if rest else "")
+            if value.startswith("torch.") and "()" not in value:
+                bind(node.targets[0].id, value)
+    return aliases
+
+
 class _Module:
     """Indexes a candidate module: constants, functions, classes, extension handles."""
 
@@ -177,6 +210,13 @@ class _Module:
                         if name and name not in self.ext_names:
                             self.ext_names.add(name)
                             changed = True
+        self.aliases = _torch_aliases(tree)
+
+    def resolve(self, dotted: str) -> str:
+        """``dense(...)`` -> ``torch.nn.functional.linear`` when the file imported it so."""
+        head, _, rest = dotted.partition(".")
+        target = self.aliases.get(head)
+        return (target + ("." + rest if rest else "")) if target else dotted
 
     def methods(self, cls: str) -> dict[str, ast.FunctionDef]:
         node = self.classes.get(cls)
@@ -192,7 +232,7 @@ class _Module:
             return found
         for node in ast.walk(init):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-                built = _dotted(node.value.func)
+                built = self.resolve(_dotted(node.value.func))
                 for target in node.targets:
                     name = _dotted(target)
                     if name.startswith("self.") and built:
@@ -230,19 +270,23 @@ def _reachable(mod: _Module, root_class: str = "ModelNew") -> list[tuple[str, as
                 todo.append(("", callee))
             elif callee in mod.classes:
                 todo.append((callee, "__init__"))
-            for arg in node.args:  # functions passed as callbacks
+            for arg in node.args + [k.value for k in node.keywords]:  # callbacks: f, self.method
                 if isinstance(arg, ast.Name) and arg.id in mod.functions:
                     todo.append(("", arg.id))
+                elif owner and _dotted(arg).startswith("self.") and _dotted(arg).count(".") == 1 \
+                        and _dotted(arg)[5:] in mod.methods(owner):
+                    todo.append((owner, _dotted(arg)[5:]))
     return order
 
 
 def _calls_extension(node: ast.AST, mod: _Module) -> bool:
+    """Whether ``node`` calls into the candidate's extensions, or hands one of their functions
+    to something that will (``pool.submit(ext.fn, ...)``, ``functools.partial(ext.fn)``)."""
     for sub in ast.walk(node):
-        if isinstance(sub, ast.Call):
-            callee = _dotted(sub.func)
-            head = callee.rsplit(".", 1)[0] if "." in callee else ""
-            if head in mod.ext_names or callee in mod.ext_names:
-                return True
+        if isinstance(sub, ast.Call) and _dotted(sub.func) in mod.ext_names:
+            return True
+        if isinstance(sub, ast.Attribute) and _dotted(sub.value) in mod.ext_names:
+            return True
     return False
 
 
@@ -255,11 +299,12 @@ def _torch_compute(node: ast.AST, mod: _Module, owner: str) -> list[str]:
         if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.MatMult):
             op = "@ (matmul)"
         elif isinstance(sub, ast.Call):
-            callee = _dotted(sub.func)
-            last = callee.split(".")[-1] if callee else ""
-            head = callee.rsplit(".", 1)[0] if "." in callee else ""
-            if not callee or head in mod.ext_names:
+            written = _dotted(sub.func)
+            head = written.rsplit(".", 1)[0] if "." in written else ""
+            if not written or head in mod.ext_names:
                 continue
+            callee = mod.resolve(written)
+            last = callee.split(".")[-1]
             if callee.startswith("self.") and callee.count(".") == 1:
                 built = subs.get(callee, "")
                 kind = built.split(".")[-1]
@@ -270,7 +315,7 @@ def _torch_compute(node: ast.AST, mod: _Module, owner: str) -> list[str]:
                     continue
             elif callee.startswith(("torch.", "F.", "nn.functional.", "functional.")) and last not in SHAPE_OPS:
                 if not callee.startswith(("torch.cuda.", "torch.utils.", "torch.backends.", "torch.nn.Parameter")):
-                    op = callee
+                    op = callee if callee == written else f"{callee} (as {written})"
             elif isinstance(sub.func, ast.Attribute) and (last in HEAVY_OPS or last in _TENSOR_COMPUTE_METHODS):
                 root = _dotted(sub.func.value)
                 if root.split(".")[0] not in ("math", "np", "numpy", "os", "sys", "re", "json", "self") or (
@@ -290,7 +335,7 @@ _TENSOR_COMPUTE_METHODS = {
 
 
 def _is_heavy(op: str) -> bool:
-    name = op.split(".")[-1].replace("()", "").replace(" module", "").strip()
+    name = op.split(" (as ")[0].split(".")[-1].replace("()", "").replace(" module", "").strip()
     return name in HEAVY_OPS or name in HEAVY_MODULES or op.startswith("@")
 
 
@@ -375,24 +420,25 @@ def _check_whole_module(tree: ast.Module, mod: _Module, report: StaticReport) ->
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in (
                 "__main__", "stitchcuda_reference", "reference", "Model"):
             report.add("reference_access", "total", f"looks up {node.value!r}, a way to reach the reference program")
-        elif isinstance(node, ast.Attribute):
-            dotted = _dotted(node)
+        elif isinstance(node, ast.Attribute) or (isinstance(node, ast.Name) and node.id in mod.aliases):
+            dotted = mod.resolve(_dotted(node))  # through aliases: `from torch import cuda as _c` ...
+            attr = dotted.rsplit(".", 1)[-1]
             if any(dotted == r or dotted.startswith(r + ".") for r in REFERENCE_REACH if "." in r):
                 report.add("reference_access", "total", f"uses {dotted}, a way to reach the reference program")
-            if node.attr in ("compile", "script", "trace") and dotted.startswith(("torch.", "jit.")) and (
+            if attr in ("compile", "script", "trace") and dotted.startswith(("torch.", "jit.")) and (
                     dotted in ("torch.compile", "torch.jit.script", "torch.jit.trace", "jit.script", "jit.trace")):
                 report.add("torch_compile", "total", f"uses {dotted}: PyTorch's compiler writes the kernels")
             if dotted.startswith(("torch._dynamo", "torch._inductor")):
                 report.add("torch_compile", "total", f"uses {dotted}")
-            if node.attr in SUBCLASS_HOOKS:
+            if attr in SUBCLASS_HOOKS:
                 report.add("tensor_subclass", "total", f"uses {dotted}: a tensor subclass or dispatch mode can fake or defer results")
             if dotted in ("torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.set_stream", "torch.cuda.ExternalStream"):
                 stream_made = True
-            if node.attr in STREAM_SYNC and dotted not in ("torch.cuda.synchronize",):
+            if attr in STREAM_SYNC and dotted not in ("torch.cuda.synchronize",):
                 stream_synced = True
             if dotted == "torch.cuda.synchronize":
                 stream_synced = True
-            if node.attr in GLOBAL_STATE_CALLS and dotted.startswith("torch"):
+            if attr in GLOBAL_STATE_CALLS and dotted.startswith("torch"):
                 report.add("global_state", "partial", f"calls {dotted}: changes torch's global state")
         elif isinstance(node, ast.ClassDef):
             for base in node.bases:
@@ -405,11 +451,12 @@ def _check_whole_module(tree: ast.Module, mod: _Module, report: StaticReport) ->
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
-                _check_patching(_dotted(target), report)
+                if isinstance(target, ast.Attribute):  # rebinding a plain name patches nothing
+                    _check_patching(mod.resolve(_dotted(target)), report)
         elif isinstance(node, ast.Call):
             callee = _dotted(node.func)
             if callee == "setattr" and node.args:
-                _check_patching(_dotted(node.args[0]) + ".<attr>", report)
+                _check_patching(mod.resolve(_dotted(node.args[0])) + ".<attr>", report)
             if callee in ("globals", "vars", "locals", "eval", "exec", "__import__", "open"):
                 report.add("reference_access", "total" if callee != "open" else "partial",
                            f"calls {callee}(): dynamic code or file access can reach the reference or the harness")
@@ -454,17 +501,32 @@ def _check_fallbacks(fn: ast.FunctionDef, mod: _Module, owner: str, report: Stat
                     what = f" with PyTorch ({', '.join(handler_ops[:5])})" if handler_ops else ""
                     report.add("try_except_fallback", "total",
                                f"{fn.name} catches failures of its own kernels and carries on{what}")
-        elif isinstance(node, ast.If):
-            body_ext = any(_calls_extension(s, mod) for s in node.body)
-            else_ext = any(_calls_extension(s, mod) for s in node.orelse)
-            body_ops = [op for s in node.body for op in _torch_compute(s, mod, owner)]
-            else_ops = [op for s in node.orelse for op in _torch_compute(s, mod, owner)]
-            returns_torch = any(isinstance(s, ast.Return) for s in node.body) and body_ops and not body_ext
-            if (body_ext and else_ops and not else_ext) or (else_ext and body_ops and not body_ext) or (
-                    returns_torch and _calls_extension(fn, mod)):
-                ops = ", ".join((body_ops or else_ops)[:5])
-                report.add("fallback_branch", "total",
-                           f"{fn.name} has a branch that computes with PyTorch ({ops}) instead of its own kernels")
+    for node, orelse in _if_branches(fn):
+        body_ext = any(_calls_extension(s, mod) for s in node.body)
+        else_ext = any(_calls_extension(s, mod) for s in orelse)
+        body_ops = [op for s in node.body for op in _torch_compute(s, mod, owner)]
+        else_ops = [op for s in orelse for op in _torch_compute(s, mod, owner)]
+        returns_torch = any(isinstance(s, ast.Return) for s in node.body) and body_ops and not body_ext
+        if (body_ext and else_ops and not else_ext) or (else_ext and body_ops and not body_ext) or (
+                returns_torch and _calls_extension(fn, mod)):
+            ops = ", ".join((body_ops or else_ops)[:5])
+            report.add("fallback_branch", "total",
+                       f"{fn.name} has a branch that computes with PyTorch ({ops}) instead of its own kernels")
+
+
+def _if_branches(fn: ast.FunctionDef) -> list[tuple[ast.If, list[ast.stmt]]]:
+    """Each ``if`` in ``fn`` with its else branch. An ``if`` without ``else`` whose body ends in
+    ``return`` or ``raise`` has the statements after it in the same block as its else."""
+    pairs = []
+    for node in ast.walk(fn):
+        for block in (getattr(node, name, None) for name in ("body", "orelse", "finalbody")):
+            if not isinstance(block, list):
+                continue
+            for i, stmt in enumerate(block):
+                if isinstance(stmt, ast.If):
+                    early_exit = not stmt.orelse and isinstance(stmt.body[-1], (ast.Return, ast.Raise))
+                    pairs.append((stmt, block[i + 1:] if early_exit else stmt.orelse))
+    return pairs
 
 
 def _names(node: ast.AST) -> set[str]:
@@ -494,6 +556,8 @@ def _check_outputs(fn: ast.FunctionDef, mod: _Module, owner: str, report: Static
                 for t in targets:
                     tainted |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
                     tainted |= {_dotted(n) for n in ast.walk(t) if isinstance(n, ast.Attribute)}
+            if isinstance(node, ast.Call) and _call_reads(node) & tainted:
+                tainted |= _call_writes(node, mod)  # kernel(x, out=self.buf): the buffer now holds x's result
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
                 callee = _dotted(node.value.func).split(".")[-1]
                 if callee in ("empty", "empty_like", "new_empty", "empty_strided"):
@@ -518,6 +582,13 @@ def _check_outputs(fn: ast.FunctionDef, mod: _Module, owner: str, report: Static
                 if name not in written:
                     report.add("uninitialised_output", "total",
                                f"forward returns {name}, allocated with torch.empty and never written by a kernel")
+    stored = {name for name, conditional in _state_writes(fn.body, mod).items() if conditional}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Return) and node.value is not None and not _calls_extension(node.value, mod):
+            for name in sorted(_returned_state(node.value) & stored):
+                report.add("cached_output", "total",
+                           f"forward returns {name}, which it writes only when a check of its own state passes: "
+                           "later calls get a stored result")
     for node in ast.walk(fn):
         if isinstance(node, ast.If) and _guard_refs_state(node.test):
             for branch in (node.body, node.orelse):
@@ -530,6 +601,86 @@ def _check_outputs(fn: ast.FunctionDef, mod: _Module, owner: str, report: Static
                             report.add("cached_output", "total",
                                        f"forward returns a stored result ({ast.unparse(stmt.value)[:80]}) "
                                        "when a cache check passes")
+
+
+def _state_root(node: ast.AST | str) -> str:
+    """``self.cache`` for ``self.cache``, ``self.cache[key]`` or ``self.cache.data``; '' otherwise."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    dotted = node if isinstance(node, str) else _dotted(node)
+    return ".".join(dotted.split(".")[:2]) if dotted.startswith("self.") else ""
+
+
+def _call_reads(call: ast.Call) -> set[str]:
+    return {name for arg in list(call.args) + [k.value for k in call.keywords] for name in _names(arg)}
+
+
+def _call_writes(call: ast.Call, mod: _Module) -> set[str]:
+    """Names and ``self.`` attributes a call may write: every argument of a call into the
+    candidate's extension (its kernels write their outputs), the receiver of an in-place
+    method (``buf.copy_(y)``) and an ``out=`` argument."""
+    written = set()
+    if _calls_extension(call.func, mod):
+        written |= {_dotted(a) for a in call.args if _dotted(a)}
+    if isinstance(call.func, ast.Attribute) and call.func.attr.endswith("_") and not call.func.attr.endswith("__"):
+        written.add(_dotted(call.func.value))
+    written |= {_dotted(k.value) for k in call.keywords if k.arg == "out" and _dotted(k.value)}
+    return written - {""}
+
+
+def _state_writes(stmts: list[ast.stmt], mod: _Module) -> dict[str, bool]:
+    """``self.<attr>`` written in ``stmts`` -> True when every write is conditional on the
+    module's own state (under ``if self._out is None:`` and the like, with no matching write in
+    the other branch), False when some write happens on every call."""
+    found: dict[str, bool] = {}
+
+    def note(name: str, conditional: bool) -> None:
+        found[name] = found.get(name, True) and conditional
+
+    for stmt in stmts:
+        if isinstance(stmt, ast.If):
+            body, other = _state_writes(stmt.body, mod), _state_writes(stmt.orelse, mod)
+            state_guard = _guard_refs_state(stmt.test)
+            for name in body.keys() | other.keys():
+                if state_guard and not (name in body and name in other):
+                    note(name, True)
+                else:
+                    note(name, body.get(name, True) and other.get(name, True))
+        elif isinstance(stmt, (ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try)):
+            blocks = [stmt.body, getattr(stmt, "orelse", []), getattr(stmt, "finalbody", [])]
+            blocks += [h.body for h in getattr(stmt, "handlers", [])]
+            for block in blocks:
+                for name, conditional in _state_writes(block, mod).items():
+                    note(name, conditional)
+        else:
+            for node in ast.walk(stmt):
+                targets: list[ast.AST | str] = []
+                if isinstance(node, ast.Assign):
+                    targets = list(node.targets)
+                elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                    targets = [node.target]
+                elif isinstance(node, ast.Call):
+                    targets = list(_call_writes(node, mod))
+                for target in targets:
+                    if root := _state_root(target):
+                        note(root, False)
+    return found
+
+
+def _returned_state(value: ast.AST) -> set[str]:
+    """The module state a return value hands back as it is: ``self.out``, ``self.cache[k]``,
+    ``self.out.view(...)``, also inside a tuple."""
+    if isinstance(value, (ast.Tuple, ast.List)):
+        return set().union(*(_returned_state(e) for e in value.elts)) if value.elts else set()
+    while True:
+        if isinstance(value, ast.Subscript):
+            value = value.value
+        elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in SHAPE_OPS:
+            value = value.func.value
+        else:
+            break
+    root = _state_root(value)
+    return {root} if root else set()
 
 
 def _check_input_mutation(fn: ast.FunctionDef, mod: _Module, report: StaticReport) -> None:

@@ -1,0 +1,104 @@
+"""One ``stitchcuda optimize`` session: arguments to clients, verifier, store and loop, and back."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from stitchcuda.agents.loop import Budget, OptimizeConfig, Optimizer, summarize
+from stitchcuda.agents.routing import RoutingConfig
+from stitchcuda.llm.base import LLMConfig
+from stitchcuda.store import RunStore
+from stitchcuda.task import TaskError, load_task_file, resolve_tasks
+from stitchcuda.task.record import Task
+from stitchcuda.verify.config import PRESETS
+
+
+class SessionError(ValueError):
+    """Unusable arguments; the message says what to change."""
+
+
+def _task(reference: str | None, kernelbench: Path | None, level: int | None, problem: int | None) -> Task:
+    source = str(kernelbench) if kernelbench is not None else reference
+    if source is None:
+        raise SessionError("name a task (file, bundled name) or pass --kernelbench PATH --level N --problem ID")
+    try:
+        tasks = resolve_tasks(source, level, problem)
+    except TaskError as exc:
+        raise SessionError(str(exc)) from None
+    if len(tasks) != 1:
+        raise SessionError(f"{len(tasks)} tasks match; optimize one at a time (--level N --problem ID)")
+    return tasks[0]
+
+
+def build_config(*, model: str | None, provider: str, base_url: str | None, api_key_env: str | None,
+                 planner_model: str | None, coder_model: str | None, coder_provider: str | None,
+                 coder_base_url: str | None, adapter: Path | None, temperature: float, llm_timeout: float,
+                 samples: int, tolerance: str, device: str | None, preset: str, max_steps: int,
+                 max_llm_calls: int | None, max_tokens: int | None, max_cost: float | None, max_wall: float | None,
+                 max_attempts: int, max_replans: int, max_subtasks: int) -> OptimizeConfig:
+    if preset not in PRESETS:
+        raise SessionError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
+    if not (model or (planner_model and coder_model)):
+        raise SessionError("name the LLM: --model NAME (with --base-url URL for a vLLM / OpenAI-compatible "
+                           "server), or --planner-model and --coder-model")
+    verify = PRESETS[preset].model_copy(update={"tolerance": tolerance, **({"device": device} if device else {})})
+    planner = LLMConfig(provider=provider, model=planner_model or model, base_url=base_url,  # type: ignore[arg-type]
+                        api_key_env=api_key_env, temperature=temperature, timeout_s=llm_timeout)
+    coder = LLMConfig(provider=coder_provider or provider, model=coder_model or model,  # type: ignore[arg-type]
+                      base_url=coder_base_url or base_url, api_key_env=api_key_env, temperature=temperature,
+                      timeout_s=llm_timeout, adapter=str(adapter) if adapter else None)
+    return OptimizeConfig(
+        planner=planner, coder=coder, verify=verify, samples=samples, max_subtasks=max_subtasks,
+        routing=RoutingConfig(max_attempts_per_subtask=max_attempts, max_replans=max_replans),
+        budget=Budget(max_steps=max_steps, max_llm_calls=max_llm_calls, max_tokens=max_tokens,
+                      max_cost_usd=max_cost, max_wall_s=max_wall),
+    )
+
+
+def run_session(*, reference: str | None, kernelbench: Path | None, level: int | None, problem: int | None,
+                workspace: Path, resume: str | None, out: Path | None, prices: Path | None, quiet: bool,
+                **options: Any) -> dict:
+    from stitchcuda.agents.knowledge import KnowledgeBase
+
+    from stitchcuda.console import LiveReporter
+    from stitchcuda.llm import LLMError, PriceTable, make_client
+    from stitchcuda.verify import DeviceUnavailable, Verifier
+
+    store = RunStore(workspace)
+    if resume is not None:
+        try:
+            run_id = store.resolve(resume)
+        except KeyError as exc:
+            raise SessionError(f"cannot resume: {exc.args[0]} in {workspace}") from None
+        config = OptimizeConfig.model_validate(store.load_config(run_id))
+        task = load_task_file(store.run_dir(run_id) / "task.py")
+        task = task.model_copy(update={"name": store.load_state(run_id).task})
+    else:
+        run_id = None
+        task = _task(reference, kernelbench, level, problem)
+        config = build_config(**options)
+    try:
+        price_table = PriceTable.load(prices) if prices else PriceTable.from_env()
+        planner_llm = make_client(config.planner, price_table)
+        coder_llm = planner_llm if config.coder == config.planner else make_client(config.coder, price_table)
+    except (LLMError, OSError, ValueError) as exc:
+        raise SessionError(str(exc)) from None
+    verifier = Verifier(config.verify)
+    try:
+        verifier.require_device()
+    except DeviceUnavailable as exc:
+        raise SessionError(str(exc)) from None
+    reporter = LiveReporter(quiet=quiet)
+    optimizer = Optimizer(task, config, planner_llm, coder_llm, verifier, store, reporter=reporter,
+                          knowledge=KnowledgeBase.default() if config.knowledge else None)
+    with reporter:
+        state = optimizer.resume(run_id) if run_id else optimizer.start()
+    summary = summarize(state)
+    summary["workspace"] = str(workspace)
+    if state.best is not None:
+        target = out or Path(f"{task.name}_stitchcuda.py")
+        shutil.copyfile(store.run_dir(state.run_id) / "best.py", target)
+        summary["output"] = str(target)
+    return summary
