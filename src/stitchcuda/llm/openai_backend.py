@@ -43,13 +43,19 @@ class OpenAIChatClient:
                       temperature=self.config.temperature if temperature is None else temperature)
         limit = self.config.max_tokens if max_tokens is None else max_tokens
 
+        def create():
+            if self._token_param == "max_tokens":
+                return self._client.chat.completions.create(**kwargs, max_tokens=limit)
+            # in the body, as SDKs before 1.45 do not know the argument
+            return self._client.chat.completions.create(**kwargs, extra_body={self._token_param: limit})
+
         def send():
             try:
-                return self._client.chat.completions.create(**kwargs, **{self._token_param: limit})
+                return create()
             except self._sdk.BadRequestError as e:
                 if self._token_param == "max_tokens" and "max_completion_tokens" in str(e):
                     self._token_param = "max_completion_tokens"
-                    return self._client.chat.completions.create(**kwargs, **{self._token_param: limit})
+                    return create()
                 raise
 
         resp, retries = with_retries(send, sdk=self._sdk, config=self.config, endpoint=self._endpoint)
