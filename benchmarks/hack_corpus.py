@@ -27,6 +27,8 @@ def main() -> None:
     parser.add_argument("--folder", default=str(Path(__file__).parents[1] / "tests" / "hacks"))
     parser.add_argument("--static-only", action="store_true")
     parser.add_argument("--only", help="comma-separated candidate names")
+    parser.add_argument("--shard", default="1/1", help="i/n: verify every n-th candidate from the i-th "
+                                                       "(split a long GPU run over several calls)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -34,6 +36,8 @@ def main() -> None:
     if args.only:
         wanted = set(args.only.split(","))
         corpus = [c for c in corpus if c.name in wanted]
+    index, count = (int(x) for x in args.shard.split("/"))
+    corpus = corpus[index - 1::count]
     verifier = Verifier(PRESETS["quick"].model_copy(update={"timing_budget_s": 1.0, "timeout_s": 120}))
     pairs = [(resolve_tasks(c.task)[0], load_candidate(c.path)) for c in corpus]
     started = time.time()

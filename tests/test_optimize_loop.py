@@ -173,3 +173,31 @@ def test_crash_mid_step_then_resume_redoes_nothing(task, verifier, tmp_path):
         assert len(server.requests) == 4, [r["messages"][-1]["content"][:80] for r in server.requests]
         assert verified == ["step000-s0", "step001-s0", "step001-s0"]
     assert state.steps_done == 3 and store.load_state(run_id).status in ("stopped", "done")
+
+
+def test_cli_optimize_then_runs(task, verifier, tmp_path):
+    """What a user types: `stitchcuda optimize ... --base-url URL --model M`, then `stitchcuda runs`."""
+    from typer.testing import CliRunner
+
+    from stitchcuda.cli import app
+
+    cli = CliRunner()
+    workspace, out = tmp_path / "ws", tmp_path / "tiny_fast.py"
+    with ScriptedOpenAIServer([plan(target=0.01), FULL]) as server:
+        result = cli.invoke(app, ["optimize", str(CPU / "tiny_mlp.py"), "--base-url", server.base_url, "--model",
+                                  "scripted-model", "--device", "cpu", "--preset", "tiny-debug", "--workspace",
+                                  str(workspace), "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["status"] == "done" and summary["best"]["hacking"] == "none" and out.exists()
+    listing = cli.invoke(app, ["runs", "--workspace", str(workspace), "--json"])
+    assert json.loads(listing.stdout)[0]["id"] == summary["run"]
+    shown = cli.invoke(app, ["runs", "last", "--workspace", str(workspace)])
+    assert shown.exit_code == 0 and "done" in shown.stdout
+
+    # an unreachable server: the run fails with a message that names it, and can be resumed later
+    failed = cli.invoke(app, ["optimize", str(CPU / "tiny_mlp.py"), "--base-url", "http://127.0.0.1:9/v1",
+                              "--model", "m", "--device", "cpu", "--preset", "tiny-debug", "--workspace",
+                              str(workspace), "--llm-timeout", "2", "--json"])
+    assert failed.exit_code == 1
+    assert json.loads(failed.stdout)["status"] == "failed" and "127.0.0.1:9" in json.loads(failed.stdout)["stop_reason"]

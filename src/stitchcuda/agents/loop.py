@@ -125,6 +125,8 @@ class Optimizer:
                 self.store.save_state(state)
         except LLMFailure as exc:
             state.status, state.stop_reason = "failed", str(exc)
+        except LLMError as exc:  # the Planner's LLM: same rule, the run stops and can be resumed
+            state.status, state.stop_reason = "failed", f"the Planner's LLM failed: {exc}"
         except KeyboardInterrupt:
             state.status, state.stop_reason = "stopped", "interrupted; resume with --resume " + state.run_id
             raise
@@ -288,9 +290,8 @@ class Optimizer:
             outcomes[position] = outcome
             self.store.save_candidate(state.run_id, index, outcome)
             self.report(state, f"{candidate.name}: {_summary(outcome)}")
-        for outcome in outcomes:
-            if outcome.verdict_path is None:
-                self.store.save_candidate(state.run_id, index, outcome)
+        for outcome in outcomes:  # failures and reused verdicts are this step's candidates too
+            self.store.save_candidate(state.run_id, index, outcome)
         return outcomes
 
     def _ask(self, state: RunState, index: int, sample: int, messages: list[Message]):
