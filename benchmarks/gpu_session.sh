@@ -1,31 +1,50 @@
 #!/usr/bin/env bash
-# One GPU session of checks, as run on the lent H100/H200 (see the issue notes for figures):
-#   bash benchmarks/gpu_session.sh tests|bench|corpus
+# GPU sessions of checks, as run on the lent H100/H200 (the issue notes carry the figures):
+#   bash benchmarks/gpu_session.sh MODE...     MODE: tests | bench | ncu | agents | corpus
+# Modes run in the order given. CORPUS_ONLY=a,b,... limits the corpus run to those candidates,
+# whose builds then start in the background at once, on the CPU, while the GPU does the rest.
 # Logs go to $OUT (default ./gpu-logs). Wheels the image lacks are expected in .whl/.
 set -uo pipefail
 OUT=${OUT:-gpu-logs}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
   export PYTHONPATH=/tmp/site:$PWD/src:$PWD
 fi
 export STITCHCUDA_CACHE=${STITCHCUDA_CACHE:-$PWD/.stitchcuda/cache}
 export MAX_JOBS=${MAX_JOBS:-16}
-case "${1:-tests}" in
-  tests)
-    python3 -m stitchcuda.cli doctor > "$OUT/doctor.txt" 2>&1; echo "doctor rc=$?"
-    timeout 480 python3 -m pytest -m gpu -v -s -rA tests/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1; echo "pytest rc=$?"
-    grep -E "PASS|FAIL|ERROR|speedups|profile|passed|failed" "$OUT/pytest_gpu.txt" | tail -n 40; cat "$OUT/doctor.txt"
-    ;;
-  bench)
-    timeout 120 python3 benchmarks/suite_eager_times.py > "$OUT/suite.txt" 2>&1; echo "suite rc=$?"
-    timeout 300 python3 benchmarks/verify_bench.py --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1; echo "bench rc=$?"
-    timeout 120 python3 -m stitchcuda.cli verify mlp examples/mlp_cuda.py > "$OUT/verify_example.txt" 2>&1; echo "verify rc=$?"
-    cat "$OUT/suite.txt" "$OUT/bench.txt"; tail -n 30 "$OUT/verify_example.txt"
-    ;;
-  corpus)
-    timeout 540 python3 benchmarks/hack_corpus.py --json "$OUT/corpus.json" > "$OUT/corpus.txt" 2>&1; echo "corpus rc=$?"
-    tail -n 60 "$OUT/corpus.txt"
-    ;;
-esac
+ONLY=${CORPUS_ONLY:-}
+if [[ -n "$ONLY" ]]; then
+  python3 -c "import sys; from stitchcuda.task import load_candidate as load; from stitchcuda.verify import PRESETS, Verifier
+Verifier(PRESETS['quick']).prebuild([load(f'tests/hacks/{n}.py') for n in sys.argv[1].split(',')])" "$ONLY" \
+    > "$OUT/prebuild.txt" 2>&1 &
+fi
+for mode in "$@"; do
+  case "$mode" in
+    tests)
+      python3 -m stitchcuda.cli doctor > "$OUT/doctor.txt" 2>&1; echo "doctor rc=$?"
+      timeout 480 python3 -m pytest -m gpu -v -s -rA tests/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1; echo "pytest rc=$?"
+      grep -E "PASS|FAIL|ERROR|speedups|profile|passed|failed" "$OUT/pytest_gpu.txt" | tail -n 40; cat "$OUT/doctor.txt"
+      ;;
+    bench)
+      timeout 120 python3 benchmarks/suite_eager_times.py > "$OUT/suite.txt" 2>&1; echo "suite rc=$?"
+      timeout 300 python3 benchmarks/verify_bench.py --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1; echo "bench rc=$?"
+      timeout 120 python3 -m stitchcuda.cli verify mlp examples/mlp_cuda.py > "$OUT/verify_example.txt" 2>&1
+      echo "verify rc=$?"; cat "$OUT/suite.txt" "$OUT/bench.txt"; tail -n 30 "$OUT/verify_example.txt"
+      ;;
+    ncu)
+      timeout ${NCU_S:-130} python3 -m stitchcuda.cli verify norm_softmax_gate tests/fixtures/candidates/norm_softmax_gate_honest.py \
+        --ncu --preset quick > "$OUT/ncu.txt" 2>&1; echo "ncu verify rc=$?"; tail -n 32 "$OUT/ncu.txt"
+      ;;
+    agents)
+      timeout ${AGENTS_S:-180} python3 benchmarks/agent_loop_gpu.py --workspace /tmp/agent-ws > "$OUT/agents.txt" 2>&1
+      echo "agent loop rc=$?"; cp /tmp/agent-ws/runs.sqlite "$OUT/" 2>/dev/null; tail -n 45 "$OUT/agents.txt"
+      ;;
+    corpus)
+      wait  # the background builds
+      timeout ${CORPUS_S:-$((585 - SECONDS))} python3 benchmarks/hack_corpus.py ${ONLY:+--only "$ONLY"} --json "$OUT/corpus.json" \
+        > "$OUT/corpus.txt" 2>&1; echo "corpus rc=$?"; grep -E "expect|none |partial |total |at their level" "$OUT/corpus.txt" | tail -n 30
+      ;;
+  esac
+done
