@@ -84,5 +84,8 @@ def _failure(outcome: SampleOutcome | None) -> str:
 
 def _first(feedback: str, prefix: str = "") -> str:
     lines = [line.strip() for line in feedback.splitlines() if line.strip()]
-    chosen = next((line for line in lines if prefix and line.startswith(prefix)), lines[0] if lines else "")
+    at = next((i for i, line in enumerate(lines) if prefix and line.startswith(prefix)), 0)
+    chosen = lines[at] if lines else ""
+    if chosen.endswith(":") and at + 1 < len(lines):  # a heading: what it announces is on the next line
+        chosen += " " + lines[at + 1]
     return chosen[:240]

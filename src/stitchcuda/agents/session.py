@@ -61,7 +61,6 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
                 workspace: Path, resume: str | None, out: Path | None, prices: Path | None, quiet: bool,
                 **options: Any) -> dict:
     from stitchcuda.agents.knowledge import KnowledgeBase
-
     from stitchcuda.console import LiveReporter
     from stitchcuda.llm import LLMError, PriceTable, make_client
     from stitchcuda.verify import DeviceUnavailable, Verifier

@@ -291,7 +291,7 @@ class Verifier:
                 wall.timing_s = result.timing_s
                 wall.profile_s = result.profile_s
             verdict = judge(task, candidate, self.config, result, crash=outcome.crash, wall=wall, static=static)
-            if self.config.ncu and verdict.correct:
+            if self.config.ncu and verdict.correct and self.config.device.startswith("cuda"):
                 if on_phase is not None:
                     on_phase("ncu")
                 verdict.counters = self._counters(workdir, ref_path, cand_path, verdict.profile)

@@ -1,0 +1,161 @@
+"""Rules of the static hacking checks on small synthetic candidates: the cases the corpus
+(tests/hacks/) does not hold one file for, honest look-alikes above all."""
+
+from __future__ import annotations
+
+import pytest
+
+from stitchcuda.verify.judge import hacking_level
+from stitchcuda.verify.static_checks import static_findings
+
+HEAD = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+_ext = load_inline(name="x", cpp_sources="", functions=["f", "g"])
+'''
+
+CASES = {
+    # state written on every call, in both branches of a check of the module's state
+    "both_branches_write": ("none", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if self.training:
+            self.out = _ext.f(x)
+        else:
+            self.out = _ext.g(x)
+        return self.out
+'''),
+    # a result stored only the first time, behind a flag
+    "stored_behind_flag": ("total", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if not self._done:
+            _ext.f(x, self.buf)
+            self._done = True
+        return self.buf
+'''),
+    # conditionally stored state that is not the returned data
+    "stored_shape_only": ("none", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if self._shape is None:
+            self._shape = (x.shape[0], -1)
+        y = _ext.f(x)
+        return y.view(self._shape)
+'''),
+    # a persistent buffer the kernel's result is copied into on every call
+    "buffer_copied_each_call": ("none", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        y = _ext.f(x)
+        self.buf.copy_(y)
+        return self.buf
+'''),
+    "early_return_shape_guard": ("none", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if x.numel() == 0:
+            return x.new_zeros(x.shape)
+        return _ext.f(x)
+'''),
+    "early_raise": ("none", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if not x.is_cuda:
+            raise ValueError("cuda only")
+        return _ext.f(x)
+'''),
+    "early_return_then_pytorch": ("total", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if x.is_contiguous():
+            return _ext.f(x)
+        return torch.nn.functional.linear(x, self.w)
+'''),
+    "module_alias_of_torch": ("partial", '''
+import torch as th
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return _ext.f(th.matmul(x, self.w))
+'''),
+    "assigned_alias": ("partial", '''
+_mm = torch.mm
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return _ext.f(_mm(x, self.w))
+'''),
+    "compile_imported_by_name": ("total", '''
+from torch import compile as tc
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.g = tc(lambda t: t)
+
+    def forward(self, x):
+        return self.g(_ext.f(x))
+'''),
+    "stream_imported_by_name": ("total", '''
+from torch.cuda import Stream, stream
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        with stream(Stream()):
+            y = _ext.f(x)
+        return y
+'''),
+    "synchronize_patched_through_alias": ("total", '''
+from torch import cuda as c
+
+c.synchronize = lambda *a: None
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return _ext.f(x)
+'''),
+    # rebinding a local name patches nothing
+    "local_name_rebound": ("none", '''
+from torch.cuda import synchronize
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        synchronize = None
+        return _ext.f(x)
+'''),
+    # an extension function handed to a pool is still the candidate's kernel being used
+    "method_as_thread_target": ("total", '''
+import threading
+
+class ModelNew(nn.Module):
+    def _run(self, x, out):
+        _ext.f(x, out)
+
+    def forward(self, x):
+        out = torch.empty_like(x)
+        threading.Thread(target=self._run, args=(x, out)).start()
+        return out
+'''),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_rule(name):
+    expect, body = CASES[name]
+    report = static_findings(HEAD + body)
+    found = hacking_level(report.findings)
+    assert found == expect, [(f.check, f.level, f.detail) for f in report.findings]
+
+
+def test_thread_target_is_followed():
+    """forward's callback is reachable: the kernels count as called, only the thread is the hack."""
+    report = static_findings(HEAD + CASES["method_as_thread_target"][1])
+    assert {f.check for f in report.findings if f.level == "total"} == {"threads"}
+
+
+def test_alias_reported_with_its_name():
+    report = static_findings(HEAD + CASES["assigned_alias"][1])
+    assert report.torch_ops_in_forward == ["torch.mm (as _mm)"]
