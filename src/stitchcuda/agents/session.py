@@ -65,8 +65,11 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
     from stitchcuda.llm import LLMError, PriceTable, make_client
     from stitchcuda.verify import DeviceUnavailable, Verifier
 
-    store = RunStore(workspace)
+    store: RunStore | None = None
     if resume is not None:
+        if not (workspace / "runs.sqlite").exists():
+            raise SessionError(f"cannot resume: no run store in {workspace} (pass the --workspace of the run)")
+        store = RunStore(workspace)
         try:
             run_id = store.resolve(resume)
         except KeyError as exc:
@@ -89,6 +92,7 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
         verifier.require_device()
     except DeviceUnavailable as exc:
         raise SessionError(str(exc)) from None
+    store = store or RunStore(workspace)  # made only once the arguments are known to be usable
     reporter = LiveReporter(quiet=quiet)
     optimizer = Optimizer(task, config, planner_llm, coder_llm, verifier, store, reporter=reporter,
                           knowledge=KnowledgeBase.default() if config.knowledge else None)
