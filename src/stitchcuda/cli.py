@@ -160,6 +160,7 @@ def profile(
 
 
 Provider = Literal["openai", "anthropic", "hf"]
+CoderKind = Literal["llm", "offline"]
 
 
 @app.command()
@@ -167,6 +168,9 @@ def optimize(
     reference: Annotated[str | None, typer.Argument(
         help="The PyTorch reference: a KernelBench-format .py file or a bundled task name.")] = None,
     model: Annotated[str | None, typer.Option(help="The LLM for every agent (e.g. Qwen/Qwen3-32B, gpt-5).")] = None,
+    coder: Annotated[CoderKind | None, typer.Option(
+        help="llm: the agents over --model; offline: StitchCUDA's LLM-free Planner and Coder "
+             "(the default when no model is named).")] = None,
     provider: Annotated[Provider, typer.Option(help="openai: any OpenAI-compatible server (vLLM, SGLang, "
                                                     "hosted APIs); anthropic; hf: a local Hugging Face model.")] = "openai",
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server, e.g. http://localhost:8000/v1.")] = None,
@@ -207,7 +211,7 @@ def optimize(
 
     try:
         summary = run_session(
-            reference=reference, kernelbench=kernelbench, level=level, problem=problem, model=model,
+            reference=reference, kernelbench=kernelbench, level=level, problem=problem, model=model, coder=coder,
             provider=provider, base_url=base_url, api_key_env=api_key_env, planner_model=planner_model,
             coder_model=coder_model, coder_provider=coder_provider, coder_base_url=coder_base_url, adapter=adapter,
             temperature=temperature, llm_timeout=llm_timeout, prices=prices, samples=samples, tolerance=tolerance,

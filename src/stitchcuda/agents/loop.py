@@ -78,12 +78,14 @@ def _rank(o: SampleOutcome) -> tuple:
 
 
 class Optimizer:
-    def __init__(self, task: Task, config: OptimizeConfig, planner: LLMClient, coder: LLMClient, verifier,
+    def __init__(self, task: Task, config: OptimizeConfig, planner: LLMClient | Planner, coder: LLMClient, verifier,
                  store: RunStore, reporter: Reporter | None = None, knowledge=None,
                  profile_reference: bool = True):
+        """``planner`` is an LLM (wrapped in the LLM Planner) or any object with the Planner's
+        ``plan`` method (the offline Planner); ``coder`` answers like an LLM."""
         self.task = task
         self.config = config
-        self.planner = Planner(planner, max_subtasks=config.max_subtasks)
+        self.planner = planner if hasattr(planner, "plan") else Planner(planner, max_subtasks=config.max_subtasks)
         self.coder = coder
         self.verifier = verifier
         self.store = store

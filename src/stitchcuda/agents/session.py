@@ -32,7 +32,7 @@ def _task(reference: str | None, kernelbench: Path | None, level: int | None, pr
     return tasks[0]
 
 
-def build_config(*, model: str | None, provider: str, base_url: str | None, api_key_env: str | None,
+def build_config(*, model: str | None, coder: str | None, provider: str, base_url: str | None, api_key_env: str | None,
                  planner_model: str | None, coder_model: str | None, coder_provider: str | None,
                  coder_base_url: str | None, adapter: Path | None, temperature: float, llm_timeout: float,
                  samples: int, tolerance: str, device: str | None, preset: str, max_steps: int,
@@ -40,10 +40,19 @@ def build_config(*, model: str | None, provider: str, base_url: str | None, api_
                  max_attempts: int, max_replans: int, max_subtasks: int) -> OptimizeConfig:
     if preset not in PRESETS:
         raise SessionError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
-    if not (model or (planner_model and coder_model)):
+    named = bool(model or (planner_model and coder_model))
+    if coder == "llm" and not named:
         raise SessionError("name the LLM: --model NAME (with --base-url URL for a vLLM / OpenAI-compatible "
-                           "server), or --planner-model and --coder-model")
+                           "server), or --planner-model and --coder-model; or use --coder offline")
     verify = PRESETS[preset].model_copy(update={"tolerance": tolerance, **({"device": device} if device else {})})
+    routing = RoutingConfig(max_attempts_per_subtask=max_attempts, max_replans=max_replans)
+    budget = Budget(max_steps=max_steps, max_llm_calls=max_llm_calls, max_tokens=max_tokens, max_cost_usd=max_cost,
+                    max_wall_s=max_wall)
+    if coder == "offline" or (coder is None and not named):
+        from stitchcuda.offline.agents import OFFLINE
+
+        return OptimizeConfig(planner=OFFLINE, coder=OFFLINE, verify=verify, samples=samples, routing=routing,
+                              budget=budget, max_subtasks=max_subtasks, knowledge=False)
     planner = LLMConfig(provider=provider, model=planner_model or model, base_url=base_url,  # type: ignore[arg-type]
                         api_key_env=api_key_env, temperature=temperature, timeout_s=llm_timeout)
     coder = LLMConfig(provider=coder_provider or provider, model=coder_model or model,  # type: ignore[arg-type]
@@ -51,9 +60,7 @@ def build_config(*, model: str | None, provider: str, base_url: str | None, api_
                       timeout_s=llm_timeout, adapter=str(adapter) if adapter else None)
     return OptimizeConfig(
         planner=planner, coder=coder, verify=verify, samples=samples, max_subtasks=max_subtasks,
-        routing=RoutingConfig(max_attempts_per_subtask=max_attempts, max_replans=max_replans),
-        budget=Budget(max_steps=max_steps, max_llm_calls=max_llm_calls, max_tokens=max_tokens,
-                      max_cost_usd=max_cost, max_wall_s=max_wall),
+        routing=routing, budget=budget,
     )
 
 
@@ -81,12 +88,21 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
         run_id = None
         task = _task(reference, kernelbench, level, problem)
         config = build_config(**options)
-    try:
-        price_table = PriceTable.load(prices) if prices else PriceTable.from_env()
-        planner_llm = make_client(config.planner, price_table)
-        coder_llm = planner_llm if config.coder == config.planner else make_client(config.coder, price_table)
-    except (LLMError, OSError, ValueError) as exc:
-        raise SessionError(str(exc)) from None
+    if config.coder.provider == "offline":
+        from stitchcuda.offline.agents import OfflineCoder, OfflinePlannerAgent
+        from stitchcuda.offline.graph import CaptureError
+
+        try:
+            planner_llm, coder_llm = OfflinePlannerAgent(task), OfflineCoder(task)
+        except CaptureError as exc:
+            raise SessionError(f"the offline Coder cannot work on {task.name}: {exc}") from None
+    else:
+        try:
+            price_table = PriceTable.load(prices) if prices else PriceTable.from_env()
+            planner_llm = make_client(config.planner, price_table)
+            coder_llm = planner_llm if config.coder == config.planner else make_client(config.coder, price_table)
+        except (LLMError, OSError, ValueError) as exc:
+            raise SessionError(str(exc)) from None
     verifier = Verifier(config.verify)
     try:
         verifier.require_device()
