@@ -227,6 +227,8 @@ def optimize(
         print(json.dumps(summary, indent=1))
     else:
         Console().print(optimize_summary_view(summary))
+    if summary["status"] == "unverified":  # written (and compile-checked) without a GPU: said, not verified
+        raise typer.Exit(EXIT_FAILED if summary["compile_check"]["status"] == "failed" else EXIT_PASSED)
     raise typer.Exit(EXIT_PASSED if summary.get("best") else EXIT_FAILED)
 
 

@@ -205,6 +205,12 @@ class LiveReporter:
 
 
 def optimize_summary_view(summary: dict) -> Group:
+    if summary["status"] == "unverified":
+        check = summary["compile_check"]
+        return Group(
+            Text(f"{summary['task']}: program written to {summary['output']}, NOT VERIFIED", style="bold yellow"),
+            Text(f"nvcc: {check['status']}: {check['detail']}", style="red" if check["status"] == "failed" else ""),
+            Text(summary["note"]))
     best = summary.get("best")
     style = {"done": "bold green", "stopped": "yellow", "failed": "bold red"}.get(summary["status"], "")
     head = Text(f"run {summary['run']} {summary['status']}: {summary.get('stop_reason') or ''}", style=style)

@@ -64,6 +64,24 @@ def build_config(*, model: str | None, coder: str | None, provider: str, base_ur
     )
 
 
+def _generate_without_gpu(task: Task, coder, out: Path | None, why: str) -> dict:
+    """No GPU: the offline Coder still writes the program and nvcc compile-checks it; nothing is verified."""
+    from stitchcuda.offline.check import compile_check
+    from stitchcuda.offline.codegen import Unsupported, generate
+
+    try:
+        program = generate(task, coder.graph, coder.groups)
+    except Unsupported as exc:
+        raise SessionError(f"the offline Coder does not support {task.name} yet: {exc}") from None
+    target = out or Path(f"{task.name}_stitchcuda.py")
+    target.write_text(program)
+    check = compile_check(program)
+    return {"run": None, "task": task.name, "status": "unverified", "stop_reason": "no CUDA GPU here: " + why,
+            "output": str(target), "compile_check": check.model_dump(), "best": None,
+            "note": "runtime verification (correctness, timing, hacking checks at run time) needs a CUDA GPU: "
+                    f"run `stitchcuda verify {task.name} {target}` on one"}
+
+
 def run_session(*, reference: str | None, kernelbench: Path | None, level: int | None, problem: int | None,
                 workspace: Path, resume: str | None, out: Path | None, prices: Path | None, quiet: bool,
                 **options: Any) -> dict:
@@ -107,6 +125,8 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
     try:
         verifier.require_device()
     except DeviceUnavailable as exc:
+        if config.coder.provider == "offline":
+            return _generate_without_gpu(task, coder_llm, out, str(exc))
         raise SessionError(str(exc)) from None
     store = store or RunStore(workspace)  # made only once the arguments are known to be usable
     reporter = LiveReporter(quiet=quiet)

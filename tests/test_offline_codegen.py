@@ -1,0 +1,492 @@
+"""The offline Coder's code generator: programs that parse, pass the static hacking checks, take
+the reference's weights, compute the right function (simulated on the CPU from the lowered IR
+and the emitted cuBLAS calls) and compile with nvcc for sm_90."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import sysconfig
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from stitchcuda.offline.codegen import CodegenOptions, Unsupported, generate, lower, split_cuda, supported
+from stitchcuda.offline.expr import evaluate, numel
+from stitchcuda.offline.fusion import FusionGroup
+from stitchcuda.offline.graph import OpGraph, capture
+from stitchcuda.task.load import resolve_tasks
+from stitchcuda.task.record import Task
+from stitchcuda.verify.judge import hacking_level
+from stitchcuda.verify.static_checks import static_findings
+
+GEMM = {"aten.linear", "aten.mm", "aten.matmul", "aten.bmm", "aten.addmm"}
+ROW = {"aten.softmax", "aten._softmax", "aten.log_softmax", "aten.layer_norm", "aten.mean", "aten.sum", "aten.amax"}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def greedy_groups(graph: OpGraph, rows: bool = True, views_into_gemm: bool = False) -> list[FusionGroup]:
+    """Hand-made fusion: a GEMM absorbs the pointwise chain after it; with ``rows``, a row op
+    absorbs its neighbours of the same row shape (pointwise before and after); with
+    ``views_into_gemm``, a view read only by the next GEMM joins that GEMM's group."""
+    users = graph.users()
+    groups: list[FusionGroup] = []
+    current: FusionGroup | None = None
+    current_shape: list[int] = []
+    for n in graph.nodes:
+        prev = current.nodes[-1] if current else None
+        single = prev is not None and len(users.get(prev, [])) == 1 and users[prev][0] == n.name
+        shape = n.out[0].shape
+        is_view = n.op in ("aten.view", "aten.transpose", "aten.permute", "aten.reshape", "aten.t")
+        if current and current.kind == "gemm" and single and n.op not in GEMM | ROW and not is_view:
+            current.nodes.append(n.name)
+            current.epilogue.append(n.name)
+            continue
+        if rows and current and current.kind == "row_reduce" and n.op not in GEMM and not is_view \
+                and shape[-1:] in (current_shape[-1:], [1]) and numel(shape) in (
+                    numel(current_shape), numel(current_shape) // current_shape[-1]):
+            current.nodes.append(n.name)
+            continue
+        kind = "gemm" if n.op in GEMM else "row_reduce" if n.op in ROW else "elementwise"
+        if kind == "gemm" and views_into_gemm and current and current.kind == "elementwise" and all(
+                graph.node(v).op in ("aten.transpose", "aten.t", "aten.permute") for v in current.nodes) \
+                and all(u == n.name for v in current.nodes for u in users.get(v, [])):
+            current.kind, current.anchor = "gemm", n.name
+            current.nodes.append(n.name)
+            current_shape = shape
+            continue
+        current = FusionGroup(id=len(groups), kind=kind, anchor=n.name if kind != "elementwise" else None,
+                              nodes=[n.name])
+        current_shape = shape
+        groups.append(current)
+    return groups
+
+
+def task_from(name: str, source: str) -> Task:
+    return Task(name=name, source=source)
+
+
+def extension_stub(graph: OpGraph):
+    """A stand-in for load_inline's module: checks forward's arguments against the graph's
+    placeholders (order and shapes) and returns an empty output."""
+    expected = [p.meta.shape for p in graph.placeholders]
+    calls = []
+
+    def forward(*args):
+        assert [list(a.shape) for a in args] == expected
+        calls.append(args)
+        return torch.empty(graph.meta(graph.outputs[0]).shape, device="meta")
+
+    return types.SimpleNamespace(forward=forward, calls=calls)
+
+
+def exec_candidate(source: str, stub, monkeypatch) -> types.ModuleType:
+    import torch.utils.cpp_extension as cpp
+
+    seen = {}
+
+    def fake_load_inline(**kwargs):
+        seen.update(kwargs)
+        return stub
+
+    monkeypatch.setattr(cpp, "load_inline", fake_load_inline)
+    module = types.ModuleType("candidate_under_test")
+    exec(compile(source, "candidate.py", "exec"), module.__dict__)
+    module.build_args = seen
+    return module
+
+
+def reference_module(task: Task) -> types.ModuleType:
+    module = types.ModuleType("reference_under_test")
+    exec(compile(task.source, task.name, "exec"), module.__dict__)
+    return module
+
+
+def cuda_source(program: str) -> str:
+    for node in ast.parse(program).body:
+        if isinstance(node, ast.Assign) and node.targets[0].id == "CUDA_SRC":
+            return node.value.value
+    raise AssertionError("no CUDA_SRC")
+
+
+def sgemm_colmajor(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, batch=1, sa=0, sb=0, sc=0):
+    """What cublasSgemm(StridedBatched) computes, on flat column-major buffers."""
+    for i in range(batch):
+        def mat(buf, off, rows, cols, ld):  # column-major rows x cols with leading dimension ld
+            return torch.as_strided(buf, (rows, cols), (1, ld), off)
+        a = mat(A, i * sa, k, m, lda).T if ta == "CUBLAS_OP_T" else mat(A, i * sa, m, k, lda)
+        b = mat(B, i * sb, n, k, ldb).T if tb == "CUBLAS_OP_T" else mat(B, i * sb, k, n, ldb)
+        mat(C, i * sc, m, n, ldc).copy_(a.double().matmul(b.double()).float())
+
+
+def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None):
+    """Run the lowered program on the CPU: GEMMs through an emulation of the emitted cuBLAS
+    calls, kernels through the IR evaluator; returns (outputs, reference outputs)."""
+    from stitchcuda.offline.codegen import _Emitter
+
+    low = lower(graph, groups, options)
+    emitter = _Emitter(low, options or CodegenOptions(), "t")
+    ref_mod = reference_module(task)
+    torch.manual_seed(0)
+    model = ref_mod.Model(*ref_mod.get_init_inputs()).eval()
+    inputs = ref_mod.get_inputs()
+    state = model.state_dict()
+    flat: dict[str, torch.Tensor] = {}
+    for p in graph.placeholders:
+        t = inputs[int(p.target)] if p.kind == "input" else state[p.target]
+        flat[low.storage[p.name]] = t.detach().contiguous().reshape(-1).clone()
+    for ident, shape in low.intermediates:
+        flat[ident] = torch.full((numel(shape),), float("nan"))
+    for _, ident, shape in low.outputs:
+        flat[ident] = torch.full((numel(shape),), float("nan"))
+    for lg in low.groups:
+        if lg.gemm is not None:
+            call = emitter.gemm(lg.gemm)
+            args = [x.strip() for x in call[call.index("(", call.index("cublas")) + 1: call.rindex(")") - 1].split(",")]
+            ta, tb = args[1], args[2]
+            m, n, k = (int(x) for x in args[3:6])
+            def buf(text):  # "a.x" or "a.x + 40"
+                name, _, off = text.removeprefix("a.").partition(" + ")
+                return flat[name][int(off or 0):]
+            num = lambda s: int(s.removesuffix("LL"))  # noqa: E731
+            if "Batched" in call:
+                sgemm_colmajor(ta, tb, m, n, k, buf(args[7]), num(args[8]), buf(args[10]), num(args[11]),
+                               buf(args[14]), num(args[15]), batch=num(args[17]), sa=num(args[9]),
+                               sb=num(args[12]), sc=num(args[16]))
+            else:
+                sgemm_colmajor(ta, tb, m, n, k, buf(args[7]), num(args[8]), buf(args[9]), num(args[10]),
+                               buf(args[12]), num(args[13]))
+        if lg.program is not None and lg.program.steps:
+            by_value = {v: flat[s] for v, s in low.storage.items() if s in flat}
+            for v, t in evaluate(lg.program, by_value).items():
+                flat[low.storage[v]].copy_(t.reshape(-1))
+    with torch.no_grad():
+        expected = model(*inputs)
+    expected = expected if isinstance(expected, (tuple, list)) else [expected]
+    got = [flat[ident].reshape(shape) for _, ident, shape in low.outputs]
+    return got, list(expected)
+
+
+# ----------------------------------------------------------------------------- small tasks
+
+TINY_MLP = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class Model(nn.Module):
+    def __init__(self, d_in, hidden, d_out):
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, hidden)
+        self.fc2 = nn.Linear(hidden, hidden, bias=False)
+        self.head = nn.Sequential(nn.Linear(hidden, d_out))
+
+    def forward(self, x):
+        h = F.gelu(self.fc1(x))
+        h = torch.relu(self.fc2(h)) * 0.5 + h
+        return torch.sigmoid(self.head(h)) - torch.tanh(h[..., :1] * 0 + 1.0) * 0 + F.silu(self.head(h))
+
+def get_inputs():
+    return [torch.randn(3, 5, 64)]
+
+def get_init_inputs():
+    return [64, 96, 40]
+'''
+
+TINY_GATE = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, features, temperature):
+        super().__init__()
+        self.norm = nn.LayerNorm(features)
+        self.gate_scale = nn.Parameter(torch.randn(features) * 0.1 + 1.0)
+        self.temperature = temperature
+
+    def forward(self, x):
+        h = self.norm(x)
+        gate = torch.softmax(h * self.gate_scale / self.temperature, dim=-1)
+        y = x + gate * h * x.shape[-1]
+        rms = torch.sqrt(torch.mean(y * y, dim=-1, keepdim=True) + 1e-6)
+        return y / rms
+
+def get_inputs():
+    return [torch.randn(2, 3, FEATURES)]
+
+def get_init_inputs():
+    return [FEATURES, 0.5]
+'''
+
+TINY_MISC = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(4, 1, n))
+        self.proj = nn.Linear(n, n)
+
+    def forward(self, x, y):
+        a = torch.bmm(x, y.transpose(1, 2))
+        b = F.log_softmax(a, dim=-1) * self.scale[:, :, :a.shape[-1]].sum(dim=-1, keepdim=True)
+        c = torch.matmul(b, y)
+        d = F.hardtanh(self.proj(c) - 2.0 * x, -0.5, 0.5) + F.leaky_relu(c, 0.1).pow(2)
+        return d.permute(0, 2, 1).contiguous(), torch.amax(d, dim=-1, keepdim=True)
+
+def get_inputs():
+    return [torch.randn(4, 6, 20), torch.randn(4, 7, 20)]
+
+def get_init_inputs():
+    return [20]
+'''
+
+TINY_MIXER = (Path(__file__).parents[1] / "src/stitchcuda/task/suite/mlp_mixer_block.py").read_text().replace(
+    "batch = 64", "batch = 2").replace("num_patches = 196", "num_patches = 9").replace(
+    "channels = 768", "channels = 24").replace("token_hidden = 384", "token_hidden = 16").replace(
+    "channel_hidden = 3072", "channel_hidden = 40")
+
+TINY_SWIGLU = (Path(__file__).parents[1] / "src/stitchcuda/task/suite/swiglu_ffn.py").read_text().replace(
+    "batch = 4", "batch = 2").replace("seq_len = 2048", "seq_len = 3").replace(
+    "d_model = 2048", "d_model = 48").replace("ffn_hidden = 5632", "ffn_hidden = 80")
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    found = {}
+    for name in ("mlp", "norm_softmax_gate", "swiglu_ffn", "mlp_mixer_block"):
+        task = resolve_tasks(name)[0]
+        found[name] = (task, capture(task))
+    return found
+
+
+# ----------------------------------------------------------------------------- fast tests
+
+@pytest.mark.parametrize("name", ["mlp", "norm_softmax_gate", "swiglu_ffn", "mlp_mixer_block"])
+def test_bundled_programs_are_clean_and_take_the_weights(name, bundled, monkeypatch):
+    task, graph = bundled[name]
+    groups = greedy_groups(graph)
+    assert supported(graph, groups) == []
+    source = generate(task, graph, groups, CodegenOptions())
+    report = static_findings(source)
+    assert hacking_level(report.findings) == "none", report.findings
+    assert report.findings == []
+    assert report.kernels and report.exported == ["forward"]
+    if any(g.kind == "gemm" for g in groups):
+        assert "cublasSgemm" in " ".join(report.libraries)
+    stub = extension_stub(graph)
+    module = exec_candidate(source, stub, monkeypatch)
+    assert module.build_args["functions"] == ["forward"]
+    assert module.build_args["extra_cuda_cflags"] == ["-O3"]
+    assert ("-lcublas" in module.build_args.get("extra_ldflags", [])) == ("cublasSgemm" in source)
+    assert module.build_args["name"].startswith("stitchcuda_offline_")
+    ref = reference_module(task)
+    with torch.device("meta"):
+        reference_model = ref.Model(*ref.get_init_inputs())
+        candidate = module.ModelNew(*ref.get_init_inputs())
+        ref_state, new_state = reference_model.state_dict(), candidate.state_dict()
+        assert list(ref_state) and set(ref_state) == set(new_state)
+        assert all(ref_state[k].shape == new_state[k].shape for k in ref_state)
+        candidate.load_state_dict(ref_state, assign=True)
+        inputs = [torch.empty(p.meta.shape) for p in graph.placeholders if p.kind == "input"]
+        candidate(*inputs)
+    assert len(stub.calls) == 1
+    assert "TF32_TENSOR_OP" not in source and "FAST_TF32" not in source
+    assert ("cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH)" in source) == ("cublasSgemm(" in source)
+
+
+def test_fused_norm_softmax_gate_is_one_row_kernel(bundled):
+    task, graph = bundled["norm_softmax_gate"]
+    groups = [FusionGroup(id=0, kind="row_reduce", anchor="softmax", nodes=[n.name for n in graph.nodes])]
+    source = generate(task, graph, groups, CodegenOptions(graph=False))
+    cuda = cuda_source(source)
+    assert cuda.count("__global__") == 1 and "<<<65536, 256, 0, stream>>>" in cuda
+    assert "cudaStreamBeginCapture" not in cuda and hacking_level(static_findings(source).findings) == "none"
+
+
+def test_mlp_gemm_is_true_fp32_row_major(bundled):
+    task, graph = bundled["mlp"]
+    cuda = cuda_source(generate(task, graph, greedy_groups(graph), CodegenOptions(vector_width=1)))
+    assert "cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, 4096, 4096, 4096, &kOne, a.p_fc1_weight, 4096, a.x, 4096" in cuda
+    assert "cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH)" in cuda and "_v4" not in cuda
+    assert "cudaStreamBeginCapture" in cuda and "cublasSetWorkspace" in cuda
+
+
+def test_unsupported_ops_are_named():
+    source = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+def get_inputs():
+    return [torch.randn(1, 3, 8, 8)]
+
+def get_init_inputs():
+    return []
+'''
+    task = task_from("conv", source)
+    graph = capture(task)
+    groups = greedy_groups(graph)
+    problems = supported(graph, groups)
+    assert problems and "aten.conv2d" in problems[0]
+    with pytest.raises(Unsupported, match="aten.conv2d"):
+        generate(task, graph, groups)
+    with pytest.raises(Unsupported, match="no fusion group"):
+        generate(task, graph, groups[:1])
+
+
+def test_bundled_conv_task_is_refused_with_a_reason():
+    task = resolve_tasks("small_cnn")[0]
+    graph = capture(task)
+    problems = supported(graph, greedy_groups(graph))
+    assert problems and any("conv" in p for p in problems)
+
+
+@pytest.mark.parametrize("case", ["mlp", "gate300", "gate100", "gate_split", "misc", "misc_views", "mixer",
+                                  "mixer_views", "swiglu"])
+@pytest.mark.parametrize("vector_width", [1, 4])
+def test_lowered_program_computes_the_reference_on_cpu(case, vector_width):
+    source = {"mlp": TINY_MLP, "gate300": TINY_GATE.replace("FEATURES", "300"),
+              "gate100": TINY_GATE.replace("FEATURES", "100"), "gate_split": TINY_GATE.replace("FEATURES", "64"),
+              "misc": TINY_MISC, "mixer": TINY_MIXER, "swiglu": TINY_SWIGLU}[case.removesuffix("_views")]
+    task = task_from(case, source)
+    graph = capture(task)
+    if case.startswith("gate") and case != "gate_split":
+        groups = [FusionGroup(id=0, kind="row_reduce", nodes=[n.name for n in graph.nodes])]
+    else:
+        groups = greedy_groups(graph, rows=case != "gate_split", views_into_gemm=case.endswith("_views"))
+        if case.endswith("_views"):
+            assert any(len(g.nodes) > 1 and g.nodes[0] != g.anchor for g in groups if g.kind == "gemm")
+    options = CodegenOptions(vector_width=vector_width)
+    got, expected = simulate(task, graph, groups, options)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        assert g.shape == e.shape
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    source_text = generate(task, graph, groups, options)
+    assert hacking_level(static_findings(source_text).findings) == "none"
+
+
+def test_options_are_validated(bundled):
+    task, graph = bundled["norm_softmax_gate"]
+    with pytest.raises(Unsupported, match="block size"):
+        generate(task, graph, greedy_groups(graph), CodegenOptions(block=100))
+    a = generate(task, graph, greedy_groups(graph), CodegenOptions(block=128))
+    b = generate(task, graph, greedy_groups(graph), CodegenOptions(block=256))
+    name = re.compile(r'name="(\w+)"')
+    assert name.search(a).group(1) != name.search(b).group(1)
+
+
+# ----------------------------------------------------------------------------- nvcc
+
+def _stub_headers(root: Path) -> None:
+    """Declarations of the cuBLAS subset the programs use, for a CPU machine whose CUDA toolkit
+    lacks the cuBLAS headers (CUDA torch's headers include them). Written here, by us."""
+    (root / "c10/cuda/impl").mkdir(parents=True)
+    (root / "c10/cuda/impl/cuda_cmake_macros.h").write_text("#pragma once\n")
+    (root / "cublas_v2.h").write_text("""#pragma once
+#include <cuda_runtime_api.h>
+#include <cstddef>
+typedef struct cublasContext* cublasHandle_t;
+typedef enum { CUBLAS_STATUS_SUCCESS = 0 } cublasStatus_t;
+typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 } cublasOperation_t;
+typedef enum { CUBLAS_DEFAULT_MATH = 0, CUBLAS_PEDANTIC_MATH = 2 } cublasMath_t;
+cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t);
+cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t);
+cublasStatus_t cublasSetWorkspace(cublasHandle_t, void*, size_t);
+cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const float*,
+                           const float*, int, const float*, int, const float*, float*, int);
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                         const float*, const float*, int, long long int, const float*, int,
+                                         long long int, const float*, float*, int, long long int, int);
+""")
+    (root / "cublasLt.h").write_text('#pragma once\n#include "cublas_v2.h"\ntypedef struct cublasLtContext* '
+                                     'cublasLtHandle_t;\n')
+    (root / "cusparse.h").write_text("#pragma once\ntypedef struct cusparseContext* cusparseHandle_t;\n"
+                                     "typedef enum { CUSPARSE_STATUS_SUCCESS = 0 } cusparseStatus_t;\n")
+    (root / "cusolver_common.h").write_text("#pragma once\ntypedef enum { CUSOLVER_STATUS_SUCCESS = 0 } "
+                                            "cusolverStatus_t;\n")
+    (root / "cusolverDn.h").write_text('#pragma once\n#include "cusolver_common.h"\n'
+                                       "typedef struct cusolverDnContext* cusolverDnHandle_t;\n")
+
+
+@pytest.mark.nvcc
+def test_generated_cuda_compiles_for_sm90(bundled, tmp_path):
+    """mlp's whole program and norm_softmax_gate's body (different namespaces) in one nvcc run."""
+    import shutil
+
+    from torch.utils.cpp_extension import include_paths
+
+    cuda_home = Path("/usr/local/cuda")
+    nvcc = shutil.which("nvcc") or str(cuda_home / "bin/nvcc")
+    sources = []
+    for name, groups_of in (("mlp", greedy_groups),
+                            ("norm_softmax_gate", lambda g: [FusionGroup(id=0, kind="row_reduce",
+                                                                         nodes=[n.name for n in g.nodes])])):
+        task, graph = bundled[name]
+        sources.append(cuda_source(generate(task, graph, groups_of(graph), CodegenOptions())))
+    (head1, entry1), (head2, _) = split_cuda(sources[0]), split_cuda(sources[1])
+    unit = tmp_path / "programs.cu"
+    unit.write_text(head1 + entry1 + head2)
+    flags = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
+    torch_include = Path(include_paths()[0])
+    if not (cuda_home / "include/cublas_v2.h").exists() or not (
+            torch_include / "c10/cuda/impl/cuda_cmake_macros.h").exists():
+        _stub_headers(tmp_path / "stubs")
+        flags.append(f"-I{tmp_path / 'stubs'}")
+    cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-O3", "-c", str(unit), "-o", str(tmp_path / "programs.o"), *flags]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert (tmp_path / "programs.o").stat().st_size > 0
+    print(done.stderr[-2000:], file=sys.stderr)
+
+
+def _fuse():
+    from stitchcuda.offline import fusion
+
+    fuse = getattr(fusion, "fuse", None)
+    if fuse is None:
+        pytest.skip("stitchcuda.offline.fusion.fuse is not written yet")
+    return fuse
+
+
+@pytest.mark.parametrize("case", ["mlp", "gate300", "misc", "mixer", "swiglu"])
+def test_programs_from_fuse_compute_the_reference_on_cpu(case):
+    fuse = _fuse()
+    source = {"mlp": TINY_MLP, "gate300": TINY_GATE.replace("FEATURES", "300"), "misc": TINY_MISC,
+              "mixer": TINY_MIXER, "swiglu": TINY_SWIGLU}[case]
+    task = task_from(case, source)
+    graph = capture(task)
+    groups = fuse(graph)
+    problems = supported(graph, groups)
+    if problems:
+        pytest.skip(f"fuse's grouping is not supported: {problems[0]}")
+    got, expected = simulate(task, graph, groups)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["mlp", "norm_softmax_gate", "swiglu_ffn", "mlp_mixer_block",
+                                  "postnorm_residual_stack"])
+def test_bundled_programs_from_fuse_are_clean(name):
+    fuse = _fuse()
+    task = resolve_tasks(name)[0]
+    graph = capture(task)
+    groups = fuse(graph)
+    assert supported(graph, groups) == []
+    source = generate(task, graph, groups)
+    assert hacking_level(static_findings(source).findings) == "none"

@@ -1,0 +1,214 @@
+"""The offline Planner on CPU: graph capture, fusion groups and the Plan on every bundled task."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+import pytest
+
+from stitchcuda.offline.fusion import FusionGroup, fuse
+from stitchcuda.offline.graph import OpGraph, capture
+from stitchcuda.offline.planner import OfflinePlanner, describe
+from stitchcuda.task import resolve_tasks
+from stitchcuda.task.record import Task
+from stitchcuda.verify.verdict import OpStat, ProgramProfile
+
+TASKS = {t.name: t for t in resolve_tasks("suite")}
+
+
+@functools.cache
+def planned(name: str):
+    graph = capture(TASKS[name])
+    plan, groups = OfflinePlanner().plan(TASKS[name], graph=graph)
+    return graph, plan, groups
+
+
+def produced_by(graph: OpGraph) -> dict[str, str]:
+    """value -> the node that makes it (getitems resolved to their multi-output node)."""
+    found = {n.name: n.name for n in graph.nodes}
+    found.update({v: src for v, (src, _) in graph.getitems.items()})
+    return found
+
+
+def check_groups(graph: OpGraph, groups: list[FusionGroup]) -> None:
+    names = [n.name for n in graph.nodes]
+    order = {n: i for i, n in enumerate(names)}
+    seen = Counter(m for g in groups for m in g.nodes)
+    assert set(seen) == set(names), "every node in a group"
+    assert all(c == 1 for c in seen.values()), f"nodes in several groups: {[n for n, c in seen.items() if c > 1]}"
+    assert [g.id for g in groups] == list(range(len(groups)))
+    placeholders = {p.name for p in graph.placeholders}
+    producer = produced_by(graph)
+    owner = {m: g.id for g in groups for m in g.nodes}
+    available = set(placeholders)
+    for g in groups:
+        assert g.nodes == sorted(g.nodes, key=order.__getitem__), f"group {g.id} not in graph order"
+        inside = set(g.nodes)
+        for part in (g.epilogue, g.prologue, g.views, list(g.roles.values())):
+            assert set(part) <= inside
+        if g.anchor is not None:
+            assert g.anchor in inside
+        reads = {v for m in g.nodes for v in graph.node(m).inputs()}
+        outside_reads = {v for v in reads if v in placeholders or producer[v] not in inside}
+        assert set(g.inputs) == outside_reads, f"group {g.id} inputs"
+        missing = [v for v in g.inputs if v not in available]
+        assert not missing, f"group {g.id} reads {missing} before any earlier group writes them"
+        for v in g.outputs:
+            assert v in producer and producer[v] in inside, f"group {g.id} outputs {v} it does not make"
+        available.update(g.outputs)
+    # Every value read by another group, or returned, is an output of the group that makes it.
+    for n in graph.nodes:
+        for v in n.inputs():
+            if v in producer and owner[producer[v]] != owner[n.name]:
+                assert v in groups[owner[producer[v]]].outputs, f"{v} crosses groups but is not an output"
+    for v in graph.outputs:
+        if v not in placeholders:
+            assert v in groups[owner[producer[v]]].outputs
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_capture_fuse_plan(name):
+    graph, plan, groups = planned(name)
+    assert graph.nodes
+    check_groups(graph, groups)
+
+    assert plan.source == "offline"
+    shares = [s.time_share for s in plan.subtasks]
+    assert sum(shares) == pytest.approx(1.0, abs=0.01)
+    assert shares == sorted(shares, reverse=True)
+    real = {n.op for n in graph.nodes}
+    for s in plan.subtasks:
+        assert s.operators and all(op.replace("::", ".", 1) in real for op in s.operators), s.operators
+        assert s.fusion and s.layout.startswith("fp32") and s.target_speedup >= 1.0
+    assert "CUDA graph" in plan.subtasks[-1].host and "preallocated" in plan.subtasks[-1].host
+    covered = {op for s in plan.subtasks for op in s.operators}
+    assert covered == {op.replace(".", "::", 1) for op in real}
+
+    text = describe(groups, graph)
+    assert text.startswith(f"{len(groups)} fusion groups over {len(graph.nodes)} operators")
+    assert len(text.splitlines()) <= 62
+
+
+def test_mlp_gemms_with_gelu_epilogues():
+    graph, _, groups = planned("mlp")
+    assert [g.kind for g in groups] == ["gemm"] * 3
+    assert [graph.node(g.anchor).op for g in groups] == ["aten.linear"] * 3
+    assert [[graph.node(e).op for e in g.epilogue] for g in groups] == [["aten.gelu"], ["aten.gelu"], []]
+
+
+def test_norm_softmax_gate_is_one_or_two_row_kernels():
+    graph, _, groups = planned("norm_softmax_gate")
+    assert len(groups) <= 2
+    assert {g.kind for g in groups} == {"row_reduce"}
+
+
+@pytest.mark.parametrize("name", ["transformer_block", "causal_attention"])
+def test_attention_is_fused(name):
+    graph, plan, groups = planned(name)
+    attention = [g for g in groups if g.kind == "attention"]
+    if attention:
+        g = attention[0]
+        assert graph.node(g.roles["qk"]).op in ("aten.matmul", "aten.bmm")
+        assert graph.node(g.roles["pv"]).op in ("aten.matmul", "aten.bmm")
+        assert graph.node(g.roles["softmax"]).op == "aten.softmax"
+    else:  # at least a softmax row kernel between two batched matmuls
+        kinds = [(g.kind, graph.node(g.anchor).op if g.anchor else None) for g in groups]
+        at = next(i for i, k in enumerate(kinds) if k == ("row_reduce", "aten.softmax"))
+        assert kinds[at - 1][1] in ("aten.matmul", "aten.bmm") and kinds[at + 1][1] in ("aten.matmul", "aten.bmm")
+    assert any("attention" in s.title for s in plan.subtasks)
+
+
+@pytest.mark.parametrize("name,cell", [("lstm_sequence", "aten.lstm_cell"), ("gru_decoder", "aten.gru_cell")])
+def test_recurrent_groups(name, cell):
+    graph, plan, groups = planned(name)
+    recurrent = [g for g in groups if g.kind == "recurrent"]
+    assert len(recurrent) == sum(n.op == cell for n in graph.nodes)
+    assert all(graph.node(g.anchor).op == cell for g in recurrent)
+    assert "batched" in recurrent[0].note
+    assert any(s.title.startswith(f"{len(recurrent)} recurrent") for s in plan.subtasks)
+
+
+def test_conv_epilogues_fold_eval_batch_norm():
+    graph, _, groups = planned("conv_residual_block")
+    assert [g.kind for g in groups] == ["conv", "conv"]
+    assert [graph.node(e).op for e in groups[1].epilogue] == ["aten.batch_norm", "aten.add", "aten.relu"]
+    kept = fuse(graph, fold_batch_norm=False)
+    check_groups(graph, kept)
+    assert [g.kind for g in kept].count("row_reduce") == 2
+
+
+def test_shared_value_stops_the_epilogue():
+    source = '''
+import torch
+from torch import nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(64, 64), nn.Linear(64, 64), nn.Linear(64, 32)
+
+    def forward(self, x):
+        h = self.a(x)
+        y = torch.relu(h)
+        z = self.b(y) + h
+        return torch.sigmoid(self.c(z)), y
+
+def get_inputs():
+    return [torch.randn(8, 64)]
+
+def get_init_inputs():
+    return []
+'''
+    graph = capture(Task(name="shared", source=source))
+    groups = fuse(graph)
+    check_groups(graph, groups)
+    first = groups[0]
+    assert first.anchor == "linear" and first.epilogue == [] and first.outputs == ["linear"]
+    by_anchor = {g.anchor: g for g in groups}
+    assert [graph.node(e).op for e in by_anchor["linear_1"].epilogue] == ["aten.add"]
+    assert [graph.node(e).op for e in by_anchor["linear_2"].epilogue] == ["aten.sigmoid"]
+    relu = next(g for g in groups if "relu" in g.nodes)
+    assert "relu" in relu.outputs  # returned and read by linear_1
+
+
+def test_profile_orders_the_subtasks():
+    task = TASKS["mlp_mixer_block"]
+    graph = planned("mlp_mixer_block")[0]
+    estimate, _ = OfflinePlanner().plan(task, graph=graph)
+    assert "GEMM" in estimate.subtasks[0].title
+    profile = ProgramProfile(gpu_time_us=1000.0, ops=[
+        OpStat(name="aten::native_layer_norm", calls=2, gpu_us=900.0, share=0.9),
+        OpStat(name="aten::addmm", calls=4, gpu_us=100.0, share=0.1),
+    ])
+    measured, _ = OfflinePlanner().plan(task, graph=graph, profile=profile)
+    assert "row-reduction" in measured.subtasks[0].title
+    assert measured.subtasks[0].time_share > 0.5
+    assert "profile" in measured.rationale
+
+
+def test_optimize_offline_without_a_gpu_writes_the_program_and_says_so(tmp_path, monkeypatch):
+    """`stitchcuda optimize mlp` with no model and no GPU: the offline Coder writes the program,
+    compile-checks it where the machine allows, and says that verification needs a GPU."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from stitchcuda import machine
+    from stitchcuda.cli import app
+    from stitchcuda.offline import check
+    from stitchcuda.verify.judge import hacking_level
+    from stitchcuda.verify.static_checks import static_findings
+
+    monkeypatch.setattr(machine, "gpus", lambda: ())
+    # nvcc takes a minute here; tests/test_offline_codegen.py compiles the same programs
+    monkeypatch.setattr(check, "compile_check",
+                        lambda program: check.CompileCheck(status="skipped", detail="not compiled in this test"))
+    out = tmp_path / "mlp_fast.py"
+    result = CliRunner().invoke(app, ["optimize", "mlp", "--workspace", str(tmp_path / "ws"), "-o", str(out),
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["status"] == "unverified" and "needs a CUDA GPU" in summary["note"]
+    assert hacking_level(static_findings(out.read_text()).findings) == "none"
+    assert not (tmp_path / "ws").exists()  # nothing ran, so no run was recorded
