@@ -151,3 +151,20 @@ def test_ncu_counters_label_the_top_kernels(gpu_cache, config):
     assert top.registers and "ncu:" in v.feedback
     print(f"\nncu on norm_softmax_gate_honest: {top.name} {top.duration_us:.0f} us, {top.label} ({top.why}); "
           f"ncu pass {v.wall.ncu_s:.1f} s of {v.wall.total_s:.1f} s")
+
+
+@pytest.mark.parametrize("task", ["mlp", "norm_softmax_gate", "swiglu_ffn"])
+def test_offline_coder_produces_a_verified_program(task, tmp_path, gpu_cache, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from stitchcuda.cli import app
+
+    monkeypatch.setenv("STITCHCUDA_CACHE", str(gpu_cache))
+    result = CliRunner().invoke(app, ["optimize", task, "--coder", "offline", "--max-steps", "4", "--workspace",
+                                      str(tmp_path / "ws"), "-o", str(tmp_path / "out.py"), "--json"])
+    assert result.exit_code == 0, result.output
+    best = json.loads(result.stdout)["best"]
+    assert best["hacking"] == "none" and best["tolerance"] == "strict"
+    print(f"\noffline {task}: {best['milliseconds']:.3f} ms, " + ", ".join(f"{k} {v:.2f}x" for k, v in best["speedup"].items()))

@@ -108,12 +108,17 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
         config = build_config(**options)
     if config.coder.provider == "offline":
         from stitchcuda.offline.agents import OfflineCoder, OfflinePlannerAgent
+        from stitchcuda.offline.codegen import supported
         from stitchcuda.offline.graph import CaptureError
 
         try:
             planner_llm, coder_llm = OfflinePlannerAgent(task), OfflineCoder(task)
         except CaptureError as exc:
             raise SessionError(f"the offline Coder cannot work on {task.name}: {exc}") from None
+        problems = supported(coder_llm.graph, coder_llm.groups)
+        if problems:
+            raise SessionError(f"the offline Coder does not support {task.name} yet: " + "; ".join(problems[:4])
+                               + " (an LLM can: --model NAME)")
     else:
         try:
             price_table = PriceTable.load(prices) if prices else PriceTable.from_env()
