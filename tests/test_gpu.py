@@ -153,7 +153,7 @@ def test_ncu_counters_label_the_top_kernels(gpu_cache, config):
           f"ncu pass {v.wall.ncu_s:.1f} s of {v.wall.total_s:.1f} s")
 
 
-@pytest.mark.parametrize("task", ["mlp", "norm_softmax_gate", "swiglu_ffn"])
+@pytest.mark.parametrize("task", ["mlp", "norm_softmax_gate", "swiglu_ffn", "causal_attention"])
 def test_offline_coder_produces_a_verified_program(task, tmp_path, gpu_cache, monkeypatch):
     import json
 

@@ -71,14 +71,15 @@ def task_from(name: str, source: str) -> Task:
     return Task(name=name, source=source)
 
 
-def extension_stub(graph: OpGraph):
-    """A stand-in for load_inline's module: checks forward's arguments against the graph's
-    placeholders (order and shapes) and returns an empty output."""
-    expected = [p.meta.shape for p in graph.placeholders]
+def extension_stub(graph: OpGraph, groups: list[FusionGroup]):
+    """A stand-in for load_inline's module: checks forward's arguments against the placeholders
+    the program reads (order, shapes and dtypes) and returns an empty output."""
+    entry = {v for v, _, _ in lower(graph, groups).args}
+    expected = [(p.meta.shape, p.meta.dtype) for p in graph.placeholders if p.name in entry]
     calls = []
 
     def forward(*args):
-        assert [list(a.shape) for a in args] == expected
+        assert [(list(a.shape), str(a.dtype).removeprefix("torch.")) for a in args] == expected
         calls.append(args)
         return torch.empty(graph.meta(graph.outputs[0]).shape, device="meta")
 
@@ -118,7 +119,7 @@ def sgemm_colmajor(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, batch=1, sa=0, sb=0,
     """What cublasSgemm(StridedBatched) computes, on flat column-major buffers."""
     for i in range(batch):
         def mat(buf, off, rows, cols, ld):  # column-major rows x cols with leading dimension ld
-            return torch.as_strided(buf, (rows, cols), (1, ld), off)
+            return torch.as_strided(buf, (rows, cols), (1, ld), buf.storage_offset() + off)
         a = mat(A, i * sa, k, m, lda).T if ta == "CUBLAS_OP_T" else mat(A, i * sa, m, k, lda)
         b = mat(B, i * sb, n, k, ldb).T if tb == "CUBLAS_OP_T" else mat(B, i * sb, k, n, ldb)
         mat(C, i * sc, m, n, ldc).copy_(a.double().matmul(b.double()).float())
@@ -135,32 +136,41 @@ def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     torch.manual_seed(0)
     model = ref_mod.Model(*ref_mod.get_init_inputs()).eval()
     inputs = ref_mod.get_inputs()
-    state = model.state_dict()
+    state = {**dict(model.named_buffers()), **model.state_dict()}  # non-persistent buffers too
     flat: dict[str, torch.Tensor] = {}
     for p in graph.placeholders:
+        if p.name not in low.storage:
+            continue  # read by no node: not an entry argument
         t = inputs[int(p.target)] if p.kind == "input" else state[p.target]
         flat[low.storage[p.name]] = t.detach().contiguous().reshape(-1).clone()
     for ident, shape in low.intermediates:
         flat[ident] = torch.full((numel(shape),), float("nan"))
     for _, ident, shape in low.outputs:
         flat[ident] = torch.full((numel(shape),), float("nan"))
-    for lg in low.groups:
+    for lg in (x for g in low.groups for x in g.launches()):
         if lg.gemm is not None:
-            call = emitter.gemm(lg.gemm)
-            args = [x.strip() for x in call[call.index("(", call.index("cublas")) + 1: call.rindex(")") - 1].split(",")]
-            ta, tb = args[1], args[2]
-            m, n, k = (int(x) for x in args[3:6])
-            def buf(text):  # "a.x" or "a.x + 40"
-                name, _, off = text.removeprefix("a.").partition(" + ")
-                return flat[name][int(off or 0):]
-            num = lambda s: int(s.removesuffix("LL"))  # noqa: E731
-            if "Batched" in call:
-                sgemm_colmajor(ta, tb, m, n, k, buf(args[7]), num(args[8]), buf(args[10]), num(args[11]),
-                               buf(args[14]), num(args[15]), batch=num(args[17]), sa=num(args[9]),
-                               sb=num(args[12]), sc=num(args[16]))
-            else:
-                sgemm_colmajor(ta, tb, m, n, k, buf(args[7]), num(args[8]), buf(args[9]), num(args[10]),
-                               buf(args[12]), num(args[13]))
+            text = emitter.gemm(lg.gemm)
+            loop = re.match(r"for \(int o = 0; o < (\d+); \+\+o\) \{\n(.*)\n\}$", text, re.S)
+            for o in range(int(loop.group(1)) if loop else 1):
+                call = loop.group(2) if loop else text
+                args = [x.strip() for x in call[call.index("(", call.index("cublas")) + 1:
+                                                call.rindex(")") - 1].split(",")]
+                ta, tb = args[1], args[2]
+                m, n, k = (int(x) for x in args[3:6])
+
+                def buf(text, o=o):  # "a.x", "a.x + 40", "a.x + 40 + o * 96LL"
+                    name, *terms = text.removeprefix("a.").split(" + ")
+                    off = sum(o * int(t.split(" * ")[1].removesuffix("LL")) if t.startswith("o * ") else int(t)
+                              for t in terms)
+                    return flat[name][off:]
+                num = lambda s: int(s.removesuffix("LL"))  # noqa: E731
+                if "Batched" in call:
+                    sgemm_colmajor(ta, tb, m, n, k, buf(args[7]), num(args[8]), buf(args[10]), num(args[11]),
+                                   buf(args[14]), num(args[15]), batch=num(args[17]), sa=num(args[9]),
+                                   sb=num(args[12]), sc=num(args[16]))
+                else:
+                    sgemm_colmajor(ta, tb, m, n, k, buf(args[7]), num(args[8]), buf(args[9]), num(args[10]),
+                                   buf(args[12]), num(args[13]))
         if lg.program is not None and lg.program.steps:
             by_value = {v: flat[s] for v, s in low.storage.items() if s in flat}
             for v, t in evaluate(lg.program, by_value).items():
@@ -258,10 +268,21 @@ TINY_SWIGLU = (Path(__file__).parents[1] / "src/stitchcuda/task/suite/swiglu_ffn
     "d_model = 2048", "d_model = 48").replace("ffn_hidden = 5632", "ffn_hidden = 80")
 
 
+SUITE = Path(__file__).parents[1] / "src/stitchcuda/task/suite"
+TINY_CAUSAL = (SUITE / "causal_attention.py").read_text().replace("batch = 16", "batch = 2").replace(
+    "num_heads = 16", "num_heads = 3").replace("seq_len = 1024", "seq_len = 7").replace(
+    "head_dim = 64", "head_dim = 8").replace("return [d_model, num_heads, seq_len]",
+                                             "return [d_model, num_heads, seq_len + 5]")  # a sliced mask
+TINY_BLOCK = (SUITE / "transformer_block.py").read_text().replace("batch = 8", "batch = 2").replace(
+    "seq_len = 512", "seq_len = 6").replace("d_model = 768", "d_model = 24").replace(
+    "num_heads = 12", "num_heads = 4")
+
+
 @pytest.fixture(scope="module")
 def bundled():
     found = {}
-    for name in ("mlp", "norm_softmax_gate", "swiglu_ffn", "mlp_mixer_block"):
+    for name in ("mlp", "norm_softmax_gate", "swiglu_ffn", "mlp_mixer_block", "causal_attention",
+                 "transformer_block"):
         task = resolve_tasks(name)[0]
         found[name] = (task, capture(task))
     return found
@@ -269,10 +290,11 @@ def bundled():
 
 # ----------------------------------------------------------------------------- fast tests
 
-@pytest.mark.parametrize("name", ["mlp", "norm_softmax_gate", "swiglu_ffn", "mlp_mixer_block"])
+@pytest.mark.parametrize("name", ["mlp", "norm_softmax_gate", "swiglu_ffn", "mlp_mixer_block", "causal_attention",
+                                  "transformer_block"])
 def test_bundled_programs_are_clean_and_take_the_weights(name, bundled, monkeypatch):
     task, graph = bundled[name]
-    groups = greedy_groups(graph)
+    groups = _fuse()(graph) if "attention" in name or "transformer" in name else greedy_groups(graph)
     assert supported(graph, groups) == []
     source = generate(task, graph, groups, CodegenOptions())
     report = static_findings(source)
@@ -281,7 +303,7 @@ def test_bundled_programs_are_clean_and_take_the_weights(name, bundled, monkeypa
     assert report.kernels and report.exported == ["forward"]
     if any(g.kind == "gemm" for g in groups):
         assert "cublasSgemm" in " ".join(report.libraries)
-    stub = extension_stub(graph)
+    stub = extension_stub(graph, groups)
     module = exec_candidate(source, stub, monkeypatch)
     assert module.build_args["functions"] == ["forward"]
     assert module.build_args["extra_cuda_cflags"] == ["-O3"]
@@ -381,6 +403,74 @@ def test_lowered_program_computes_the_reference_on_cpu(case, vector_width):
     assert hacking_level(static_findings(source_text).findings) == "none"
 
 
+@pytest.mark.parametrize("case", ["causal", "block"])
+@pytest.mark.parametrize("vector_width", [1, 4])
+def test_attention_computes_the_reference_on_cpu(case, vector_width):
+    """fuse's attention group: Q.K^T and P.V as strided-batched GEMMs over the projection's output
+    (P.V written straight into the merged-heads layout), scale + bool mask + softmax as one row
+    kernel in place over the scores."""
+    task = task_from(case, {"causal": TINY_CAUSAL, "block": TINY_BLOCK}[case])
+    graph = capture(task)
+    groups = _fuse()(graph)
+    assert supported(graph, groups) == []
+    attention = [lg for lg in lower(graph, groups).groups if lg.group.kind == "attention"]
+    assert len(attention) == 1
+    assert [x.kind for x in attention[0].launches()] == ["gemm", "row", "gemm"]
+    assert all(x.gemm.batch * x.gemm.outer > 1 for x in attention[0].launches() if x.gemm)
+    options = CodegenOptions(vector_width=vector_width)
+    got, expected = simulate(task, graph, groups, options)
+    for g, e in zip(got, expected, strict=True):
+        assert g.shape == e.shape
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    source = generate(task, graph, groups, options)
+    assert hacking_level(static_findings(source).findings) == "none"
+    if case == "causal":
+        assert "const bool* __restrict__ b_causal_mask" in cuda_source(source)
+        assert "persistent=False" in source and ".tril(0)" in source
+
+
+TINY_LSTM = (SUITE / "lstm_sequence.py").read_text().replace("seq_len = 128", "seq_len = 3").replace(
+    "batch = 64", "batch = 2").replace("input_size = 256", "input_size = 5").replace(
+    "hidden_size = 512", "hidden_size = 6").replace("num_classes = 256", "num_classes = 4")
+TINY_GRU = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, n, hidden):
+        super().__init__()
+        self.cell = nn.GRUCell(n, hidden)
+        self.head = nn.Linear(hidden, 3)
+
+    def forward(self, x):
+        h = torch.tanh(x[0, :, :1] * 0.0 + 0.5).expand(x.shape[1], 7).contiguous() * 0.0
+        for t in range(x.shape[0]):
+            h = self.cell(x[t], h)
+        return self.head(h)
+
+def get_inputs():
+    return [torch.randn(3, 2, 5)]
+
+def get_init_inputs():
+    return [5, 7]
+'''
+
+
+@pytest.mark.parametrize("case", ["lstm", "gru"])
+def test_recurrent_cells_compute_the_reference_on_cpu(case):
+    """fuse's recurrent groups: per step, x.W_ih^T and h.W_hh^T through cuBLAS (h.W_hh^T skipped for
+    the zero initial state) and one gate kernel writing h' (and c')."""
+    task = task_from(case, {"lstm": TINY_LSTM, "gru": TINY_GRU}[case])
+    graph = capture(task)
+    groups = _fuse()(graph)
+    assert supported(graph, groups) == []
+    got, expected = simulate(task, graph, groups)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    source = generate(task, graph, groups)
+    assert hacking_level(static_findings(source).findings) == "none"
+
+
 def test_options_are_validated(bundled):
     task, graph = bundled["norm_softmax_gate"]
     with pytest.raises(Unsupported, match="block size"):
@@ -426,7 +516,8 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t, cublasOperation_t, cubl
 
 @pytest.mark.nvcc
 def test_generated_cuda_compiles_for_sm90(bundled, tmp_path):
-    """mlp's whole program and norm_softmax_gate's body (different namespaces) in one nvcc run."""
+    """mlp's whole program, norm_softmax_gate's and causal_attention's bodies (different namespaces)
+    in one nvcc run."""
     import shutil
 
     from torch.utils.cpp_extension import include_paths
@@ -436,12 +527,13 @@ def test_generated_cuda_compiles_for_sm90(bundled, tmp_path):
     sources = []
     for name, groups_of in (("mlp", greedy_groups),
                             ("norm_softmax_gate", lambda g: [FusionGroup(id=0, kind="row_reduce",
-                                                                         nodes=[n.name for n in g.nodes])])):
+                                                                         nodes=[n.name for n in g.nodes])]),
+                            ("causal_attention", lambda g: _fuse()(g))):
         task, graph = bundled[name]
         sources.append(cuda_source(generate(task, graph, groups_of(graph), CodegenOptions())))
-    (head1, entry1), (head2, _) = split_cuda(sources[0]), split_cuda(sources[1])
+    (head1, entry1), (head2, _), (head3, _) = (split_cuda(s) for s in sources)
     unit = tmp_path / "programs.cu"
-    unit.write_text(head1 + entry1 + head2)
+    unit.write_text(head1 + entry1 + head2 + head3)
     flags = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
     torch_include = Path(include_paths()[0])
     if not (cuda_home / "include/cublas_v2.h").exists() or not (
@@ -481,7 +573,8 @@ def test_programs_from_fuse_compute_the_reference_on_cpu(case):
 
 
 @pytest.mark.parametrize("name", ["mlp", "norm_softmax_gate", "swiglu_ffn", "mlp_mixer_block",
-                                  "postnorm_residual_stack"])
+                                  "postnorm_residual_stack", "causal_attention", "transformer_block",
+                                  "lstm_sequence"])
 def test_bundled_programs_from_fuse_are_clean(name):
     fuse = _fuse()
     task = resolve_tasks(name)[0]

@@ -11,7 +11,19 @@ Each fusion group is lowered to the IR of :mod:`stitchcuda.offline.expr` and the
   it and the pointers are aligned); a group that only reshapes a contiguous buffer is an alias;
 - ``row_reduce``: one row kernel (a warp per row for short rows, a block per row otherwise) that
   keeps the row in registers, reduces with warp shuffles in fp32 (two-pass variance) and
-  applies the absorbed prologue and epilogue.
+  applies the absorbed prologue and epilogue;
+- ``attention`` (explicit Q.K^T -> scale/mask -> softmax -> P.V): Q.K^T as a strided-batched SGEMM
+  over the projection's buffer (split/reshape/transpose views become leading dimensions and batch
+  strides; batch dims that do not fold are a host loop of calls) into a scores buffer, one row
+  kernel in place over it (a bool mask read by index as 0/1), and P.V as a strided-batched SGEMM
+  written straight into the layout of the views after it;
+- ``recurrent`` (``aten.lstm_cell`` / ``aten.gru_cell``, one time step): x.W_ih^T and h.W_hh^T as
+  SGEMMs into gate buffers (the second skipped for a zero initial state), then one pointwise gate
+  kernel writing h' (and c').
+
+Placeholders no node reads are not entry arguments; non-float32 ones (bool masks) are passed with
+their own element type and may only feed mask operators. Non-persistent buffers are recreated in
+``ModelNew.__init__`` from the reference's values (a fill, a triangle of ones, a short literal).
 
 The host code (``templates/program.cu.j2``) checks the arguments, allocates intermediates once
 and caches them, launches everything in graph order on the caller's stream and, with
@@ -32,6 +44,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from stitchcuda.offline.expr import (
+    IDENTITY,
+    MASK_OPS,
     ROW_OPS,
     VIEWS,
     Expr,
@@ -41,10 +55,12 @@ from stitchcuda.offline.expr import (
     Unsupported,
     broadcast,
     c_float,
+    const,
     contiguous_strides,
     is_pointwise,
     leaf,
     numel,
+    op,
     pointwise_expr,
     ref,
     row_scalar_leaf,
@@ -59,6 +75,11 @@ __all__ = ["CodegenOptions", "Unsupported", "generate", "lower", "supported", "s
 
 TEMPLATES = Path(__file__).parent / "templates"
 GEMM_OPS = {"aten.linear", "aten.mm", "aten.matmul", "aten.bmm", "aten.addmm"}
+SPLITS = {"aten.split", "aten.split_with_sizes", "aten.chunk", "aten.unbind"}  # multi-output views
+CELLS = {"aten.lstm_cell": 4, "aten.gru_cell": 3}  # recurrent cells -> gates per hidden unit
+ZEROS = {"aten.new_zeros", "aten.zeros", "aten.zeros_like"}  # initial states
+C_TYPES = {"float32": "float", "bool": "bool", "int64": "int64_t", "int32": "int32_t"}
+TORCH_TYPES = {"float": "torch::kFloat", "bool": "torch::kBool", "int64_t": "torch::kLong", "int32_t": "torch::kInt"}
 ENTRY_MARK = "// ---- stitchcuda entry point ----"
 MAX_ROW = 32768
 
@@ -87,15 +108,27 @@ class Gemm:
     stride_a: int = 0
     stride_b: int = 0
     stride_c: int = 0
+    ld_a: int = 0  # leading dimensions (row strides) of strided views; 0: the dense default
+    ld_b: int = 0
+    ld_c: int = 0
+    outer: int = 1  # a second batch dimension that does not merge with the first: a host loop of calls
+    outer_a: int = 0
+    outer_b: int = 0
+    outer_c: int = 0
 
 
 @dataclass
 class Lowered:
     group: FusionGroup
-    kind: Literal["gemm", "pointwise", "row", "alias"]
+    kind: Literal["gemm", "pointwise", "row", "alias", "sequence"]
     program: Program | None = None
     gemm: Gemm | None = None
     describe: str = ""
+    parts: list[Lowered] = field(default_factory=list)  # a "sequence": GEMMs and kernels launched in order
+
+    def launches(self) -> list[Lowered]:
+        """The launchable pieces in order (the group itself unless it is a sequence)."""
+        return [x for p in self.parts for x in p.launches()] if self.kind == "sequence" else [self]
 
 
 @dataclass
@@ -104,6 +137,7 @@ class Lowering:
 
     graph: OpGraph
     args: list[tuple[str, str, list[int]]] = field(default_factory=list)  # (value, identifier, shape): entry args
+    ctypes: dict[str, str] = field(default_factory=dict)  # identifier -> C element type, where not float
     intermediates: list[tuple[str, list[int]]] = field(default_factory=list)  # (identifier, shape)
     outputs: list[tuple[str, str, list[int]]] = field(default_factory=list)  # (value, identifier, shape)
     storage: dict[str, str] = field(default_factory=dict)  # graph value -> buffer identifier
@@ -160,23 +194,43 @@ class _Lowerer:
 
     # values -----------------------------------------------------------------
     def _check_placeholders(self) -> None:
+        """Entry arguments are the placeholders some node reads (an unread buffer such as BatchNorm's
+        ``num_batches_tracked`` lives in the module only); non-float32 ones may only feed masks."""
+        read = {i for n in self.graph.nodes for i in n.inputs()}
         for p in self.graph.placeholders:
+            if p.name not in read:
+                continue
             if p.kind == "constant":
                 raise Unsupported(f"lifted tensor constant {p.name}: the generated module cannot recreate it")
             if p.meta is None:
                 raise Unsupported(f"forward argument {p.name} is not a tensor")
-            if p.meta.dtype != "float32":
-                raise Unsupported(f"{p.kind} {p.name} has dtype {p.meta.dtype}; only float32 is supported")
+            if p.meta.dtype not in C_TYPES:
+                raise Unsupported(f"{p.kind} {p.name} has dtype {p.meta.dtype}")
             self.out.args.append((p.name, _ident(p.name), list(p.meta.shape)))
             self.out.storage[p.name] = _ident(p.name)
+            if p.meta.dtype != "float32":
+                self.out.ctypes[_ident(p.name)] = C_TYPES[p.meta.dtype]
+        known = GEMM_OPS | ROW_OPS | VIEWS | SPLITS | set(CELLS) | ZEROS
         for n in self.graph.nodes:
-            if len(n.out) != 1:
-                raise Unsupported(f"{n.name} ({n.op}) has {len(n.out)} outputs; only single-output operators are "
-                                  "supported")
-            if n.out[0].dtype != "float32":
-                raise Unsupported(f"{n.name} ({n.op}) computes {n.out[0].dtype}; only float32 is supported")
-        for name in self.graph.getitems:
-            raise Unsupported(f"multi-output operator read through {name}")
+            if len(n.out) != 1 and n.op not in SPLITS | set(CELLS):
+                raise Unsupported(f"{n.name} ({n.op}) has {len(n.out)} outputs; only single-output operators and "
+                                  "splits are supported")
+            if not (n.op in known or is_pointwise(n.op)):
+                continue  # the group lowering names the operator
+            for i in n.inputs():
+                meta = self.graph.meta(i)
+                if meta is not None and meta.dtype != "float32" and n.op not in MASK_OPS | VIEWS and not (
+                        n.op == "aten.alias" or n.op == "aten.clone"):
+                    raise Unsupported(f"{n.name} ({n.op}) reads {i} of dtype {meta.dtype}; only masks may be "
+                                      "other than float32")
+            if n.op not in VIEWS | {"aten.alias", "aten.clone"} and (
+                    any(o.dtype not in ("float32", "bool") for o in n.out)
+                    or (n.out[0].dtype == "bool" and n.op not in ("aten.bitwise_not", "aten.logical_not"))):
+                raise Unsupported(f"{n.name} ({n.op}) computes {n.out[0].dtype}; only float32 values and bool "
+                                  "masks are supported")
+        for name, (src, _) in self.graph.getitems.items():
+            if self.nodes[src].op not in SPLITS | set(CELLS):
+                raise Unsupported(f"multi-output operator {src} ({self.nodes[src].op}) read through {name}")
         for o in self.graph.outputs:
             if o not in self.nodes:
                 raise Unsupported(f"the forward returns {o}, an argument, not a computed value")
@@ -192,8 +246,35 @@ class _Lowerer:
         outs = []
         for n in group.nodes:
             if n in self.graph.outputs or any(u not in inside for u in self.users.get(n, [])):
+                if self.nodes[n].op in SPLITS:
+                    raise Unsupported(f"{n} ({self.nodes[n].op}) is read outside its group")
+                if self.nodes[n].out[0].dtype != "float32":
+                    raise Unsupported(f"{n} ({self.nodes[n].op}) of dtype {self.nodes[n].out[0].dtype} is read "
+                                      "outside its group")
                 outs.append(n)
         return outs
+
+    def _split(self, n: Node, env: dict[str, Expr]) -> None:
+        """A split/chunk/unbind: each getitem becomes a slice (or select) of the input's read."""
+        x = self._arg(env, f"{n.name} ({n.op})")(n.args[0])
+        if x.op != "leaf":
+            raise Unsupported(f"{n.name} ({n.op}): a split of a computed value")
+        lf: Leaf = x.leaf  # type: ignore[assignment]
+        dim = (n.args[1] if n.op == "aten.unbind" else n.args[2] if len(n.args) > 2 else 0) % len(lf.shape)
+        start = 0
+        for name, (src, index) in self.graph.getitems.items():
+            if src != n.name:
+                continue
+            shape = list(lf.shape)
+            strides = list(lf.strides)
+            if n.op == "aten.unbind":
+                env[name] = leaf(lf.value, shape[:dim] + shape[dim + 1:], strides[:dim] + strides[dim + 1:],
+                                 lf.offset + index * strides[dim])
+                continue
+            sizes = [o.shape[dim] for o in n.out]
+            start = sum(sizes[:index])
+            shape[dim] = sizes[index]
+            env[name] = leaf(lf.value, shape, strides, lf.offset + start * strides[dim])
 
     def _buffer(self, value: str) -> str:
         """Give a group output its buffer: a fresh output tensor or a cached intermediate."""
@@ -239,8 +320,13 @@ class _Lowerer:
     def _lower_group(self, g: FusionGroup) -> Lowered:
         nodes = [self.nodes[n] for n in g.nodes]
         for n in nodes:
-            if not (n.op in GEMM_OPS or n.op in ROW_OPS or n.op in VIEWS or is_pointwise(n.op)):
+            if not (n.op in GEMM_OPS or n.op in ROW_OPS or n.op in VIEWS or n.op in SPLITS or is_pointwise(n.op)
+                    or n.op in CELLS or (n.op in ZEROS and g.kind == "recurrent")):
                 raise Unsupported(f"{n.name}: operator {n.op}.{n.overload} is not supported by the offline Coder")
+        if g.kind == "attention":
+            return self._lower_attention(g, nodes)
+        if any(n.op in CELLS for n in nodes):
+            return self._lower_recurrent(g, nodes)
         gemms = [n for n in nodes if n.op in GEMM_OPS]
         if gemms:
             return self._lower_gemm(g, nodes, gemms)
@@ -254,7 +340,9 @@ class _Lowerer:
         steps = program.steps if program else []
         for n in nodes:
             arg = self._arg(env, f"{n.name} ({n.op})")
-            if n.op in VIEWS:
+            if n.op in SPLITS:
+                self._split(n, env)
+            elif n.op in VIEWS:
                 env[n.name] = view_expr(n, arg(n.args[0]))
             else:
                 e = pointwise_expr(n, arg)
@@ -299,9 +387,12 @@ class _Lowerer:
         env: dict[str, Expr] = {}
         before = nodes[:nodes.index(anchor)]
         for n in before:
-            if n.op not in VIEWS:
+            if n.op not in VIEWS and n.op not in SPLITS:
                 raise Unsupported(f"{n.name} ({n.op}) before the matrix product (only views may feed it)")
-            env[n.name] = view_expr(n, self._arg(env, n.name)(n.args[0]))
+            if n.op in SPLITS:
+                self._split(n, env)
+            else:
+                env[n.name] = view_expr(n, self._arg(env, n.name)(n.args[0]))
         arg = self._arg(env, where)
         a = anchor.args
         bias: Expr | None = None
@@ -354,8 +445,9 @@ class _Lowerer:
         return low
 
     def _describe_gemm(self, anchor: Node, gemm: Gemm) -> str:
-        return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.batch} x [{gemm.m} x {gemm.k}] . "
-                f"[{gemm.k} x {gemm.n}] via cublasSgemm{'StridedBatched' if gemm.batch > 1 else ''}")
+        return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . "
+                f"[{gemm.k} x {gemm.n}] via cublasSgemm{'StridedBatched' if gemm.batch > 1 else ''}"
+                + (f" ({gemm.outer} calls)" if gemm.outer > 1 else ""))
 
     def _operand(self, e: Expr, where: str, what: str) -> tuple[str, tuple[int, ...], bool]:
         """(buffer, logical shape, stored transposed) for a GEMM operand read."""
@@ -396,7 +488,236 @@ class _Lowerer:
         batch, m = a_shape[0], a_shape[1]
         return Gemm(batch, m, n, k, a_buf, b_buf, a_t, b_t, out="", stride_a=m * k, stride_b=k * n, stride_c=m * n)
 
-    def _lower_row(self, g: FusionGroup, nodes: list[Node]) -> Lowered:
+    def _strided_gemm(self, where: str, lhs: Expr, rhs: Expr, out: str, out_shape: tuple[int, ...],
+                      out_strides: tuple[int, ...]) -> Gemm:
+        """A (batched) product of two strided views into a strided output: every matrix must have
+        unit stride along its rows or its columns, and the batch dimensions must fold into at most
+        two (one strided-batched call, or a host loop of them over the second)."""
+        mats: list[Leaf] = []
+        for e, what in ((lhs, "left"), (rhs, "right")):
+            if e.op != "leaf" or len(e.shape) < 2:
+                raise Unsupported(f"{where}: {what} operand is computed inside the group or not a matrix")
+            mats.append(e.leaf)  # type: ignore[arg-type]
+        a, b = mats
+        (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
+        if k != k2 or tuple(out_shape[-2:]) != (m, n):
+            raise Unsupported(f"{where}: shapes {list(a.shape)} . {list(b.shape)} -> {list(out_shape)}")
+
+        def layout(strides: tuple[int, ...], rows: int, cols: int, what: str) -> tuple[bool, int]:
+            r, c = strides[-2], strides[-1]
+            if c == 1 and (r >= cols or rows == 1):
+                return False, max(r, cols)
+            if r == 1 and (c >= rows or cols == 1):
+                return True, max(c, rows)
+            raise Unsupported(f"{where}: {what} matrix with strides {list(strides[-2:])} has no unit stride")
+
+        a_t, ld_a = layout(a.strides, m, k, "left")
+        b_t, ld_b = layout(b.strides, k, n, "right")
+        c_t, ld_c = layout(out_strides, m, n, "output")
+        if c_t and m > 1:
+            raise Unsupported(f"{where}: the output would be written transposed")
+        batch = tuple(out_shape[:-2])
+        per = [Leaf(x.value, x.shape[:-2], x.strides[:-2]).effective_strides(batch) for x in (a, b)]
+        dims = [[d, sa, sb, sc] for d, sa, sb, sc in zip(batch, *per, out_strides[:-2], strict=True) if d != 1]
+        merged: list[list[int]] = []
+        for d in dims:
+            if merged and all(merged[-1][i] == d[0] * d[i] for i in (1, 2, 3)):
+                merged[-1] = [merged[-1][0] * d[0], *d[1:]]
+            else:
+                merged.append(d)
+        if len(merged) > 2:
+            raise Unsupported(f"{where}: batch dimensions {list(batch)} fold into {len(merged)} strided ones")
+        inner = merged[-1] if merged else [1, 0, 0, 0]
+        outer = merged[0] if len(merged) == 2 else [1, 0, 0, 0]
+        buf = self.out.storage[a.value] + (f" + {a.offset}" if a.offset else "")
+        bbuf = self.out.storage[b.value] + (f" + {b.offset}" if b.offset else "")
+        return Gemm(inner[0], m, n, k, buf, bbuf, a_t, b_t, out=out, stride_a=inner[1], stride_b=inner[2],
+                    stride_c=inner[3], ld_a=ld_a, ld_b=ld_b, ld_c=ld_c, outer=outer[0], outer_a=outer[1],
+                    outer_b=outer[2], outer_c=outer[3])
+
+    def _lower_recurrent(self, g: FusionGroup, nodes: list[Node]) -> Lowered:
+        """One time step of an LSTM/GRU cell: x.W_ih^T and h.W_hh^T as two cuBLAS GEMMs into gate
+        buffers (the second skipped while h is the zero initial state), then one pointwise kernel
+        over [batch, hidden] for biases, gate nonlinearities and the state updates, writing every
+        output the rest of the graph reads (h', and c' for an LSTM)."""
+        env: dict[str, Expr] = {}
+        cells = [n for n in nodes if n.op in CELLS]
+        if len(cells) != 1:
+            raise Unsupported(f"{len(cells)} recurrent cells in one group")
+        cell = cells[0]
+        where = f"{cell.name} ({cell.op})"
+        for n in nodes:
+            if n is cell:
+                break
+            if n.op in ZEROS:
+                env[n.name] = Expr("const", const=0.0, shape=self.shape(n.name))
+            elif n.op in SPLITS:
+                self._split(n, env)
+            elif n.op in VIEWS:
+                env[n.name] = view_expr(n, self._arg(env, n.name)(n.args[0]))
+            else:
+                raise Unsupported(f"{n.name} ({n.op}) before the cell")
+        if nodes[-1] is not cell:
+            raise Unsupported(f"{nodes[-1].name} ({nodes[-1].op}) after the cell")
+        arg = self._arg(env, where)
+        lstm = cell.op == "aten.lstm_cell"
+        a = cell.args
+        x, (h, c) = arg(a[0]), ([arg(v) for v in a[1]] if lstm else (arg(a[1]), None))
+        if len(a) < 6 or a[4] is None or a[5] is None:
+            raise Unsupported(f"{where}: a cell without biases")
+        w_ih, w_hh, b_ih, b_hh = (arg(v) for v in a[2:6])
+        gates = CELLS[cell.op]
+        if len(x.shape) != 2 or len(w_hh.shape) != 2:
+            raise Unsupported(f"{where}: unbatched input of shape {list(x.shape)}")
+        batch, hidden = x.shape[0], w_hh.shape[1]
+        width = gates * hidden
+        parts: list[Lowered] = []
+        pre: dict[str, Expr] = {}
+        for tag, lhs, w in (("gi", x, w_ih), ("gh", h, w_hh)):
+            if lhs.op == "const" and lhs.const == 0.0:
+                continue  # the zero initial state: h.W_hh^T is zero
+            if w.op != "leaf" or len(w.shape) != 2:
+                raise Unsupported(f"{where}: weight {tag} is not a parameter matrix")
+            wt = Leaf(w.leaf.value, (w.shape[1], w.shape[0]), (w.leaf.strides[1], w.leaf.strides[0]))  # type: ignore[union-attr]
+            gemm = self._gemm_shape(cell, lhs, Expr("leaf", leaf=wt, shape=wt.shape))
+            value = f"{cell.name}__{tag}"
+            gemm.out = f"b_{_ident(value)}"
+            self.out.intermediates.append((gemm.out, [batch, width]))
+            self.out.storage[value] = gemm.out
+            parts.append(Lowered(g, "gemm", gemm=gemm, describe=f"{cell.op} {cell.module}: {tag} "
+                                 f"[{gemm.m} x {gemm.k}] . [{gemm.k} x {gemm.n}] via cublasSgemm"))
+            pre[tag] = Expr("leaf", leaf=Leaf(value, (batch, width), (width, 1)), shape=(batch, width))
+
+        def gate(tag: str, k: int) -> Expr:
+            bias = b_ih if tag == "gi" else b_hh
+            lf: Leaf = bias.leaf  # type: ignore[assignment]
+            b = leaf(lf.value, (hidden,), (lf.strides[0],), lf.offset + k * hidden * lf.strides[0])
+            if tag not in pre:
+                return b
+            m: Leaf = pre[tag].leaf  # type: ignore[assignment]
+            return op("add", leaf(m.value, (batch, hidden), (width, 1), k * hidden), b)
+
+        steps: list[Step] = []
+
+        def step(name: str, e: Expr) -> Expr:
+            steps.append(Step(f"{_ident(cell.name)}__{name}", "full", e))
+            return ref(steps[-1].name, (batch, hidden))
+
+        if lstm:
+            i, f, gg, o = (step(nm, op(fn, op("add", gate("gi", k), gate("gh", k)))) for k, (nm, fn) in
+                           enumerate((("i", "sigmoid"), ("f", "sigmoid"), ("g", "tanh"), ("o", "sigmoid"))))
+            c2 = step("c", op("add", op("mul", f, c), op("mul", i, gg)))
+            h2 = step("h", op("mul", o, op("tanh", c2)))
+            results = [h2, c2]
+        else:
+            r = step("r", op("sigmoid", op("add", gate("gi", 0), gate("gh", 0))))
+            z = step("z", op("sigmoid", op("add", gate("gi", 1), gate("gh", 1))))
+            nn_ = step("n", op("tanh", op("add", gate("gi", 2), op("mul", r, gate("gh", 2)))))
+            results = [step("h", op("add", op("mul", op("sub", const(1.0), z), nn_), op("mul", z, h)))]
+        prog = Program("pointwise", (batch, hidden), steps=steps)
+        inside = set(g.nodes)
+        readers = {i: n.name for n in self.graph.nodes if n.name not in inside for i in n.inputs()}
+        for name, (src, index) in self.graph.getitems.items():
+            if src == cell.name and (name in readers or name in self.graph.outputs):
+                prog.outputs[name] = results[index].ref
+                prog.output_shapes[name] = self.shape(name)
+                self._buffer(name)
+        if len(cell.out) == 1 and (cell.name in readers or cell.name in self.graph.outputs):  # gru_cell: h' only
+            prog.outputs[cell.name] = results[0].ref
+            prog.output_shapes[cell.name] = self.shape(cell.name)
+            self._buffer(cell.name)
+        if not prog.outputs:
+            raise Unsupported(f"{where}: nothing reads its outputs")
+        for s in prog.steps:
+            for lf in s.expr.leaves():
+                lf.effective_strides(prog.shape)
+        parts.append(Lowered(g, "pointwise", program=prog, describe=f"{cell.op} gates over [{batch} x {hidden}]"))
+        return Lowered(g, "sequence", parts=parts, describe=f"{cell.op} {cell.module}: " + ", ".join(
+            p.describe.split(": ", 1)[-1] for p in parts))
+
+    def _lower_attention(self, g: FusionGroup, nodes: list[Node]) -> Lowered:
+        """Q.K^T as a batched GEMM into a scores buffer, one in-place row kernel for what lies between
+        (scale, mask, softmax), and P.V as a batched GEMM written straight into the layout of the
+        group's output (the transpose -> reshape after it become the GEMM's output strides)."""
+        roles = g.roles
+        if "sdpa" in roles or not {"qk", "pv"} <= set(roles):
+            raise Unsupported(f"attention without explicit Q.K^T and P.V products (roles {sorted(roles)})")
+        names = [n.name for n in nodes]
+        iq, ip = names.index(roles["qk"]), names.index(roles["pv"])
+        qk, pv = nodes[iq], nodes[ip]
+        before, middle, after = nodes[:iq], nodes[iq + 1:ip], nodes[ip + 1:]
+        env: dict[str, Expr] = {}
+        for n in before:
+            if n.op in SPLITS:
+                self._split(n, env)
+            elif n.op in VIEWS or n.op in IDENTITY:
+                env[n.name] = view_expr(n, self._arg(env, n.name)(n.args[0])) if n.op in VIEWS else \
+                    self._arg(env, n.name)(n.args[0])
+            else:
+                raise Unsupported(f"{n.name} ({n.op}) before Q.K^T (only views may feed it)")
+        for n in (qk, pv):
+            if n.op not in ("aten.matmul", "aten.bmm") or n.kwargs:
+                raise Unsupported(f"{n.name} ({n.op}) as an attention product")
+        inside = set(names)
+        for n in [qk, *middle, pv, *after[:-1]]:
+            if n.name in self.graph.outputs or any(u not in inside for u in self.users.get(n.name, [])):
+                raise Unsupported(f"{n.name} ({n.op}) is used outside the attention group")
+        # Q.K^T into a contiguous scores buffer, then the row kernel in place over it
+        s_shape = self.shape(qk.name)
+        scores = f"b_{_ident(qk.name)}"
+        self.out.intermediates.append((scores, list(s_shape)))
+        self.out.storage[qk.name] = scores
+        arg = self._arg(env, f"{qk.name} ({qk.op})")
+        g_qk = self._strided_gemm(f"{qk.name} ({qk.op})", arg(qk.args[0]), arg(qk.args[1]), scores, s_shape,
+                                  contiguous_strides(s_shape))
+        parts = [Lowered(g, "gemm", gemm=g_qk, describe=self._describe_gemm(qk, g_qk))]
+        p_value = qk.name
+        if middle:
+            p_value = middle[-1].name
+            if pv.args[0] != "%" + p_value:
+                raise Unsupported(f"{pv.name}: its left operand is not the softmax {p_value}")
+            self.out.storage[p_value] = scores  # the row kernel reads its row whole before writing it back
+            row = self._lower_row(g, middle, env, outs=[p_value])
+            parts.append(row)
+        # P.V: the views after it, inverted, give its output strides in the group output's buffer
+        chain, prev = [], pv.name
+        for n in after:
+            if n.op not in VIEWS or n.args[0] != "%" + prev:
+                raise Unsupported(f"{n.name} ({n.op}) after P.V (only a chain of views may follow it)")
+            chain.append(n)
+            prev = n.name
+        final = prev
+        shape = self.shape(final)
+        strides = contiguous_strides(shape)
+        for n in reversed(chain):
+            inp = self.shape(n.args[0][1:])
+            if n.op in ("aten.transpose", "aten.t"):
+                i, j = (n.args[1] % len(inp), n.args[2] % len(inp)) if n.op == "aten.transpose" else (0, 1)
+                st = list(strides)
+                st[i], st[j] = st[j], st[i]
+                strides = tuple(st)
+            elif n.op == "aten.permute":
+                st = [0] * len(inp)
+                for d, src in enumerate(n.args[1]):
+                    st[src % len(inp)] = strides[d]
+                strides = tuple(st)
+            elif n.op in ("aten.view", "aten.reshape", "aten._unsafe_view", "aten.flatten", "aten.unsqueeze",
+                          "aten.squeeze") and strides == contiguous_strides(shape):
+                strides = contiguous_strides(inp)
+            else:
+                raise Unsupported(f"{n.name} ({n.op}) after P.V cannot be written as output strides")
+            shape = inp
+        out = self._buffer(final)
+        arg = self._arg(env, f"{pv.name} ({pv.op})")
+        lhs = leaf(p_value, s_shape) if middle else leaf(qk.name, s_shape)
+        g_pv = self._strided_gemm(f"{pv.name} ({pv.op})", lhs, arg(pv.args[1]), out, self.shape(pv.name), strides)
+        parts.append(Lowered(g, "gemm", gemm=g_pv, describe=self._describe_gemm(pv, g_pv)))
+        return Lowered(g, "sequence", parts=parts, describe=" -> ".join(
+            ["Q.K^T (batched GEMM)"] + (["row kernel (" + ", ".join(n.op for n in middle if n.op not in VIEWS)
+                                         + ")"] if middle else []) + [f"P.V (batched GEMM) into {final}"]))
+
+    def _lower_row(self, g: FusionGroup, nodes: list[Node], env: dict[str, Expr] | None = None,
+                   outs: list[str] | None = None) -> Lowered:
         shape = max([self.shape(n.name) for n in nodes] + [self.shape(n.args[0][1:]) for n in nodes if n.op in ROW_OPS
                      and isinstance(n.args[0], str) and n.args[0].startswith("%")], key=numel)
         if not shape:
@@ -404,7 +725,7 @@ class _Lowerer:
         n_col = shape[-1]
         if n_col > MAX_ROW:
             raise Unsupported(f"rows of {n_col} elements (at most {MAX_ROW})")
-        env: dict[str, Expr] = {}
+        env = dict(env or {})
         kinds: dict[str, str] = {}
         prog = Program("row", shape)
 
@@ -415,6 +736,9 @@ class _Lowerer:
 
         for n in nodes:
             arg = self._arg(env, f"{n.name} ({n.op})")
+            if n.op in SPLITS:
+                self._split(n, env)
+                continue
             out = self.shape(n.name)
             if n.op in VIEWS:
                 env[n.name] = view_expr(n, arg(n.args[0]))
@@ -441,7 +765,7 @@ class _Lowerer:
         for s in prog.steps:
             if s.kind == "reduce" and kind_of(s.expr) != "full":
                 raise Unsupported(f"{s.name}: reduction of a per-row value")
-        outs = self._outputs_of(g)
+        outs = self._outputs_of(g) if outs is None else outs
         for v in outs:
             e = env[v]
             if e.op != "ref":
@@ -469,7 +793,7 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
     low = lowerer.lower()
     if lowerer.problems:
         raise Unsupported("; ".join(lowerer.problems))
-    low.uses_blas = any(g.gemm is not None for g in low.groups)
+    low.uses_blas = any(x.gemm is not None for g in low.groups for x in g.launches())
     return low
 
 
@@ -535,7 +859,7 @@ def _params(prog: Program, low: Lowering, writes: list[str]) -> tuple[list[str],
     for b in reads:
         if b in writes:
             continue
-        decls.append(f"const float* __restrict__ {b}")
+        decls.append(f"const {low.ctypes.get(b, 'float')}* __restrict__ {b}")
         args.append(f"a.{b}")
     for b in writes:
         decls.append(f"float* {b}" if b in reads else f"float* __restrict__ {b}")
@@ -566,7 +890,8 @@ class _Emitter:
         leaf_vars = {lf: f"l{i}" for i, lf in enumerate(leaves)}
         refs = {s.name: f"t_{s.name}" for s in prog.steps}
         loads = [(leaf_vars[lf], low.storage[lf.value], _offset(lf.effective_strides(shape), shape, "i", lf.offset),
-                  lf.offset == 0 and lf.effective_strides(shape) == contiguous_strides(shape)) for lf in leaves]
+                  lf.offset == 0 and lf.effective_strides(shape) == contiguous_strides(shape)
+                  and low.storage[lf.value] not in low.ctypes) for lf in leaves]
         steps = [(refs[s.name], _code(s.expr, leaf_vars, refs)) for s in prog.steps]
         stores = [(low.storage[v], refs[s]) for v, s in prog.outputs.items()]
         vec = self.options.vector_width == 4 and total % 4 == 0 and total >= 4
@@ -627,14 +952,26 @@ class _Emitter:
     def gemm(self, g: Gemm) -> str:
         # Row-major C[M,N] = A[M,K] B[K,N] is column-major C^T = B^T A^T: cuBLAS's first operand
         # is B (as B^T, [N x K]), its second A (as A^T, [K x M]), ldc = N.
-        op_b, ld_b = ("CUBLAS_OP_T", g.k) if g.b_trans else ("CUBLAS_OP_N", g.n)
-        op_a, ld_a = ("CUBLAS_OP_T", g.m) if g.a_trans else ("CUBLAS_OP_N", g.k)
+        # Strided views pass their row stride as the leading dimension; an outer batch dimension
+        # that does not fold into the strided batch is a host loop over o, offsetting every pointer.
+        op_b, ld_b = ("CUBLAS_OP_T", g.ld_b or g.k) if g.b_trans else ("CUBLAS_OP_N", g.ld_b or g.n)
+        op_a, ld_a = ("CUBLAS_OP_T", g.ld_a or g.m) if g.a_trans else ("CUBLAS_OP_N", g.ld_a or g.k)
+        ld_c = g.ld_c or g.n
+
+        def ptr(buf: str, step: int) -> str:
+            return f"a.{buf}" + (f" + o * {step}LL" if g.outer > 1 and step else "")
+
+        pa, pb, pc = ptr(g.a, g.outer_a), ptr(g.b, g.outer_b), ptr(g.out, g.outer_c)
         if g.batch == 1:
-            return (f"SC_CUBLAS_CHECK(cublasSgemm(blas, {op_b}, {op_a}, {g.n}, {g.m}, {g.k}, &kOne, a.{g.b}, {ld_b}, "
-                    f"a.{g.a}, {ld_a}, &kZero, a.{g.out}, {g.n}));")
-        return (f"SC_CUBLAS_CHECK(cublasSgemmStridedBatched(blas, {op_b}, {op_a}, {g.n}, {g.m}, {g.k}, &kOne, "
-                f"a.{g.b}, {ld_b}, {g.stride_b}LL, a.{g.a}, {ld_a}, {g.stride_a}LL, &kZero, a.{g.out}, {g.n}, "
-                f"{g.stride_c}LL, {g.batch}));")
+            call = (f"SC_CUBLAS_CHECK(cublasSgemm(blas, {op_b}, {op_a}, {g.n}, {g.m}, {g.k}, &kOne, {pb}, {ld_b}, "
+                    f"{pa}, {ld_a}, &kZero, {pc}, {ld_c}));")
+        else:
+            call = (f"SC_CUBLAS_CHECK(cublasSgemmStridedBatched(blas, {op_b}, {op_a}, {g.n}, {g.m}, {g.k}, &kOne, "
+                    f"{pb}, {ld_b}, {g.stride_b}LL, {pa}, {ld_a}, {g.stride_a}LL, &kZero, {pc}, {ld_c}, "
+                    f"{g.stride_c}LL, {g.batch}));")
+        if g.outer == 1:
+            return call
+        return f"for (int o = 0; o < {g.outer}; ++o) {{\n  {call}\n}}"
 
 
 def split_cuda(cuda_src: str) -> tuple[str, str]:
@@ -671,10 +1008,60 @@ def _access(key: str, kind: str) -> str:
     return f"self.get_{'parameter' if kind == 'parameter' else 'buffer'}({key!r})"
 
 
-def _module_lines(graph: OpGraph) -> list[str]:
+def _reference_buffers(task: Task) -> tuple[set[str], dict[str, Any]]:
+    """(the state_dict keys, the non-persistent buffers by name) of the reference built as the
+    Verifier builds it; only called for graphs with buffers."""
+    import types as _types
+
+    import torch
+
+    module = _types.ModuleType("stitchcuda_offline_reference")
+    try:
+        exec(compile(task.source, task.path or task.name, "exec"), module.__dict__)  # the user's own reference
+        torch.manual_seed(0)
+        model = module.Model(*module.get_init_inputs())
+    except Exception as exc:
+        raise Unsupported(f"the reference did not build: {type(exc).__name__}: {exc}") from exc
+    keys = set(model.state_dict())
+    return keys, {k: v for k, v in model.named_buffers() if k not in keys}
+
+
+def _size(shape: Any) -> str:
+    return "(" + "".join(f"{d}, " for d in shape).rstrip() + ")"
+
+
+def _recipe(value: Any) -> str | None:
+    """Python that recreates a non-persistent buffer (not in the state_dict, so never copied):
+    a constant fill, a (broadcast) triangle of ones such as a causal mask, or a short literal."""
+    import torch
+
+    dtype = "torch." + str(value.dtype).replace("torch.", "")
+    shape = _size(value.shape)
+    flat = value.detach().cpu().reshape(-1)
+    if flat.numel() and bool((flat == flat[0]).all()):
+        return f"torch.full({shape}, {flat[0].item()!r}, dtype={dtype})"
+    if value.dim() >= 2:
+        r, c = value.shape[-2:]
+        mats = value.detach().cpu().reshape(-1, r, c)
+        ones = torch.ones(r, c, dtype=value.dtype)
+        for diag in range(-r, c + 1):
+            for tri in ("tril", "triu"):
+                if bool((mats == getattr(torch, tri)(ones, diag)).all()):
+                    return f"torch.ones({r}, {c}, dtype={dtype}).{tri}({diag}).expand({shape}).contiguous()"
+    if flat.numel() <= 256:
+        return f"torch.tensor({flat.tolist()!r}, dtype={dtype}).reshape({shape})"
+    return None
+
+
+def _module_lines(task: Task, graph: OpGraph, entry: set[str]) -> list[str]:
     """__init__ statements that rebuild the reference's parameter and buffer tree (same
-    state_dict keys and shapes, so the reference's weights load into it)."""
+    state_dict keys, shapes and dtypes, so the reference's weights load into it). A non-persistent
+    buffer is not in the state_dict: where the program reads it, its value is recreated."""
     lines, made = [], {""}
+    persistent: set[str] = set()
+    loose: dict[str, Any] = {}
+    if any(p.kind == "buffer" for p in graph.placeholders):
+        persistent, loose = _reference_buffers(task)
     for p in graph.placeholders:
         if p.kind not in ("parameter", "buffer"):
             continue
@@ -687,11 +1074,18 @@ def _module_lines(graph: OpGraph) -> list[str]:
                 lines.append(f"{owner}.add_module({path[i]!r}, nn.Module())")
                 made.add(sub)
         owner = f"self.get_submodule({'.'.join(path)!r})" if path else "self"
-        shape = ", ".join(str(d) for d in p.meta.shape)  # type: ignore[union-attr]
+        shape = _size(p.meta.shape)  # type: ignore[union-attr]
+        dtype = "" if p.meta.dtype == "float32" else f", dtype=torch.{p.meta.dtype}"  # type: ignore[union-attr]
         if p.kind == "parameter":
-            lines.append(f"{owner}.register_parameter({leaf_name!r}, nn.Parameter(torch.zeros({shape})))")
+            lines.append(f"{owner}.register_parameter({leaf_name!r}, nn.Parameter(torch.zeros({shape}{dtype})))")
+        elif p.target in loose and p.name in entry:
+            recipe = _recipe(loose[p.target])
+            if recipe is None:
+                raise Unsupported(f"non-persistent buffer {p.target}: its value cannot be recreated")
+            lines.append(f"{owner}.register_buffer({leaf_name!r}, {recipe}, persistent=False)")
         else:
-            lines.append(f"{owner}.register_buffer({leaf_name!r}, torch.zeros({shape}))")
+            tail = ", persistent=False" if p.target in loose else ""
+            lines.append(f"{owner}.register_buffer({leaf_name!r}, torch.zeros({shape}{dtype}){tail})")
     return lines
 
 
@@ -709,23 +1103,24 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
             launches.append(head + " -- no launch")
             continue
         text = [head]
-        if lg.gemm is not None:
-            text.append(emitter.gemm(lg.gemm))
-        if lg.program is not None and (lg.kind != "gemm" or lg.program.steps):
-            k = emitter.row(lg.group.id, lg.program) if lg.kind == "row" else emitter.pointwise(lg.group.id,
-                                                                                               lg.program)
-            kernels.append(k.source)
-            text.append(k.launch)
+        for part in lg.launches():
+            if part.gemm is not None:
+                text.append(emitter.gemm(part.gemm))
+            if part.program is not None and (part.kind != "gemm" or part.program.steps):
+                k = emitter.row(lg.group.id, part.program) if part.kind == "row" else emitter.pointwise(
+                    lg.group.id, part.program)
+                kernels.append(k.source)
+                text.append(k.launch)
         launches.append("\n".join(text))
-    inputs = [(v, i, s) for v, i, s in low.args]
+    inputs = [(v, i, s, low.ctypes.get(i, "float")) for v, i, s in low.args]
     low.outputs.sort(key=lambda o: graph.outputs.index(o[0]))
     cuda_src = emitter.env.get_template("program.cu.j2").render(
-        ns=prefix, task=task.name, options=options.model_dump(), blas=low.uses_blas, kernels=kernels,
+        ns=prefix, task=task.name, torch_types=TORCH_TYPES, options=options.model_dump(), blas=low.uses_blas, kernels=kernels,
         launches=launches, args=inputs, intermediates=low.intermediates, outputs=low.outputs,
         entry_mark=ENTRY_MARK, prelude=emitter.env.get_template("prelude.cu.j2").render())
     ret = "torch::Tensor" if len(low.outputs) == 1 else "std::vector<torch::Tensor>"
     cpp_src = ("#include <torch/extension.h>\n#include <vector>\n"
-               f"{ret} forward({', '.join(f'torch::Tensor {i}' for _, i, _ in inputs)});\n")
+               f"{ret} forward({', '.join(f'torch::Tensor {i}' for _, i, _, _ in inputs)});\n")
     name = "stitchcuda_offline_" + hashlib.sha256((cuda_src + cpp_src).encode()).hexdigest()[:16]
     init_args = _signature(task, "__init__")
     fwd_args = _signature(task, "forward")
@@ -735,13 +1130,15 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         fwd_names = [_ident(p.name) for p in entry_inputs]
     by_name = dict(zip((p.name for p in entry_inputs), fwd_names, strict=True))
     call_args = []
+    entry = {v for v, _, _ in low.args}
     for p in graph.placeholders:
-        call_args.append(f"{by_name[p.name]}.contiguous()" if p.kind == "input" else _access(p.target, p.kind))
+        if p.name in entry:
+            call_args.append(f"{by_name[p.name]}.contiguous()" if p.kind == "input" else _access(p.target, p.kind))
     if "'''" in cuda_src:
         raise Unsupported("generated CUDA contains a triple quote")
     return emitter.env.get_template("module.py.j2").render(
         task=task.name, options=options.model_dump(), name=name, cuda_src=cuda_src, cpp_src=cpp_src,
         blas=low.uses_blas, init_args=ast.unparse(init_args) if init_args is not None else "self, *args, **kwargs",
-        fwd_args=", ".join(["self", *fwd_names]), init_lines=_module_lines(graph), call_args=call_args,
+        fwd_args=", ".join(["self", *fwd_names]), init_lines=_module_lines(task, graph, entry), call_args=call_args,
         multi=len(low.outputs) > 1, groups=[f"group {lg.group.id} ({lg.group.kind}): {lg.describe}"
                                             for lg in low.groups])

@@ -163,6 +163,9 @@ OPS: dict[str, tuple[str, Callable[..., Any]]] = {
     "max": ("fmaxf({0}, {1})", lambda a, b: _t().maximum(a, b)),
     "min": ("fminf({0}, {1})", lambda a, b: _t().minimum(a, b)),
     "leaky_relu": ("sc_leaky_relu({0}, {1})", lambda a, s: _t().where(a < 0, a * s, a)),
+    # masks: a bool (or integer) operand is read as 0.0f / 1.0f, so "true" is "!= 0"
+    "not": ("({0} == 0.0f ? 1.0f : 0.0f)", lambda a: (a == 0).float()),
+    "where": ("({0} != 0.0f ? {1} : {2})", lambda c, a, b: _t().where(c != 0, a, b)),
 }
 
 
@@ -223,6 +226,8 @@ POINTWISE_UNARY = {
 IDENTITY = {"aten.clone", "aten.alias", "aten.detach", "aten.contiguous", "aten.lift_fresh_copy"}
 VIEWS = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.flatten", "aten.unsqueeze", "aten.squeeze",
          "aten.transpose", "aten.permute", "aten.t", "aten.expand", "aten.select", "aten.slice"}
+MASK_OPS = {"aten.bitwise_not", "aten.logical_not", "aten.masked_fill", "aten.where"}
+"""Operators that may read a bool operand (a mask); nothing else reads a non-float32 value."""
 ROW_OPS = {"aten.softmax", "aten._softmax", "aten.log_softmax", "aten._log_softmax", "aten.layer_norm",
            "aten.mean", "aten.sum", "aten.amax", "aten.rms_norm"}
 
@@ -231,7 +236,7 @@ def is_pointwise(op_name: str) -> bool:
     return op_name in POINTWISE_UNARY or op_name in IDENTITY or op_name in {
         "aten.add", "aten.sub", "aten.rsub", "aten.mul", "aten.div", "aten.gelu", "aten.pow", "aten.maximum",
         "aten.minimum", "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.leaky_relu",
-        "aten.dropout"}
+        "aten.dropout"} or op_name in MASK_OPS
 
 
 Operand = Callable[[Any], Expr]  # graph arg ('%name' or a number) -> Expr
@@ -298,7 +303,42 @@ def pointwise_expr(node: Any, arg: Operand) -> Expr:
         return x
     if name == "aten.leaky_relu":
         return op("leaky_relu", arg(a[0]), const(_scalar(a[1] if len(a) > 1 else 0.01, where)))
+    if name in ("aten.bitwise_not", "aten.logical_not"):
+        if name == "aten.bitwise_not" and node.out[0].dtype != "bool":
+            raise Unsupported(f"{where}: bitwise not of a {node.out[0].dtype} value (only of a bool mask)")
+        return op("not", arg(a[0]))
+    if name == "aten.masked_fill":
+        value = arg(a[2]) if node.overload == "Tensor" else const(_scalar(a[2], where))
+        return op("where", arg(a[1]), value, arg(a[0]))
+    if name == "aten.where":
+        if len(a) != 3:
+            raise Unsupported(f"{where}: where with {len(a)} arguments")
+        return op("where", arg(a[0]), arg(a[1]), arg(a[2]))
     raise Unsupported(f"{where} is not a supported elementwise operator")
+
+
+def reshape_strides(shape: Sequence[int], strides: Sequence[int], out: Sequence[int]) -> list[int] | None:
+    """Strides of ``out`` viewing the strided ``shape`` without a copy (torch's rule for
+    ``view``), or None where the dimensions it merges are not laid out contiguously."""
+    if not shape or not out or numel(shape) == 0:
+        return list(contiguous_strides(out)) if numel(shape) == numel(out) else None
+    new = [0] * len(out)
+    view_d = len(out) - 1
+    chunk_base = strides[-1]
+    tensor_numel = view_numel = 1
+    for d in range(len(shape) - 1, -1, -1):
+        tensor_numel *= shape[d]
+        if d == 0 or (shape[d - 1] != 1 and strides[d - 1] != tensor_numel * chunk_base):
+            while view_d >= 0 and (view_numel < tensor_numel or out[view_d] == 1):
+                new[view_d] = view_numel * chunk_base
+                view_numel *= out[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_base = strides[d - 1]
+                tensor_numel = view_numel = 1
+    return new if view_d == -1 else None
 
 
 def view_expr(node: Any, x: Expr) -> Expr:
@@ -311,9 +351,12 @@ def view_expr(node: Any, x: Expr) -> Expr:
     shape, strides = list(lf.shape), list(lf.strides)
     name, a = node.op, node.args
     if name in ("aten.view", "aten.reshape", "aten._unsafe_view", "aten.flatten"):
-        if not lf.contiguous:
-            raise Unsupported(f"{where}: reshape of a non-contiguous view")
-        return leaf(lf.value, out)
+        if lf.contiguous:
+            return leaf(lf.value, out)
+        new = reshape_strides(shape, strides, out)
+        if new is None:
+            raise Unsupported(f"{where}: reshape of a non-contiguous view (it would need a copy)")
+        return leaf(lf.value, out, new, lf.offset)
     if name in ("aten.unsqueeze", "aten.squeeze"):
         if lf.contiguous:
             return leaf(lf.value, out)
