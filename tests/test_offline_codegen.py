@@ -471,6 +471,116 @@ def test_recurrent_cells_compute_the_reference_on_cpu(case):
     assert hacking_level(static_findings(source).findings) == "none"
 
 
+TINY_GRU_DECODER = (SUITE / "gru_decoder.py").read_text().replace("seq_len = 96", "seq_len = 3").replace(
+    "batch = 32", "batch = 2").replace("embed_dim = 256", "embed_dim = 4").replace(
+    "context_dim = 512", "context_dim = 5").replace("hidden_size = 512", "hidden_size = 6").replace(
+    "vocab_size = 8000", "vocab_size = 7")
+TINY_EMBEDDING = (SUITE / "embedding_mlp.py").read_text().replace("batch = 32768", "batch = 5").replace(
+    "num_dense = 13", "num_dense = 3").replace("num_tables = 16", "num_tables = 3").replace(
+    "vocab_size = 50000", "vocab_size = 11").replace("embed_dim = 64", "embed_dim = 4")
+TINY_LM_HEAD = (SUITE / "lm_head_nll.py").read_text().replace("tokens = 4096", "tokens = 5").replace(
+    "d_model = 1024", "d_model = 8")
+TINY_DATA = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, n, vocab):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(2 * n))
+        self.table = nn.Embedding(vocab, n)
+        self.register_buffer("cols", torch.tensor([-1, 0, 2, 1]), persistent=False)
+
+    def forward(self, a, b, tokens, picks):
+        c = torch.relu(torch.cat([a, b[:, 1:]], dim=-1) * self.w)
+        s = torch.log_softmax(torch.stack([a, b[:, :-1], self.table(tokens)], dim=0), dim=-1)
+        g = torch.gather(b, 1, picks) + a[:, self.cols]
+        return c, s, g
+
+def get_inputs():
+    return [torch.randn(3, 5), torch.randn(3, 6), torch.tensor([4, 0, 8]),
+            torch.tensor([[5, 0, 1, 1], [2, 3, 4, 0], [0, 0, 5, 2]])]
+
+def get_init_inputs():
+    return [5, 9]
+'''
+
+
+def _data_groups(graph: OpGraph) -> list[FusionGroup]:
+    """TINY_DATA by hand: cat inside its elementwise consumer, slice + embedding + stack inside the
+    log_softmax row kernel, gather + index + add as one elementwise group."""
+    names = [n.name for n in graph.nodes]
+    cut1, cut2 = names.index("relu") + 1, names.index("log_softmax") + 1
+    return [FusionGroup(id=0, kind="elementwise", nodes=names[:cut1]),
+            FusionGroup(id=1, kind="row_reduce", anchor="log_softmax", nodes=names[cut1:cut2]),
+            FusionGroup(id=2, kind="elementwise", nodes=names[cut2:])]
+
+
+@pytest.mark.parametrize("case", ["gru_decoder", "embedding", "lm_head37", "lm_head300", "data"])
+def test_data_movement_computes_the_reference_on_cpu(case):
+    """cat / stack as guarded reads (copy kernels in fuse's data_movement groups, index arithmetic
+    inside an elementwise or row consumer), embedding / gather / index.Tensor as bounds-checked
+    int64 index reads, and log_softmax -> gather -> neg as a pick reduction in the row kernel."""
+    source = {"gru_decoder": TINY_GRU_DECODER, "embedding": TINY_EMBEDDING, "data": TINY_DATA,
+              "lm_head37": TINY_LM_HEAD.replace("vocab_size = 32000", "vocab_size = 37"),
+              "lm_head300": TINY_LM_HEAD.replace("vocab_size = 32000", "vocab_size = 300")}[case]
+    task = task_from(case, source)
+    graph = capture(task)
+    groups = _data_groups(graph) if case == "data" else _fuse()(graph)
+    assert supported(graph, groups) == []
+    got, expected = simulate(task, graph, groups)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        assert g.shape == e.shape
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    source_text = generate(task, graph, groups)
+    report = static_findings(source_text)
+    assert hacking_level(report.findings) == "none" and report.findings == []
+    cuda = cuda_source(source_text)
+    if case != "gru_decoder":
+        assert "const int64_t* __restrict__" in cuda
+        assert ("? s_gather__pick : NAN" if case.startswith("lm_head") else "sc_gather_load(") in cuda
+    if case == "data":
+        assert "persistent=False" in source_text and "[-1, 0, 2, 1]" in source_text
+        kinds = [lg.kind for lg in lower(graph, groups).groups]
+        assert kinds == ["pointwise", "row", "pointwise"]  # no copy kernel for the cat and the stack
+
+
+def test_out_of_range_indices_read_nothing_and_give_nan():
+    """The kernels' bounds checks, on the CPU: an index outside the table gives NaN (negative ones
+    wrap only for advanced indexing, as in torch), and the other elements are unaffected."""
+    task = task_from("data", TINY_DATA)
+    graph = capture(task)
+    low = lower(graph, _data_groups(graph))
+    ref_mod = reference_module(task)
+    torch.manual_seed(0)
+    model = ref_mod.Model(*ref_mod.get_init_inputs()).eval()
+    a, b, tokens, picks = ref_mod.get_inputs()
+    bad_tokens, bad_picks = torch.tensor([4, 9, -1]), picks.clone()
+    bad_picks[1, 2] = 6
+    values = {"a": a, "b": b, "tokens": bad_tokens, "picks": bad_picks, "p_w": model.w.detach(),
+              "p_table_weight": model.table.weight.detach(), "b_cols": model.cols}
+    row, last = low.groups[1].program, low.groups[2].program
+    s = evaluate(row, values)["log_softmax"]
+    assert torch.isnan(s[2, 1:]).all() and not torch.isnan(s[2, 0]).any() and not torch.isnan(s[:2, 0]).any()
+    g = evaluate(last, values)["add"]
+    assert torch.isnan(g[1, 2]) and torch.isnan(g).sum() == 1
+    good = torch.gather(b, 1, picks.clamp(max=5)) + a[:, model.cols]
+    mask = ~torch.isnan(g)
+    torch.testing.assert_close(g[mask], good[mask])
+    # lm_head: log_softmax -> gather -> neg, targets outside the vocabulary
+    task = task_from("lm", TINY_LM_HEAD.replace("vocab_size = 32000", "vocab_size = 37"))
+    graph = capture(task)
+    low = lower(graph, _fuse()(graph))
+    prog = next(lg.program for lg in low.groups if lg.program is not None and "neg" in lg.program.outputs)
+    logits = torch.randn(5, 37)
+    targets = torch.tensor([0, 36, 37, -1, 5])
+    out = evaluate(prog, {"linear": logits, "targets": targets})["neg"]
+    expected = -torch.log_softmax(logits, -1)[torch.arange(5), targets.clamp(0, 36)]
+    assert torch.isnan(out[2:4]).all()
+    torch.testing.assert_close(out[[0, 1, 4]], expected[[0, 1, 4]], atol=1e-6, rtol=1e-6)
+
+
 def test_options_are_validated(bundled):
     task, graph = bundled["norm_softmax_gate"]
     with pytest.raises(Unsupported, match="block size"):
@@ -516,8 +626,8 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t, cublasOperation_t, cubl
 
 @pytest.mark.nvcc
 def test_generated_cuda_compiles_for_sm90(bundled, tmp_path):
-    """mlp's whole program, norm_softmax_gate's and causal_attention's bodies (different namespaces)
-    in one nvcc run."""
+    """mlp's whole program, norm_softmax_gate's, causal_attention's, lm_head_nll's and TINY_DATA's
+    bodies (different namespaces; cat / stack / gather / pick kernels) in one nvcc run."""
     import shutil
 
     from torch.utils.cpp_extension import include_paths
@@ -531,9 +641,13 @@ def test_generated_cuda_compiles_for_sm90(bundled, tmp_path):
                             ("causal_attention", lambda g: _fuse()(g))):
         task, graph = bundled[name]
         sources.append(cuda_source(generate(task, graph, groups_of(graph), CodegenOptions())))
-    (head1, entry1), (head2, _), (head3, _) = (split_cuda(s) for s in sources)
+    for task, groups_of in ((resolve_tasks("lm_head_nll")[0], lambda g: _fuse()(g)),
+                            (task_from("data", TINY_DATA), _data_groups)):
+        graph = capture(task)
+        sources.append(cuda_source(generate(task, graph, groups_of(graph), CodegenOptions())))
+    (head1, entry1), *rest = (split_cuda(s) for s in sources)
     unit = tmp_path / "programs.cu"
-    unit.write_text(head1 + entry1 + head2 + head3)
+    unit.write_text(head1 + entry1 + "".join(head for head, _ in rest))
     flags = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
     torch_include = Path(include_paths()[0])
     if not (cuda_home / "include/cublas_v2.h").exists() or not (
@@ -574,7 +688,7 @@ def test_programs_from_fuse_compute_the_reference_on_cpu(case):
 
 @pytest.mark.parametrize("name", ["mlp", "norm_softmax_gate", "swiglu_ffn", "mlp_mixer_block",
                                   "postnorm_residual_stack", "causal_attention", "transformer_block",
-                                  "lstm_sequence"])
+                                  "lstm_sequence", "gru_decoder", "embedding_mlp", "lm_head_nll"])
 def test_bundled_programs_from_fuse_are_clean(name):
     fuse = _fuse()
     task = resolve_tasks(name)[0]

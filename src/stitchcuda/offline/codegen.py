@@ -9,9 +9,13 @@ Each fusion group is lowered to the IR of :mod:`stitchcuda.offline.expr` and the
 - ``elementwise`` / ``data_movement``: one pointwise kernel evaluating the fused expression
   (broadcasts, views and transposes are index arithmetic; a float4 path when the shapes allow
   it and the pointers are aligned); a group that only reshapes a contiguous buffer is an alias;
+  ``cat`` / ``stack`` are index arithmetic in that kernel (each piece read only over its range of the
+  output), ``embedding`` / ``gather`` / ``index.Tensor`` are reads at ``index * stride`` from int64
+  index buffers, bounds-checked (an index out of range gives NaN, never a stray read);
 - ``row_reduce``: one row kernel (a warp per row for short rows, a block per row otherwise) that
   keeps the row in registers, reduces with warp shuffles in fp32 (two-pass variance) and
-  applies the absorbed prologue and epilogue;
+  applies the absorbed prologue and epilogue; a ``gather`` of one element per row from a row it
+  computes (log_softmax -> gather -> neg) is a pick-by-column reduction in the same kernel;
 - ``attention`` (explicit Q.K^T -> scale/mask -> softmax -> P.V): Q.K^T as a strided-batched SGEMM
   over the projection's buffer (split/reshape/transpose views become leading dimensions and batch
   strides; batch dims that do not fold are a host loop of calls) into a scores buffer, one row
@@ -44,6 +48,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from stitchcuda.offline.expr import (
+    DATA_OPS,
+    GATHER_OPS,
     IDENTITY,
     MASK_OPS,
     ROW_OPS,
@@ -55,12 +61,15 @@ from stitchcuda.offline.expr import (
     Unsupported,
     broadcast,
     c_float,
+    cat_expr,
     const,
     contiguous_strides,
+    gather_expr,
     is_pointwise,
     leaf,
     numel,
     op,
+    pick_steps,
     pointwise_expr,
     ref,
     row_scalar_leaf,
@@ -80,6 +89,7 @@ CELLS = {"aten.lstm_cell": 4, "aten.gru_cell": 3}  # recurrent cells -> gates pe
 ZEROS = {"aten.new_zeros", "aten.zeros", "aten.zeros_like"}  # initial states
 C_TYPES = {"float32": "float", "bool": "bool", "int64": "int64_t", "int32": "int32_t"}
 TORCH_TYPES = {"float": "torch::kFloat", "bool": "torch::kBool", "int64_t": "torch::kLong", "int32_t": "torch::kInt"}
+RESHAPES = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.flatten", "aten.unsqueeze", "aten.squeeze"}
 ENTRY_MARK = "// ---- stitchcuda entry point ----"
 MAX_ROW = 32768
 
@@ -152,6 +162,21 @@ def _ident(name: str) -> str:
     return text if text and not text[0].isdigit() else "v_" + text
 
 
+# names the entry point's own code uses (forward_impl's locals, the kernels' index variables) and C++
+# keywords that are valid Python names: an argument named so gets a prefix
+_RESERVED = {"a", "P", "opts", "device", "guard", "i", "c", "j", "k", "t", "o", "row", "base", "stream", "blas",
+             "kOne", "kZero", "auto", "new", "delete", "this", "int", "float", "double", "long", "char", "bool",
+             "void", "const", "template", "typename", "namespace", "struct", "union", "switch", "case", "default",
+             "goto", "register", "static", "extern", "signed", "unsigned", "short", "volatile", "inline",
+             "operator", "private", "public", "protected", "virtual", "friend", "sizeof", "typedef", "enum",
+             "explicit", "mutable", "export", "throw", "catch", "true", "false", "nullptr", "using", "do"}
+
+
+def _arg_ident(name: str) -> str:
+    text = _ident(name)
+    return "in_" + text if text in _RESERVED else text
+
+
 def _group_order(graph: OpGraph, groups: list[FusionGroup]) -> tuple[list[FusionGroup], dict[str, int]]:
     """Groups in a dependency order (stable), and node -> group id; raises on nodes in no group."""
     owner: dict[str, int] = {}
@@ -206,11 +231,12 @@ class _Lowerer:
                 raise Unsupported(f"forward argument {p.name} is not a tensor")
             if p.meta.dtype not in C_TYPES:
                 raise Unsupported(f"{p.kind} {p.name} has dtype {p.meta.dtype}")
-            self.out.args.append((p.name, _ident(p.name), list(p.meta.shape)))
-            self.out.storage[p.name] = _ident(p.name)
+            ident = _arg_ident(p.name)
+            self.out.args.append((p.name, ident, list(p.meta.shape)))
+            self.out.storage[p.name] = ident
             if p.meta.dtype != "float32":
-                self.out.ctypes[_ident(p.name)] = C_TYPES[p.meta.dtype]
-        known = GEMM_OPS | ROW_OPS | VIEWS | SPLITS | set(CELLS) | ZEROS
+                self.out.ctypes[ident] = C_TYPES[p.meta.dtype]
+        known = GEMM_OPS | ROW_OPS | VIEWS | SPLITS | set(CELLS) | ZEROS | DATA_OPS
         for n in self.graph.nodes:
             if len(n.out) != 1 and n.op not in SPLITS | set(CELLS):
                 raise Unsupported(f"{n.name} ({n.op}) has {len(n.out)} outputs; only single-output operators and "
@@ -219,7 +245,7 @@ class _Lowerer:
                 continue  # the group lowering names the operator
             for i in n.inputs():
                 meta = self.graph.meta(i)
-                if meta is not None and meta.dtype != "float32" and n.op not in MASK_OPS | VIEWS and not (
+                if meta is not None and meta.dtype != "float32" and n.op not in MASK_OPS | VIEWS | GATHER_OPS and not (
                         n.op == "aten.alias" or n.op == "aten.clone"):
                     raise Unsupported(f"{n.name} ({n.op}) reads {i} of dtype {meta.dtype}; only masks may be "
                                       "other than float32")
@@ -257,7 +283,7 @@ class _Lowerer:
     def _split(self, n: Node, env: dict[str, Expr]) -> None:
         """A split/chunk/unbind: each getitem becomes a slice (or select) of the input's read."""
         x = self._arg(env, f"{n.name} ({n.op})")(n.args[0])
-        if x.op != "leaf":
+        if x.op != "leaf" or not x.leaf.plain:  # type: ignore[union-attr]
             raise Unsupported(f"{n.name} ({n.op}): a split of a computed value")
         lf: Leaf = x.leaf  # type: ignore[assignment]
         dim = (n.args[1] if n.op == "aten.unbind" else n.args[2] if len(n.args) > 2 else 0) % len(lf.shape)
@@ -275,6 +301,21 @@ class _Lowerer:
             start = sum(sizes[:index])
             shape[dim] = sizes[index]
             env[name] = leaf(lf.value, shape, strides, lf.offset + start * strides[dim])
+
+    def _data_expr(self, n: Node, arg: Any) -> Expr:
+        """A concatenation or a gather of reads; a gather's indices must be int buffers, its table float32."""
+        if n.op in GATHER_OPS:
+            a = n.args
+            table, indices = a[0], [a[1]] if n.op == "aten.embedding" else [a[2]] if n.op == "aten.gather" \
+                else [x for x in (a[1] if len(a) > 1 and isinstance(a[1], list) else []) if x is not None]
+            for value, allowed, what in [(table, ("float32",), "table"), *((i, ("int64", "int32"), "index")
+                                                                          for i in indices)]:
+                meta = self.graph.meta(value[1:]) if isinstance(value, str) and value.startswith("%") else None
+                if meta is None or meta.dtype not in allowed:
+                    raise Unsupported(f"{n.name} ({n.op}): {what} {value!r} of dtype "
+                                      f"{meta.dtype if meta else 'unknown'} (expected {' or '.join(allowed)})")
+            return gather_expr(n, arg)
+        return cat_expr(n, arg)
 
     def _buffer(self, value: str) -> str:
         """Give a group output its buffer: a fresh output tensor or a cached intermediate."""
@@ -321,7 +362,7 @@ class _Lowerer:
         nodes = [self.nodes[n] for n in g.nodes]
         for n in nodes:
             if not (n.op in GEMM_OPS or n.op in ROW_OPS or n.op in VIEWS or n.op in SPLITS or is_pointwise(n.op)
-                    or n.op in CELLS or (n.op in ZEROS and g.kind == "recurrent")):
+                    or n.op in CELLS or n.op in DATA_OPS or (n.op in ZEROS and g.kind == "recurrent")):
                 raise Unsupported(f"{n.name}: operator {n.op}.{n.overload} is not supported by the offline Coder")
         if g.kind == "attention":
             return self._lower_attention(g, nodes)
@@ -345,7 +386,7 @@ class _Lowerer:
             elif n.op in VIEWS:
                 env[n.name] = view_expr(n, arg(n.args[0]))
             else:
-                e = pointwise_expr(n, arg)
+                e = self._data_expr(n, arg) if n.op in DATA_OPS else pointwise_expr(n, arg)
                 if e.op in ("leaf", "ref", "const"):
                     env[n.name] = e
                 else:
@@ -454,6 +495,8 @@ class _Lowerer:
         if e.op != "leaf":
             raise Unsupported(f"{where}: {what} operand is computed inside the group")
         lf: Leaf = e.leaf  # type: ignore[assignment]
+        if not lf.plain:
+            raise Unsupported(f"{where}: {what} operand {lf.value} is gathered or concatenated inside the group")
         buf = self.out.storage[lf.value] + (f" + {lf.offset}" if lf.offset else "")
         if lf.strides == contiguous_strides(lf.shape):
             return buf, lf.shape, False
@@ -495,7 +538,7 @@ class _Lowerer:
         two (one strided-batched call, or a host loop of them over the second)."""
         mats: list[Leaf] = []
         for e, what in ((lhs, "left"), (rhs, "right")):
-            if e.op != "leaf" or len(e.shape) < 2:
+            if e.op != "leaf" or len(e.shape) < 2 or not e.leaf.plain:  # type: ignore[union-attr]
                 raise Unsupported(f"{where}: {what} operand is computed inside the group or not a matrix")
             mats.append(e.leaf)  # type: ignore[arg-type]
         a, b = mats
@@ -730,9 +773,15 @@ class _Lowerer:
         prog = Program("row", shape)
 
         def kind_of(e: Expr) -> str:
-            if any(not row_scalar_leaf(lf, shape) for lf in e.leaves()):
+            if any(not row_scalar_leaf(lf, shape) for lf in e.leaves()) or any(kinds[r] == "full" for r in e.refs()):
+                flat = [r for r in e.refs() if kinds[r] == "scalar" and squeezed.get(r)]
+                if flat:  # a [rows] value would broadcast along the row in torch, not per row
+                    raise Unsupported(f"the per-row value {flat[0]}, reshaped, is combined with a whole row")
                 return "full"
-            return "full" if any(kinds[r] == "full" for r in e.refs()) else "scalar"
+            return "scalar"
+
+        rows = numel(shape) // n_col
+        squeezed: dict[str, bool] = {}  # scalar refs reshaped so that their last dimension is not 1
 
         for n in nodes:
             arg = self._arg(env, f"{n.name} ({n.op})")
@@ -741,7 +790,20 @@ class _Lowerer:
                 continue
             out = self.shape(n.name)
             if n.op in VIEWS:
-                env[n.name] = view_expr(n, arg(n.args[0]))
+                x = arg(n.args[0])
+                if x.op == "ref" and kinds.get(x.ref) == "scalar" and n.op in RESHAPES and numel(out) == rows:
+                    env[n.name] = ref(x.ref, out)  # one value per row either way: a reshape of nothing
+                    squeezed[x.ref] = squeezed.get(x.ref, False) or out[-1:] not in ((1,), ())
+                else:
+                    env[n.name] = view_expr(n, x)
+                continue
+            if n.op == "aten.gather" and arg(n.args[0]).op == "ref":
+                steps = pick_steps(n, arg(n.args[0]), arg(n.args[2]), shape)
+                for s in steps:
+                    s.name = _ident(s.name)
+                    kinds[s.name] = "scalar"
+                prog.steps += steps
+                env[n.name] = ref(steps[-1].name, out)
                 continue
             if n.op in ROW_OPS:
                 steps = row_steps(n, arg, shape)
@@ -751,16 +813,17 @@ class _Lowerer:
                 prog.steps += steps
                 env[n.name] = ref(steps[-1].name, out)
                 continue
-            e = pointwise_expr(n, arg)
+            e = self._data_expr(n, arg) if n.op in DATA_OPS else pointwise_expr(n, arg)
             if e.op in ("leaf", "ref", "const"):
                 env[n.name] = e
                 continue
             kind = kind_of(e)
-            if kind == "scalar" and out[-1:] not in ((1,), ()) and n_col > 1:
+            if kind == "scalar" and out[-1:] not in ((1,), ()) and n_col > 1 and numel(out) != rows:
                 raise Unsupported(f"{n.name}: shape {list(out)} neither a row nor a per-row value")
             name = _ident(n.name)
             prog.steps.append(Step(name, kind, e))  # type: ignore[arg-type]
             kinds[name] = kind
+            squeezed[name] = kind == "scalar" and out[-1:] not in ((1,), ())
             env[n.name] = ref(name, out)
         for s in prog.steps:
             if s.kind == "reduce" and kind_of(s.expr) != "full":
@@ -829,8 +892,40 @@ def _offset(eff: tuple[int, ...], shape: tuple[int, ...], idx: str, base: int = 
                 t = f"({t} % {size})"
             terms.append(t if stride == 1 else f"{t} * {stride}")
         inner *= size
-    terms = list(reversed(terms)) + ([str(base)] if base else [])
-    return " + ".join(terms) or "0"
+    text = " + ".join(reversed(terms))
+    if base:
+        text = f"{text} {'+' if base > 0 else '-'} {abs(base)}" if text else str(base)
+    return text or "0"
+
+
+def _coord(shape: tuple[int, ...], dim: int, idx: str) -> str:
+    """C expression of the coordinate along ``dim`` of linear index ``idx`` of ``shape``."""
+    inner = numel(shape[dim + 1:])
+    t = idx if inner == 1 else f"({idx} / {inner})"
+    return f"({t} % {shape[dim]})" if numel(shape[:dim]) > 1 else t
+
+
+def _load(lf: Leaf, low: Lowering, offset: Any, coord: Any) -> str:
+    """C expression reading ``lf``: ``offset(leaf)`` gives a read's element offset and ``coord(axis)``
+    the output coordinate along an axis counted from the end. Index reads go through
+    ``sc_gather_at`` (bounds, wrapping; -1 when out of range) and ``sc_gather_load`` (NaN for -1); a
+    guarded piece reads nothing outside its range and is -0.0 there (the identity of the sum)."""
+    ptr = low.storage[lf.value]
+    if not lf.gathers:
+        text = f"{ptr}[{offset(lf)}]"
+    else:
+        at = f"static_cast<long long>({offset(lf)})"
+        for g in lf.gathers:
+            k = f"static_cast<long long>({low.storage[g.index.value]}[{offset(g.index)}])"
+            at = f"sc_gather_at({at}, {k}, {g.bound}LL, {g.stride}LL, {'true' if g.wrap else 'false'})"
+        text = f"sc_gather_load({ptr}, {at})"
+    if lf.guard is None:
+        return text
+    axis, lo, hi = lf.guard
+    c = coord(axis)
+    cond = f"{c} == {lo}" if hi == lo + 1 else f"{c} < {hi}" if lo == 0 else f"{c} >= {lo}" \
+        if hi == lf.shape[axis] else f"{c} >= {lo} && {c} < {hi}"
+    return f"(({cond}) ? {text} : -0.0f)"
 
 
 def _code(e: Expr, leafs: dict[Leaf, str], refs: dict[str, str]) -> str:
@@ -845,6 +940,13 @@ def _code(e: Expr, leafs: dict[Leaf, str], refs: dict[str, str]) -> str:
     return OPS[e.op][0].format(*(_code(a, leafs, refs) for a in e.args))
 
 
+def _ctype(lf: Leaf, low: Lowering) -> str:
+    """The register type of a read: int index values keep their type (only picks read them), the
+    rest is float (a bool mask as 0.0f / 1.0f, a gathered value from its float table)."""
+    c = low.ctypes.get(low.storage[lf.value], "float")
+    return c if lf.plain and c in ("int64_t", "int32_t") else "float"
+
+
 @dataclass
 class _Kernel:
     source: str
@@ -854,7 +956,7 @@ class _Kernel:
 
 def _params(prog: Program, low: Lowering, writes: list[str]) -> tuple[list[str], list[str]]:
     """Kernel parameter declarations and the matching launch arguments (``a.<buffer>``)."""
-    reads = list(dict.fromkeys(low.storage[lf.value] for lf in prog.leaves()))
+    reads = list(dict.fromkeys(low.storage[v] for lf in prog.leaves() for v in lf.reads()))
     decls, args = [], []
     for b in reads:
         if b in writes:
@@ -889,8 +991,12 @@ class _Emitter:
         leaves = prog.leaves()
         leaf_vars = {lf: f"l{i}" for i, lf in enumerate(leaves)}
         refs = {s.name: f"t_{s.name}" for s in prog.steps}
-        loads = [(leaf_vars[lf], low.storage[lf.value], _offset(lf.effective_strides(shape), shape, "i", lf.offset),
-                  lf.offset == 0 and lf.effective_strides(shape) == contiguous_strides(shape)
+        def offset(x: Leaf) -> str:
+            return _offset(x.effective_strides(shape), shape, "i", x.offset)
+
+        loads = [(leaf_vars[lf], _ctype(lf, low), low.storage[lf.value],
+                  _load(lf, low, offset, lambda axis: _coord(shape, len(shape) + axis, "i")),
+                  lf.plain and lf.offset == 0 and lf.effective_strides(shape) == contiguous_strides(shape)
                   and low.storage[lf.value] not in low.ctypes) for lf in leaves]
         steps = [(refs[s.name], _code(s.expr, leaf_vars, refs)) for s in prog.steps]
         stores = [(low.storage[v], refs[s]) for v, s in prog.outputs.items()]
@@ -926,13 +1032,19 @@ class _Emitter:
         loads = []
         leaf_full: dict[Leaf, str] = {}
         leaf_row: dict[Leaf, str] = {}
-        for i, lf in enumerate(leaves):
-            eff = lf.effective_strides(shape)
-            base = _offset(eff[:-1], lead, "row", lf.offset)
+
+        def offset(x: Leaf) -> str:
+            eff = x.effective_strides(shape)
+            base = _offset(eff[:-1], lead, "row", x.offset)
             col = "" if eff[-1] == 0 else ("c" if eff[-1] == 1 else f"c * {eff[-1]}")
-            off = " + ".join(t for t in (base if base != "0" else "", col) if t) or "0"
+            return " + ".join(t for t in (base if base != "0" else "", col) if t) or "0"
+
+        def coord(axis: int) -> str:
+            return "c" if axis == -1 else _coord(lead, len(lead) + axis + 1, "row")
+
+        for i, lf in enumerate(leaves):
             scalar = row_scalar_leaf(lf, shape)
-            loads.append((f"l{i}", low.storage[lf.value], off, scalar))
+            loads.append((f"l{i}", _ctype(lf, low), _load(lf, low, offset, coord), scalar))
             (leaf_row if scalar else leaf_full)[lf] = f"l{i}" if scalar else f"l{i}[j]"
         kinds = {s.name: s.kind for s in prog.steps}
         refs = {s: (f"v_{s}[j]" if k == "full" else f"s_{s}") for s, k in kinds.items()}

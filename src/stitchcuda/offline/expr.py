@@ -10,7 +10,11 @@ naming one value. A step is
 
 Expressions are trees over :class:`Leaf` reads (a buffer read through a shape and element
 strides, so views, transposes and broadcasts are index arithmetic, not copies), references to
-earlier steps, and constants. One table (:data:`OPS`) gives every operator both its CUDA text
+earlier steps, and constants. A read may also be indexed (:class:`Gather`: embedding, gather and
+advanced indexing add ``index * stride`` per int64 index read, bounds-checked, NaN outside) and
+guarded (one piece of a concatenation: it reads only where the output coordinate along one axis
+lies in its range and is ``-0.0`` elsewhere, so a ``cat`` / ``stack`` is the sum of its lifted
+pieces, exact because ``-0.0`` is the identity of float addition). One table (:data:`OPS`) gives every operator both its CUDA text
 and a torch function computing the same formula, so :func:`evaluate` runs a program on the CPU
 exactly as the generated kernel would (in the same order, with the same reduction structure):
 that is how the tests check the expression builder without a GPU.
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 
@@ -60,20 +64,45 @@ def broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
+class Gather:
+    """One indexed dimension of a read: ``stride * k`` more elements, ``k`` read through the int
+    ``index`` leaf (right-aligned with the read's shape); ``k`` outside ``[0, bound)`` (after adding
+    ``bound`` to a negative one where ``wrap``, as advanced indexing does) makes the value NaN."""
+
+    index: Leaf
+    stride: int
+    bound: int
+    wrap: bool = False
+
+
+@dataclass(frozen=True)
 class Leaf:
     """A read of graph value ``value``'s buffer through ``shape`` and element ``strides``."""
 
     value: str
     shape: tuple[int, ...]
     strides: tuple[int, ...]
-    offset: int = 0  # elements from the buffer's start (slices, selects)
+    offset: int = 0  # elements from the buffer's start (slices, selects); negative for a lifted piece
+    gathers: tuple[Gather, ...] = ()  # indexed dimensions (their own strides are 0 in ``strides``)
+    guard: tuple[int, int, int] | None = None  # (axis counted from the end, lo, hi): a piece of a cat
+
+    @property
+    def plain(self) -> bool:
+        """A read at an affine offset (no index reads, no guard): views and GEMMs take only these."""
+        return not self.gathers and self.guard is None
 
     @property
     def contiguous(self) -> bool:
-        return self.offset == 0 and self.strides == contiguous_strides(self.shape)
+        return self.plain and self.offset == 0 and self.strides == contiguous_strides(self.shape)
+
+    def reads(self) -> list[str]:
+        """The graph values this read loads: the buffer and its index buffers."""
+        return [self.value, *(g.index.value for g in self.gathers)]
 
     def effective_strides(self, out: Sequence[int]) -> tuple[int, ...]:
         """Element strides of this read over the output shape ``out`` (0 where it broadcasts)."""
+        for g in self.gathers:
+            g.index.effective_strides(out)
         pad = len(out) - len(self.shape)
         if pad < 0:
             raise Unsupported(f"{self.value} of shape {list(self.shape)} does not broadcast to {list(out)}")
@@ -166,6 +195,11 @@ OPS: dict[str, tuple[str, Callable[..., Any]]] = {
     # masks: a bool (or integer) operand is read as 0.0f / 1.0f, so "true" is "!= 0"
     "not": ("({0} == 0.0f ? 1.0f : 0.0f)", lambda a: (a == 0).float()),
     "where": ("({0} != 0.0f ? {1} : {2})", lambda c, a, b: _t().where(c != 0, a, b)),
+    # row programs only: the value at the row's column {1} (an int read), 0 elsewhere (summed over the
+    # row it picks one element: gather from a row computed in registers), and the bounds check after it
+    "pick": ("({1} == c ? {0} : 0.0f)", lambda v, k: _t().where(_t().arange(v.shape[-1]) == k, v, 0.0)),
+    "index_ok": ("(({1} >= 0 && {1} < {2}) ? {0} : NAN)",
+                 lambda v, k, b: _t().where((k >= 0) & (k < b), v, float("nan"))),
 }
 
 
@@ -348,6 +382,8 @@ def view_expr(node: Any, x: Expr) -> Expr:
     if x.op != "leaf":
         raise Unsupported(f"{where}: a view of a computed value inside a fused group")
     lf: Leaf = x.leaf  # type: ignore[assignment]
+    if not lf.plain:
+        raise Unsupported(f"{where}: a view of a gathered or concatenated value inside a fused group")
     shape, strides = list(lf.shape), list(lf.strides)
     name, a = node.op, node.args
     if name in ("aten.view", "aten.reshape", "aten._unsafe_view", "aten.flatten"):
@@ -392,6 +428,142 @@ def view_expr(node: Any, x: Expr) -> Expr:
         strides[dim] *= step
         return leaf(lf.value, shape, strides, offset)
     raise Unsupported(f"{where} is not a supported view")
+
+
+# ----------------------------------------------------------------------------- data movement
+
+GATHER_OPS = {"aten.embedding", "aten.gather", "aten.index"}
+CAT_OPS = {"aten.cat", "aten.stack"}
+DATA_OPS = GATHER_OPS | CAT_OPS
+
+
+def _read(e: Expr, where: str, what: str, indexed: bool = False) -> Leaf:
+    """The read behind ``e`` (a plain one unless ``indexed`` allows a gather); anything else raises."""
+    lf = e.leaf if e.op == "leaf" else None
+    if lf is None or lf.guard is not None or (lf.gathers and not indexed):
+        raise Unsupported(f"{where}: {what} is computed inside the group (only a buffer read is supported)")
+    return lf
+
+
+def gather_expr(node: Any, arg: Operand) -> Expr:
+    """``aten.embedding`` / ``aten.gather`` / ``aten.index.Tensor`` of buffer reads: the table read
+    through the output shape (stride 0 along the indexed dimensions) plus one :class:`Gather` per
+    index tensor (the operands' dtypes are checked by the caller)."""
+    name, a = node.op, node.args
+    where = f"{node.name} ({name}.{node.overload})"
+    out = tuple(node.out[0].shape)
+    if name == "aten.embedding":
+        w, k = _read(arg(a[0]), where, "the table"), _read(arg(a[1]), where, "the index")
+        if len(w.shape) != 2 or out != k.shape + (w.shape[1],):
+            raise Unsupported(f"{where}: table {list(w.shape)} indexed by {list(k.shape)}")
+        index = Leaf(k.value, k.shape + (1,), k.strides + (0,), k.offset)
+        lf = Leaf(w.value, out, (0,) * len(k.shape) + (w.strides[1],), w.offset,
+                  (Gather(index, w.strides[0], w.shape[0]),))
+    elif name == "aten.gather":
+        x, k = _read(arg(a[0]), where, "the input"), _read(arg(a[2]), where, "the index")
+        dim = a[1] % max(len(x.shape), 1)
+        if len(k.shape) != len(x.shape) or k.shape != out or any(
+                kd > xd for d, (kd, xd) in enumerate(zip(k.shape, x.shape, strict=True)) if d != dim):
+            raise Unsupported(f"{where}: input {list(x.shape)} gathered by {list(k.shape)}")
+        strides = list(x.strides)
+        strides[dim] = 0
+        lf = Leaf(x.value, out, tuple(strides), x.offset, (Gather(k, x.strides[dim], x.shape[dim]),))
+    elif name == "aten.index" and node.overload == "Tensor":
+        x = _read(arg(a[0]), where, "the input")
+        spec = list(a[1])
+        pos = [i for i, v in enumerate(spec) if v is not None]
+        if not pos or pos != list(range(pos[0], pos[-1] + 1)):
+            raise Unsupported(f"{where}: index tensors separated by full slices")
+        first, count = pos[0], len(pos)
+        idx = [_read(arg(spec[i]), where, "an index") for i in pos]
+        b = broadcast(*(k.shape for k in idx))
+        after = len(x.shape) - first - count
+        if out != x.shape[:first] + b + x.shape[first + count:]:
+            raise Unsupported(f"{where}: input {list(x.shape)} indexed to {list(out)}")
+        gathers = tuple(Gather(Leaf(k.value, k.shape + (1,) * after, k.strides + (0,) * after, k.offset),
+                               x.strides[first + j], x.shape[first + j], wrap=True) for j, k in enumerate(idx))
+        lf = Leaf(x.value, out, x.strides[:first] + (0,) * len(b) + x.strides[first + count:], x.offset, gathers)
+    else:
+        raise Unsupported(f"{where} is not a supported gather")
+    return Expr("leaf", leaf=lf, shape=out)
+
+
+def _unsqueeze(lf: Leaf, dim: int) -> Leaf:
+    """``lf`` with a new size-1 dimension at ``dim`` (its index reads too, where they reach it)."""
+    gathers = []
+    for g in lf.gathers:
+        k = dim - (len(lf.shape) - len(g.index.shape))
+        x = g.index
+        if k >= 0:
+            x = replace(x, shape=x.shape[:k] + (1,) + x.shape[k:], strides=x.strides[:k] + (0,) + x.strides[k:])
+        gathers.append(replace(g, index=x))
+    return replace(lf, shape=lf.shape[:dim] + (1,) + lf.shape[dim:], strides=lf.strides[:dim] + (0,) + lf.strides[dim:],
+                   gathers=tuple(gathers))
+
+
+def _lift(lf: Leaf, dim: int, start: int, total: int) -> Leaf:
+    """The piece ``lf`` of a concatenation along ``dim``, read over the whole output: coordinate
+    ``c`` along ``dim`` reads the piece's ``c - start`` and only where it lies in the piece."""
+    size = lf.shape[dim]
+
+    def shift(x: Leaf, k: int) -> Leaf:
+        if k < 0 or x.shape[k] == 1:
+            return x
+        return replace(x, shape=x.shape[:k] + (total,) + x.shape[k + 1:], offset=x.offset - start * x.strides[k])
+
+    gathers = tuple(replace(g, index=shift(g.index, dim - (len(lf.shape) - len(g.index.shape)))) for g in lf.gathers)
+    if size == 1:  # one coordinate of it: stride 0, nothing to shift
+        main = replace(lf, shape=lf.shape[:dim] + (total,) + lf.shape[dim + 1:],
+                       strides=lf.strides[:dim] + (0,) + lf.strides[dim + 1:])
+    else:
+        main = shift(lf, dim)
+    return replace(main, gathers=gathers, guard=(dim - len(lf.shape), start, start + size))
+
+
+def cat_expr(node: Any, arg: Operand) -> Expr:
+    """``aten.cat`` / ``aten.stack`` of reads (plain or gathered) as the sum of guarded pieces, each
+    read only where the output coordinate along the concatenated axis lies in its range."""
+    a = node.args
+    where = f"{node.name} ({node.op}.{node.overload})"
+    out = tuple(node.out[0].shape)
+    dim = (a[1] if len(a) > 1 else 0) % len(out)
+    pieces = []
+    for x in a[0]:
+        lf = _read(arg(x), where, "a concatenated value", indexed=True)
+        if node.op == "aten.stack":
+            lf = _unsqueeze(lf, dim)
+        if numel(lf.shape) == 0:
+            continue  # torch.cat skips empty (legacy 1-D) pieces
+        if len(lf.shape) != len(out) or lf.shape[:dim] != out[:dim] or lf.shape[dim + 1:] != out[dim + 1:]:
+            raise Unsupported(f"{where}: piece {list(lf.shape)} of {list(out)} along dim {dim}")
+        pieces.append(lf)
+    if len(pieces) == 1:
+        return Expr("leaf", leaf=pieces[0], shape=out)
+    terms, start = [], 0
+    for lf in pieces:
+        terms.append(Expr("leaf", leaf=_lift(lf, dim, start, out[dim]), shape=out))
+        start += lf.shape[dim]
+    if start != out[dim]:
+        raise Unsupported(f"{where}: pieces of {start} along dim {dim}, the output has {out[dim]}")
+    result = terms[0]
+    for t in terms[1:]:
+        result = op("add", result, t)
+    return result
+
+
+def pick_steps(node: Any, table: Expr, index: Expr, full_shape: tuple[int, ...]) -> list[Step]:
+    """``aten.gather`` along the row from a row computed in the program (a ``ref``), by one int index
+    per row: a sum over the row of the value at the index's column (0 elsewhere), then NaN where the
+    index lies outside the row. The last step names the node's value."""
+    where = f"{node.name} ({node.op}.{node.overload})"
+    lf = index.leaf if index.op == "leaf" else None
+    row_scalar = tuple(full_shape[:-1]) + (1,)
+    if node.op != "aten.gather" or node.args[1] % len(full_shape) != len(full_shape) - 1 or \
+            tuple(table.shape) != full_shape or lf is None or not lf.plain or tuple(lf.shape) != row_scalar:
+        raise Unsupported(f"{where}: only a gather of one element per row, along the row, from a computed row")
+    p = node.name
+    return [Step(f"{p}__pick", "reduce", op("pick", table, index), "sum"),
+            Step(p, "scalar", op("index_ok", ref(f"{p}__pick", row_scalar), index, const(full_shape[-1])))]
 
 
 def _last_dim(dims: Any, rank: int, where: str) -> None:
@@ -472,6 +644,46 @@ def row_scalar_leaf(lf: Leaf, shape: Sequence[int]) -> bool:
 
 # ----------------------------------------------------------------------------- CPU evaluation
 
+def _positions(shape: Sequence[int], strides: Sequence[int], offset: int) -> Any:
+    """Element offsets of a strided read (any offset, negative ones of lifted pieces too)."""
+    import torch
+
+    pos = torch.full((), offset, dtype=torch.long)
+    for d, (size, stride) in enumerate(zip(shape, strides, strict=True)):
+        at = [1] * len(shape)
+        at[d] = size
+        pos = pos + torch.arange(size).reshape(at) * stride
+    return pos.expand(tuple(shape))
+
+
+def _indexed_read(lf: Leaf, flat: Callable[[str], Any]) -> Any:
+    """A gathered and/or guarded read over ``lf.shape``, as the kernel computes it: index reads
+    bounds-checked (NaN outside), a guarded piece -0.0 outside its range (and nothing read there)."""
+    import torch
+
+    def take(buf: Any, pos: Any) -> Any:
+        return buf[pos.clamp(0, max(buf.numel() - 1, 0))]
+
+    base = flat(lf.value)
+    pos = _positions(lf.shape, lf.strides, lf.offset)
+    valid = torch.ones(lf.shape, dtype=torch.bool)
+    for g in lf.gathers:
+        k = take(flat(g.index.value), _positions(g.index.shape, g.index.strides, g.index.offset)).expand(lf.shape)
+        if g.wrap:
+            k = torch.where(k < 0, k + g.bound, k)
+        ok = (k >= 0) & (k < g.bound)
+        valid = valid & ok
+        pos = pos + torch.where(ok, k, 0) * g.stride
+    values = torch.where(valid, take(base, pos), float("nan"))
+    if lf.guard is not None:
+        axis, lo, hi = lf.guard
+        at = [1] * len(lf.shape)
+        at[axis] = lf.shape[axis]
+        coord = torch.arange(lf.shape[axis]).reshape(at)
+        values = torch.where((coord >= lo) & (coord < hi), values, -0.0)
+    return values
+
+
 def evaluate(program: Program, buffers: dict[str, Any]) -> dict[str, Any]:
     """Run ``program`` with torch on the CPU, structured like the generated kernel: row programs
     as [rows, n] (full) and [rows, 1] (scalar) tensors with reductions over dim 1. ``buffers``
@@ -483,9 +695,16 @@ def evaluate(program: Program, buffers: dict[str, Any]) -> dict[str, Any]:
     rows = numel(shape) // max(n, 1)
     env: dict[str, Any] = {}
 
+    def flat(value: str) -> Any:  # int index buffers stay int64, everything else is read as float
+        t = buffers[value].contiguous().reshape(-1)
+        return t.long() if t.dtype in (torch.int64, torch.int32) else t.float()
+
     def read(lf: Leaf) -> Any:
-        base = buffers[lf.value].contiguous().reshape(-1).float()
-        view = torch.as_strided(base, lf.shape, lf.strides, lf.offset)
+        if lf.plain:
+            base = flat(lf.value)
+            view = torch.as_strided(base, lf.shape, lf.strides, lf.offset)
+        else:
+            view = _indexed_read(lf, flat)
         if program.kind == "pointwise":
             return view
         full = view.expand(shape).reshape(rows, n)
