@@ -115,14 +115,37 @@ def cuda_source(program: str) -> str:
     raise AssertionError("no CUDA_SRC")
 
 
-def sgemm_colmajor(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, batch=1, sa=0, sb=0, sc=0):
+def sgemm_colmajor(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, batch=1, sa=0, sb=0, sc=0, alpha=1.0):
     """What cublasSgemm(StridedBatched) computes, on flat column-major buffers."""
     for i in range(batch):
         def mat(buf, off, rows, cols, ld):  # column-major rows x cols with leading dimension ld
             return torch.as_strided(buf, (rows, cols), (1, ld), buf.storage_offset() + off)
         a = mat(A, i * sa, k, m, lda).T if ta == "CUBLAS_OP_T" else mat(A, i * sa, m, k, lda)
         b = mat(B, i * sb, n, k, ldb).T if tb == "CUBLAS_OP_T" else mat(B, i * sb, k, n, ldb)
-        mat(C, i * sc, m, n, ldc).copy_(a.double().matmul(b.double()).float())
+        mat(C, i * sc, m, n, ldc).copy_((alpha * a.double().matmul(b.double())).float())
+
+
+def simulate_conv(c, flat: dict[str, torch.Tensor]) -> None:
+    """What the emitted cuDNN call computes, from the Conv record its descriptors are made from:
+    a forward convolution, or (transposed) the backward-data of one."""
+    import torch.nn.functional as F
+
+    def buf(text):
+        name, *off = text.split(" + ")
+        return flat[name][int(off[0]) if off else 0:]
+
+    x = buf(c.x)[: c.n * c.c * c.h * c.w].reshape(c.n, c.c, c.h, c.w).double()
+    w_shape = (c.c, c.k // c.groups, c.r, c.s) if c.transposed else (c.k, c.c // c.groups, c.r, c.s)
+    w = buf(c.weight)[: numel(w_shape)].reshape(w_shape).double()
+    if c.transposed:
+        natural = [(size - 1) * st - 2 * pd + dl * (f - 1) + 1 for size, st, pd, dl, f in
+                   zip((c.h, c.w), c.stride, c.pad, c.dilation, (c.r, c.s), strict=True)]
+        y = F.conv_transpose2d(x, w, stride=c.stride, padding=c.pad, groups=c.groups, dilation=c.dilation,
+                               output_padding=(c.p - natural[0], c.q - natural[1]))
+    else:
+        y = F.conv2d(x, w, stride=c.stride, padding=c.pad, dilation=c.dilation, groups=c.groups)
+    assert tuple(y.shape) == (c.n, c.k, c.p, c.q)
+    flat[c.out.split(" + ")[0]][: y.numel()].copy_(y.float().reshape(-1))
 
 
 def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None):
@@ -150,6 +173,9 @@ def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     for lg in (x for g in low.groups for x in g.launches()):
         if lg.gemm is not None:
             text = emitter.gemm(lg.gemm)
+            scaled = re.match(r"\{\nconst float kAlpha = (.*)f;\n(.*)\n\}$", text, re.S)
+            alpha = float(scaled.group(1)) if scaled else 1.0
+            text = scaled.group(2) if scaled else text
             loop = re.match(r"for \(int o = 0; o < (\d+); \+\+o\) \{\n(.*)\n\}$", text, re.S)
             for o in range(int(loop.group(1)) if loop else 1):
                 call = loop.group(2) if loop else text
@@ -167,10 +193,12 @@ def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
                 if "Batched" in call:
                     sgemm_colmajor(ta, tb, m, n, k, buf(args[7]), num(args[8]), buf(args[10]), num(args[11]),
                                    buf(args[14]), num(args[15]), batch=num(args[17]), sa=num(args[9]),
-                                   sb=num(args[12]), sc=num(args[16]))
+                                   sb=num(args[12]), sc=num(args[16]), alpha=alpha)
                 else:
                     sgemm_colmajor(ta, tb, m, n, k, buf(args[7]), num(args[8]), buf(args[9]), num(args[10]),
-                                   buf(args[12]), num(args[13]))
+                                   buf(args[12]), num(args[13]), alpha=alpha)
+        if lg.conv is not None:
+            simulate_conv(lg.conv, flat)
         if lg.program is not None and lg.program.steps:
             by_value = {v: flat[s] for v, s in low.storage.items() if s in flat}
             for v, t in evaluate(lg.program, by_value).items():
@@ -427,6 +455,45 @@ def test_attention_computes_the_reference_on_cpu(case, vector_width):
     if case == "causal":
         assert "const bool* __restrict__ b_causal_mask" in cuda_source(source)
         assert "persistent=False" in source and ".tril(0)" in source
+
+
+TINY_CNN = {
+    "conv_residual_block": (SUITE / "conv_residual_block.py").read_text().replace("batch = 128", "batch = 2").replace(
+        "channels = 64", "channels = 4").replace("size = 56", "size = 6"),
+    "depthwise_separable": (SUITE / "depthwise_separable.py").read_text().replace("batch = 32", "batch = 2").replace(
+        "in_channels = 128", "in_channels = 4").replace("out_channels = 256", "out_channels = 6").replace(
+        "size = 112", "size = 5"),
+    "small_cnn": (SUITE / "small_cnn.py").read_text().replace("batch = 256", "batch = 2").replace(
+        "image_size = 64", "image_size = 16").replace("base_width = 64", "base_width = 3").replace(
+        "hidden = 512", "hidden = 10").replace("num_classes = 100", "num_classes = 5"),
+    "unet_tiny": (SUITE / "unet_tiny.py").read_text().replace("batch = 16", "batch = 2").replace(
+        "image_size = 128", "image_size = 8").replace("base_width = 32", "base_width = 2"),
+    "vit_encoder": (SUITE / "vit_encoder.py").read_text().replace("batch = 32", "batch = 2").replace(
+        "image_size = 224", "image_size = 8").replace("patch_size = 16", "patch_size = 4").replace(
+        "dim = 768", "dim = 12").replace("num_heads = 12", "num_heads = 3").replace(
+        "mlp_hidden = 3072", "mlp_hidden = 20").replace("num_classes = 1000", "num_classes = 5"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TINY_CNN))
+def test_convolution_programs_compute_the_reference_on_cpu(case):
+    """Convolutions through cuDNN (descriptors checked against torch's conv2d / conv_transpose2d),
+    eval batch norm, bias, clamps and residuals in the epilogue, pooling as strided reads, cat."""
+    task = task_from(case, TINY_CNN[case])
+    graph = capture(task)
+    groups = _fuse()(graph)
+    assert supported(graph, groups) == []
+    low = lower(graph, groups)
+    assert low.convs and all(x.conv.out for g in low.groups for x in g.launches() if x.conv)
+    got, expected = simulate(task, graph, groups)
+    for g, e in zip(got, expected, strict=True):
+        assert g.shape == e.shape
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    source = generate(task, graph, groups)
+    assert hacking_level(static_findings(source).findings) == "none"
+    cuda = cuda_source(source)
+    assert "cudnnConvolution" in cuda and "CUDNN_FMA_MATH" in cuda  # true fp32 unless asked otherwise
+    assert "CUDNN_TENSOR_OP_MATH" in cuda_source(generate(task, graph, groups, CodegenOptions(tf32=True)))
 
 
 TINY_LSTM = (SUITE / "lstm_sequence.py").read_text().replace("seq_len = 128", "seq_len = 3").replace(

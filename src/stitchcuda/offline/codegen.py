@@ -52,6 +52,7 @@ from stitchcuda.offline.expr import (
     GATHER_OPS,
     IDENTITY,
     MASK_OPS,
+    POOL_OPS,
     ROW_OPS,
     VIEWS,
     Expr,
@@ -71,6 +72,7 @@ from stitchcuda.offline.expr import (
     op,
     pick_steps,
     pointwise_expr,
+    pool_expr,
     ref,
     row_scalar_leaf,
     row_steps,
@@ -85,6 +87,7 @@ __all__ = ["CodegenOptions", "Unsupported", "generate", "lower", "supported", "s
 TEMPLATES = Path(__file__).parent / "templates"
 GEMM_OPS = {"aten.linear", "aten.mm", "aten.matmul", "aten.bmm", "aten.addmm"}
 SPLITS = {"aten.split", "aten.split_with_sizes", "aten.chunk", "aten.unbind"}  # multi-output views
+CONVS = {"aten.conv2d", "aten.conv_transpose2d", "aten.convolution"}
 CELLS = {"aten.lstm_cell": 4, "aten.gru_cell": 3}  # recurrent cells -> gates per hidden unit
 ZEROS = {"aten.new_zeros", "aten.zeros", "aten.zeros_like"}  # initial states
 C_TYPES = {"float32": "float", "bool": "bool", "int64": "int64_t", "int32": "int32_t"}
@@ -98,6 +101,8 @@ class CodegenOptions(BaseModel):
     """Variants the tuner can try."""
 
     graph: bool = Field(True, description="replay the forward from a CUDA graph (captured per argument pointers)")
+    tf32: bool = Field(False, description="TF32 tensor cores in cuBLAS and cuDNN (only where the tolerance allows: "
+                                          "--tolerance paper)")
     vector_width: int = Field(4, description="elements per thread in pointwise kernels: 1 or 4 (float4)")
     block: int = Field(256, description="threads per block (a multiple of 32, at most 1024)")
 
@@ -125,14 +130,41 @@ class Gemm:
     outer_a: int = 0
     outer_b: int = 0
     outer_c: int = 0
+    alpha: float = 1.0  # C = alpha * A.B: a constant scale of an operand folded into the call
+
+
+@dataclass
+class Conv:
+    """One 2-d convolution through cuDNN, NCHW float32. ``transposed``: a transposed convolution,
+    run as cuDNN's backward-data of the convolution whose weight it holds ([c_in, c_out/groups, r, s])."""
+
+    index: int  # names the descriptors in the generated Program
+    n: int
+    c: int  # input channels
+    h: int
+    w: int
+    k: int  # output channels
+    p: int  # output height and width
+    q: int
+    r: int  # filter height and width
+    s: int
+    pad: tuple[int, int]
+    stride: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    transposed: bool
+    x: str  # buffer identifiers
+    weight: str
+    out: str = ""
 
 
 @dataclass
 class Lowered:
     group: FusionGroup
-    kind: Literal["gemm", "pointwise", "row", "alias", "sequence"]
+    kind: Literal["gemm", "conv", "pointwise", "row", "alias", "sequence"]
     program: Program | None = None
     gemm: Gemm | None = None
+    conv: Conv | None = None
     describe: str = ""
     parts: list[Lowered] = field(default_factory=list)  # a "sequence": GEMMs and kernels launched in order
 
@@ -153,6 +185,7 @@ class Lowering:
     storage: dict[str, str] = field(default_factory=dict)  # graph value -> buffer identifier
     groups: list[Lowered] = field(default_factory=list)
     uses_blas: bool = False
+    convs: list[Conv] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- lowering
@@ -236,7 +269,7 @@ class _Lowerer:
             self.out.storage[p.name] = ident
             if p.meta.dtype != "float32":
                 self.out.ctypes[ident] = C_TYPES[p.meta.dtype]
-        known = GEMM_OPS | ROW_OPS | VIEWS | SPLITS | set(CELLS) | ZEROS | DATA_OPS
+        known = GEMM_OPS | CONVS | ROW_OPS | VIEWS | SPLITS | set(CELLS) | ZEROS | DATA_OPS
         for n in self.graph.nodes:
             if len(n.out) != 1 and n.op not in SPLITS | set(CELLS):
                 raise Unsupported(f"{n.name} ({n.op}) has {len(n.out)} outputs; only single-output operators and "
@@ -315,6 +348,8 @@ class _Lowerer:
                     raise Unsupported(f"{n.name} ({n.op}): {what} {value!r} of dtype "
                                       f"{meta.dtype if meta else 'unknown'} (expected {' or '.join(allowed)})")
             return gather_expr(n, arg)
+        if n.op in POOL_OPS:
+            return pool_expr(n, arg)
         return cat_expr(n, arg)
 
     def _buffer(self, value: str) -> str:
@@ -361,13 +396,16 @@ class _Lowerer:
     def _lower_group(self, g: FusionGroup) -> Lowered:
         nodes = [self.nodes[n] for n in g.nodes]
         for n in nodes:
-            if not (n.op in GEMM_OPS or n.op in ROW_OPS or n.op in VIEWS or n.op in SPLITS or is_pointwise(n.op)
+            if not (n.op in GEMM_OPS or n.op in CONVS or n.op in ROW_OPS or n.op in VIEWS or n.op in SPLITS or is_pointwise(n.op)
                     or n.op in CELLS or n.op in DATA_OPS or (n.op in ZEROS and g.kind == "recurrent")):
                 raise Unsupported(f"{n.name}: operator {n.op}.{n.overload} is not supported by the offline Coder")
         if g.kind == "attention":
             return self._lower_attention(g, nodes)
         if any(n.op in CELLS for n in nodes):
             return self._lower_recurrent(g, nodes)
+        convs = [n for n in nodes if n.op in CONVS]
+        if convs:
+            return self._lower_conv(g, nodes, convs)
         gemms = [n for n in nodes if n.op in GEMM_OPS]
         if gemms:
             return self._lower_gemm(g, nodes, gemms)
@@ -452,21 +490,33 @@ class _Lowerer:
         else:
             lhs, rhs = arg(a[0]), arg(a[1])
         gemm = self._gemm_shape(anchor, lhs, rhs)
-        out_shape = self.shape(anchor.name)
         epilogue = nodes[nodes.index(anchor) + 1:]
-        outs = self._outputs_of(g)
-        needs_kernel = bias is not None or bool(epilogue)
-        if not needs_kernel:
+        if bias is None and not epilogue:
             gemm.out = self._buffer(anchor.name)
             return Lowered(g, "gemm", gemm=gemm, describe=self._describe_gemm(anchor, gemm))
-        # the GEMM writes into a group output of its shape and the epilogue runs in place there
+        low, gemm.out = self._with_epilogue(g, anchor, epilogue, bias, env)
+        low.kind, low.gemm = "gemm", gemm
+        low.describe = self._describe_gemm(anchor, gemm) + " + epilogue " + self._epilogue_text(bias, epilogue)
+        return low
+
+    @staticmethod
+    def _epilogue_text(bias: Expr | None, epilogue: list[Node]) -> str:
+        return ", ".join(([f"bias {bias.leaf.value}"] if bias is not None and bias.leaf else [])  # type: ignore[union-attr]
+                         + [f"{n.op}" for n in epilogue]) or "copy"
+
+    def _with_epilogue(self, g: FusionGroup, anchor: Node, epilogue: list[Node], bias: Expr | None,
+                       env: dict[str, Expr]) -> tuple[Lowered, str]:
+        """The anchor (a library call) writes its raw result into a group output of its shape (or a
+        scratch buffer), and one pointwise kernel applies bias + the epilogue in place there;
+        returns (that kernel, the buffer the library call must write)."""
+        out_shape = self.shape(anchor.name)
+        outs = self._outputs_of(g)
         raw_target = next((v for v in outs if self.shape(v) == out_shape), None)
         if raw_target is None:
             raw = f"b_{_ident(anchor.name)}__raw"
             self.out.intermediates.append((raw, list(out_shape)))
         else:
             raw = self._buffer(raw_target)
-        gemm.out = raw
         raw_value = f"{anchor.name}__raw"
         self.out.storage[raw_value] = raw
         value = leaf(raw_value, out_shape)
@@ -478,11 +528,88 @@ class _Lowerer:
         else:
             env[anchor.name] = value
         program = Program("pointwise", out_shape, steps=steps)
-        low = self._lower_pointwise(g, epilogue, env, program)
-        low.kind, low.gemm = "gemm", gemm
-        low.describe = self._describe_gemm(anchor, gemm) + " + epilogue " + (
-            ", ".join(([f"bias {bias.leaf.value}"] if bias is not None and bias.leaf else [])  # type: ignore[union-attr]
-                      + [f"{n.op}" for n in epilogue]) or "copy")
+        return self._lower_pointwise(g, epilogue, env, program), raw
+
+    def _lower_conv(self, g: FusionGroup, nodes: list[Node], convs: list[Node]) -> Lowered:
+        """A 2-d convolution (or transposed convolution) through cuDNN into the group's output
+        buffer, then one pointwise kernel for bias + the epilogue (eval batch norm, activations,
+        residual adds) in place."""
+        if len(convs) != 1:
+            raise Unsupported(f"{len(convs)} convolutions in one group")
+        anchor = convs[0]
+        where = f"{anchor.name} ({anchor.op})"
+        env: dict[str, Expr] = {}
+        for n in nodes[:nodes.index(anchor)]:
+            if n.op not in VIEWS:
+                raise Unsupported(f"{n.name} ({n.op}) before the convolution (only views may feed it)")
+            env[n.name] = view_expr(n, self._arg(env, n.name)(n.args[0]))
+        arg = self._arg(env, where)
+        a = list(anchor.args)
+        if anchor.op == "aten.convolution":  # input, weight, bias, stride, padding, dilation, transposed, out_pad, groups
+            transposed = bool(a[6])
+            stride, padding, dilation, out_pad, groups = a[3], a[4], a[5], a[7], a[8]
+        elif anchor.op == "aten.conv_transpose2d":  # input, weight, bias, stride, padding, out_pad, groups, dilation
+            a += [None] * (8 - len(a))
+            transposed = True
+            stride, padding, out_pad, groups, dilation = a[3] or 1, a[4] or 0, a[5] or 0, a[6] or 1, a[7] or 1
+        else:  # conv2d: input, weight, bias, stride, padding, dilation, groups
+            a += [None] * (7 - len(a))
+            transposed = False
+            stride, padding, dilation, groups, out_pad = a[3] or 1, a[4] or 0, a[5] or 1, a[6] or 1, 0
+        if isinstance(padding, str):
+            raise Unsupported(f"{where}: padding={padding!r} (only explicit padding)")
+
+        def pair(v: Any, what: str) -> tuple[int, int]:
+            v = list(v) if isinstance(v, (list, tuple)) else [v, v]
+            if len(v) == 1:
+                v = v * 2
+            if len(v) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+                raise Unsupported(f"{where}: {what} {v!r} is not two integers")
+            return v[0], v[1]
+
+        st, pd, dl = pair(stride, "stride"), pair(padding, "padding"), pair(dilation, "dilation")
+        x, w = arg(a[0]), arg(a[1])
+        bias_arg = a[2]
+        for e, what in ((x, "input"), (w, "weight")):
+            if e.op != "leaf" or not e.leaf.contiguous or len(e.shape) != 4:  # type: ignore[union-attr]
+                raise Unsupported(f"{where}: the {what} is not a contiguous 4-d buffer (shape {list(e.shape)})")
+        out_shape = self.shape(anchor.name)
+        n_, c_, h_, w_ = x.shape
+        k_ = out_shape[1]
+        if not isinstance(groups, int) or groups < 1 or c_ % groups or k_ % groups:
+            raise Unsupported(f"{where}: groups={groups!r}")
+        expect_w = (c_, k_ // groups) if transposed else (k_, c_ // groups)
+        if tuple(w.shape[:2]) != expect_w:
+            raise Unsupported(f"{where}: weight of shape {list(w.shape)}")
+        if transposed and any(pair(out_pad, "output_padding")) and dl != (1, 1):
+            raise Unsupported(f"{where}: output padding with dilation")
+
+        def buf(e: Expr) -> str:
+            lf: Leaf = e.leaf  # type: ignore[assignment]
+            return self.out.storage[lf.value] + (f" + {lf.offset}" if lf.offset else "")
+
+        conv = Conv(index=len(self.out.convs), n=n_, c=c_, h=h_, w=w_, k=k_, p=out_shape[2], q=out_shape[3],
+                    r=w.shape[2], s=w.shape[3], pad=pd, stride=st, dilation=dl, groups=groups,
+                    transposed=transposed, x=buf(x), weight=buf(w))
+        self.out.convs.append(conv)
+        bias: Expr | None = None
+        if bias_arg is not None:
+            b = arg(bias_arg)
+            if b.op != "leaf" or b.shape != (k_,):
+                raise Unsupported(f"{where}: bias of shape {list(b.shape)}")
+            lf: Leaf = b.leaf  # type: ignore[assignment]
+            bias = leaf(lf.value, (k_, 1, 1), (lf.strides[0], 0, 0), lf.offset)
+        epilogue = nodes[nodes.index(anchor) + 1:]
+        text = (f"{'transposed ' if transposed else ''}conv {anchor.module or anchor.name}: [{n_}, {c_}, {h_}, {w_}] "
+                f"-> {list(out_shape)}, {conv.r}x{conv.s} filter, stride {list(st)}, padding {list(pd)}"
+                + (f", dilation {list(dl)}" if dl != (1, 1) else "") + (f", groups {groups}" if groups > 1 else "")
+                + " via cuDNN")
+        if bias is None and not epilogue:
+            conv.out = self._buffer(anchor.name)
+            return Lowered(g, "conv", conv=conv, describe=text)
+        low, conv.out = self._with_epilogue(g, anchor, epilogue, bias, env)
+        low.kind, low.conv = "conv", conv
+        low.describe = text + " + epilogue " + self._epilogue_text(bias, epilogue)
         return low
 
     def _describe_gemm(self, anchor: Node, gemm: Gemm) -> str:
@@ -690,14 +817,23 @@ class _Lowerer:
         qk, pv = nodes[iq], nodes[ip]
         before, middle, after = nodes[:iq], nodes[iq + 1:ip], nodes[ip + 1:]
         env: dict[str, Expr] = {}
+        scale: dict[str, float] = {}  # values that are a view of a buffer times a constant
         for n in before:
             if n.op in SPLITS:
                 self._split(n, env)
             elif n.op in VIEWS or n.op in IDENTITY:
                 env[n.name] = view_expr(n, self._arg(env, n.name)(n.args[0])) if n.op in VIEWS else \
                     self._arg(env, n.name)(n.args[0])
+                src = n.args[0][1:] if isinstance(n.args[0], str) else ""
+                if src in scale:
+                    scale[n.name] = scale[src]
+            elif n.op in ("aten.mul", "aten.div") and len(n.args) == 2 and isinstance(n.args[1], (int, float)) \
+                    and not isinstance(n.args[1], bool) and n.args[1] != 0:
+                env[n.name] = self._arg(env, n.name)(n.args[0])  # the constant goes into the GEMM's alpha
+                factor = float(n.args[1]) if n.op == "aten.mul" else 1.0 / float(n.args[1])
+                scale[n.name] = scale.get(n.args[0][1:], 1.0) * factor if isinstance(n.args[0], str) else factor
             else:
-                raise Unsupported(f"{n.name} ({n.op}) before Q.K^T (only views may feed it)")
+                raise Unsupported(f"{n.name} ({n.op}) before Q.K^T (only views and constant scales may feed it)")
         for n in (qk, pv):
             if n.op not in ("aten.matmul", "aten.bmm") or n.kwargs:
                 raise Unsupported(f"{n.name} ({n.op}) as an attention product")
@@ -713,6 +849,10 @@ class _Lowerer:
         arg = self._arg(env, f"{qk.name} ({qk.op})")
         g_qk = self._strided_gemm(f"{qk.name} ({qk.op})", arg(qk.args[0]), arg(qk.args[1]), scores, s_shape,
                                   contiguous_strides(s_shape))
+        for operand in qk.args[:2]:
+            g_qk.alpha *= scale.get(operand[1:], 1.0) if isinstance(operand, str) else 1.0
+        if any(v in scale for n in middle + [pv] for v in n.inputs()):
+            raise Unsupported("a scaled value is read after Q.K^T")
         parts = [Lowered(g, "gemm", gemm=g_qk, describe=self._describe_gemm(qk, g_qk))]
         p_value = qk.name
         if middle:
@@ -1074,16 +1214,68 @@ class _Emitter:
             return f"a.{buf}" + (f" + o * {step}LL" if g.outer > 1 and step else "")
 
         pa, pb, pc = ptr(g.a, g.outer_a), ptr(g.b, g.outer_b), ptr(g.out, g.outer_c)
+        one = "&kOne" if g.alpha == 1.0 else "&kAlpha"
         if g.batch == 1:
-            call = (f"SC_CUBLAS_CHECK(cublasSgemm(blas, {op_b}, {op_a}, {g.n}, {g.m}, {g.k}, &kOne, {pb}, {ld_b}, "
+            call = (f"SC_CUBLAS_CHECK(cublasSgemm(blas, {op_b}, {op_a}, {g.n}, {g.m}, {g.k}, {one}, {pb}, {ld_b}, "
                     f"{pa}, {ld_a}, &kZero, {pc}, {ld_c}));")
         else:
-            call = (f"SC_CUBLAS_CHECK(cublasSgemmStridedBatched(blas, {op_b}, {op_a}, {g.n}, {g.m}, {g.k}, &kOne, "
+            call = (f"SC_CUBLAS_CHECK(cublasSgemmStridedBatched(blas, {op_b}, {op_a}, {g.n}, {g.m}, {g.k}, {one}, "
                     f"{pb}, {ld_b}, {g.stride_b}LL, {pa}, {ld_a}, {g.stride_a}LL, &kZero, {pc}, {ld_c}, "
                     f"{g.stride_c}LL, {g.batch}));")
-        if g.outer == 1:
-            return call
-        return f"for (int o = 0; o < {g.outer}; ++o) {{\n  {call}\n}}"
+        if g.outer > 1:
+            call = f"for (int o = 0; o < {g.outer}; ++o) {{\n  {call}\n}}"
+        if g.alpha != 1.0:
+            call = f"{{\nconst float kAlpha = {c_float(g.alpha)};\n{call}\n}}"
+        return call
+
+
+def conv_members(c: Conv) -> list[str]:
+    i = c.index
+    return [f"cudnnTensorDescriptor_t dnn_x{i} = nullptr, dnn_y{i} = nullptr;",
+            f"cudnnFilterDescriptor_t dnn_w{i} = nullptr;",
+            f"cudnnConvolutionDescriptor_t dnn_c{i} = nullptr;",
+            f"{'cudnnConvolutionBwdDataAlgo_t' if c.transposed else 'cudnnConvolutionFwdAlgo_t'} dnn_algo{i}{{}};",
+            f"size_t dnn_bytes{i} = 0;"]
+
+
+def conv_setup(c: Conv, math: str) -> list[str]:
+    """Descriptors and the algorithm (cuDNN's heuristics, the first one that works under the
+    math mode within the workspace limit), once per Program: nothing here runs inside a capture."""
+    i, m = c.index, "made->"
+    x_dims, y_dims = (c.n, c.c, c.h, c.w), (c.n, c.k, c.p, c.q)
+    # a transposed convolution is the backward-data of the convolution from its output to its input
+    w_dims = (c.c, c.k // c.groups, c.r, c.s) if c.transposed else (c.k, c.c // c.groups, c.r, c.s)
+    pick = "sc_pick_bwd_data" if c.transposed else "sc_pick_fwd"
+    return [
+        f"SC_CUDNN_CHECK(cudnnCreateTensorDescriptor(&{m}dnn_x{i}));",
+        f"SC_CUDNN_CHECK(cudnnSetTensor4dDescriptor({m}dnn_x{i}, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, "
+        f"{', '.join(map(str, x_dims))}));",
+        f"SC_CUDNN_CHECK(cudnnCreateTensorDescriptor(&{m}dnn_y{i}));",
+        f"SC_CUDNN_CHECK(cudnnSetTensor4dDescriptor({m}dnn_y{i}, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, "
+        f"{', '.join(map(str, y_dims))}));",
+        f"SC_CUDNN_CHECK(cudnnCreateFilterDescriptor(&{m}dnn_w{i}));",
+        f"SC_CUDNN_CHECK(cudnnSetFilter4dDescriptor({m}dnn_w{i}, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, "
+        f"{', '.join(map(str, w_dims))}));",
+        f"SC_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&{m}dnn_c{i}));",
+        f"SC_CUDNN_CHECK(cudnnSetConvolution2dDescriptor({m}dnn_c{i}, {c.pad[0]}, {c.pad[1]}, {c.stride[0]}, "
+        f"{c.stride[1]}, {c.dilation[0]}, {c.dilation[1]}, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));",
+        f"SC_CUDNN_CHECK(cudnnSetConvolutionGroupCount({m}dnn_c{i}, {c.groups}));",
+        (f"{m}dnn_algo{i} = {pick}({m}dnn, {m}dnn_w{i}, {m}dnn_x{i}, {m}dnn_c{i}, {m}dnn_y{i}, {math}, "
+         f"&{m}dnn_bytes{i});" if c.transposed else
+         f"{m}dnn_algo{i} = {pick}({m}dnn, {m}dnn_x{i}, {m}dnn_w{i}, {m}dnn_c{i}, {m}dnn_y{i}, {math}, "
+         f"&{m}dnn_bytes{i});"),
+        f"dnn_bytes = std::max(dnn_bytes, {m}dnn_bytes{i});",
+    ]
+
+
+def conv_launch(c: Conv) -> str:
+    i = c.index
+    if c.transposed:  # dx = conv^T(dy): dy is our input, dx our output
+        return (f"SC_CUDNN_CHECK(cudnnConvolutionBackwardData(P.dnn, &kOne, P.dnn_w{i}, a.{c.weight}, P.dnn_x{i}, "
+                f"a.{c.x}, P.dnn_c{i}, P.dnn_algo{i}, P.dnn_workspace_ptr, P.dnn_bytes{i}, &kZero, P.dnn_y{i}, "
+                f"a.{c.out}));")
+    return (f"SC_CUDNN_CHECK(cudnnConvolutionForward(P.dnn, &kOne, P.dnn_x{i}, a.{c.x}, P.dnn_w{i}, a.{c.weight}, "
+            f"P.dnn_c{i}, P.dnn_algo{i}, P.dnn_workspace_ptr, P.dnn_bytes{i}, &kZero, P.dnn_y{i}, a.{c.out}));")
 
 
 def split_cuda(cuda_src: str) -> tuple[str, str]:
@@ -1218,7 +1410,9 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         for part in lg.launches():
             if part.gemm is not None:
                 text.append(emitter.gemm(part.gemm))
-            if part.program is not None and (part.kind != "gemm" or part.program.steps):
+            if part.conv is not None:
+                text.append(conv_launch(part.conv))
+            if part.program is not None and (part.kind not in ("gemm", "conv") or part.program.steps):
                 k = emitter.row(lg.group.id, part.program) if part.kind == "row" else emitter.pointwise(
                     lg.group.id, part.program)
                 kernels.append(k.source)
@@ -1226,8 +1420,12 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         launches.append("\n".join(text))
     inputs = [(v, i, s, low.ctypes.get(i, "float")) for v, i, s in low.args]
     low.outputs.sort(key=lambda o: graph.outputs.index(o[0]))
+    dnn_math = "CUDNN_TENSOR_OP_MATH" if options.tf32 else "CUDNN_FMA_MATH"
     cuda_src = emitter.env.get_template("program.cu.j2").render(
-        ns=prefix, task=task.name, torch_types=TORCH_TYPES, options=options.model_dump(), blas=low.uses_blas, kernels=kernels,
+        ns=prefix, task=task.name, torch_types=TORCH_TYPES, options=options.model_dump(), blas=low.uses_blas,
+        blas_math="CUBLAS_TF32_TENSOR_OP_MATH" if options.tf32 else "CUBLAS_DEFAULT_MATH", kernels=kernels,
+        dnn=bool(low.convs), dnn_math=dnn_math, dnn_members=[m for c in low.convs for m in conv_members(c)],
+        dnn_setup=[line for c in low.convs for line in conv_setup(c, dnn_math)],
         launches=launches, args=inputs, intermediates=low.intermediates, outputs=low.outputs,
         entry_mark=ENTRY_MARK, prelude=emitter.env.get_template("prelude.cu.j2").render())
     ret = "torch::Tensor" if len(low.outputs) == 1 else "std::vector<torch::Tensor>"
@@ -1250,7 +1448,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         raise Unsupported("generated CUDA contains a triple quote")
     return emitter.env.get_template("module.py.j2").render(
         task=task.name, options=options.model_dump(), name=name, cuda_src=cuda_src, cpp_src=cpp_src,
-        blas=low.uses_blas, init_args=ast.unparse(init_args) if init_args is not None else "self, *args, **kwargs",
+        blas=low.uses_blas, dnn=bool(low.convs), init_args=ast.unparse(init_args) if init_args is not None else "self, *args, **kwargs",
         fwd_args=", ".join(["self", *fwd_names]), init_lines=_module_lines(task, graph, entry), call_args=call_args,
         multi=len(low.outputs) > 1, groups=[f"group {lg.group.id} ({lg.group.kind}): {lg.describe}"
                                             for lg in low.groups])

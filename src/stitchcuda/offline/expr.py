@@ -270,7 +270,7 @@ def is_pointwise(op_name: str) -> bool:
     return op_name in POINTWISE_UNARY or op_name in IDENTITY or op_name in {
         "aten.add", "aten.sub", "aten.rsub", "aten.mul", "aten.div", "aten.gelu", "aten.pow", "aten.maximum",
         "aten.minimum", "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.leaky_relu",
-        "aten.dropout"} or op_name in MASK_OPS
+        "aten.dropout", "aten.batch_norm"} or op_name in MASK_OPS
 
 
 Operand = Callable[[Any], Expr]  # graph arg ('%name' or a number) -> Expr
@@ -335,6 +335,8 @@ def pointwise_expr(node: Any, arg: Operand) -> Expr:
         if hi is not None:
             x = op("min", x, const(_scalar(hi, where)))
         return x
+    if name == "aten.batch_norm":
+        return _batch_norm(node, arg, where)
     if name == "aten.leaky_relu":
         return op("leaky_relu", arg(a[0]), const(_scalar(a[1] if len(a) > 1 else 0.01, where)))
     if name in ("aten.bitwise_not", "aten.logical_not"):
@@ -349,6 +351,37 @@ def pointwise_expr(node: Any, arg: Operand) -> Expr:
             raise Unsupported(f"{where}: where with {len(a)} arguments")
         return op("where", arg(a[0]), arg(a[1]), arg(a[2]))
     raise Unsupported(f"{where} is not a supported elementwise operator")
+
+
+def _batch_norm(node: Any, arg: Operand, where: str) -> Expr:
+    """Eval-mode batch norm, a per-channel affine of its running statistics:
+    (x - mean) * rsqrt(var + eps) * weight + bias, the channel on dim 1."""
+    a = node.args
+    if len(a) < 8 or a[5]:
+        raise Unsupported(f"{where}: batch norm in training mode (batch statistics)")
+    x = arg(a[0])
+    rank = len(x.shape)
+    if rank < 2:
+        raise Unsupported(f"{where}: batch norm of a {rank}-d value")
+
+    def channel(value: Any, what: str) -> Expr | None:
+        if value is None:
+            return None
+        e = arg(value)
+        if e.op != "leaf" or len(e.shape) != 1 or not e.leaf.plain:  # type: ignore[union-attr]
+            raise Unsupported(f"{where}: {what} is not a per-channel parameter or buffer")
+        lf: Leaf = e.leaf  # type: ignore[assignment]
+        trail = rank - 2
+        return leaf(lf.value, (e.shape[0],) + (1,) * trail, (lf.strides[0],) + (0,) * trail, lf.offset)
+
+    weight, bias = channel(a[1], "weight"), channel(a[2], "bias")
+    mean, var = channel(a[3], "running_mean"), channel(a[4], "running_var")
+    if mean is None or var is None:
+        raise Unsupported(f"{where}: batch norm without running statistics")
+    y = op("mul", op("sub", x, mean), op("rsqrt", op("add", var, const(_scalar(a[7], where)))))
+    if weight is not None:
+        y = op("mul", y, weight)
+    return op("add", y, bias) if bias is not None else y
 
 
 def reshape_strides(shape: Sequence[int], strides: Sequence[int], out: Sequence[int]) -> list[int] | None:
@@ -434,7 +467,8 @@ def view_expr(node: Any, x: Expr) -> Expr:
 
 GATHER_OPS = {"aten.embedding", "aten.gather", "aten.index"}
 CAT_OPS = {"aten.cat", "aten.stack"}
-DATA_OPS = GATHER_OPS | CAT_OPS
+POOL_OPS = {"aten.max_pool2d", "aten.avg_pool2d"}
+DATA_OPS = GATHER_OPS | CAT_OPS | POOL_OPS
 
 
 def _read(e: Expr, where: str, what: str, indexed: bool = False) -> Leaf:
@@ -486,6 +520,52 @@ def gather_expr(node: Any, arg: Operand) -> Expr:
     else:
         raise Unsupported(f"{where} is not a supported gather")
     return Expr("leaf", leaf=lf, shape=out)
+
+
+def pool_expr(node: Any, arg: Operand) -> Expr:
+    """Unpadded 2-d max / average pooling of a buffer read: the window's k x k elements are k x k
+    strided reads of the input through the output shape (offsets i * dilation along each axis,
+    strides times the pooling stride), combined with max or summed and scaled."""
+    name, a = node.op, list(node.args)
+    where = f"{node.name} ({name}.{node.overload})"
+    x = _read(arg(a[0]), where, "the input")
+    if len(x.shape) not in (3, 4):
+        raise Unsupported(f"{where}: input of shape {list(x.shape)}")
+    out = tuple(node.out[0].shape)
+
+    def pair(v: Any, default: Any, what: str) -> tuple[int, int]:
+        v = default if v is None or v == [] else v
+        v = list(v) if isinstance(v, (list, tuple)) else [v, v]
+        v = v * 2 if len(v) == 1 else v
+        if len(v) != 2 or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+            raise Unsupported(f"{where}: {what} {v!r}")
+        return v[0], v[1]
+
+    a += [None] * (7 - len(a))
+    kernel = pair(a[1], None, "kernel size")
+    stride = pair(a[2], kernel, "stride")
+    padding = pair(a[3], 0, "padding")
+    if name == "aten.max_pool2d":
+        dilation, ceil = pair(a[4], 1, "dilation"), bool(a[5])
+    else:
+        dilation, ceil = (1, 1), bool(a[4])
+        if a[6] is not None:
+            raise Unsupported(f"{where}: a divisor override")
+    if padding != (0, 0) or ceil:
+        raise Unsupported(f"{where}: padded or ceil-mode pooling")
+    lead_shape, lead_strides = x.shape[:-2], x.strides[:-2]
+    (sh, sw), (h, w) = x.strides[-2:], x.shape[-2:]
+    expect = ((h - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1,
+              (w - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1)
+    if out != lead_shape + expect:
+        raise Unsupported(f"{where}: output {list(out)} is not {list(lead_shape + expect)}")
+    reads = [Expr("leaf", leaf=Leaf(x.value, out, lead_strides + (sh * stride[0], sw * stride[1]),
+                                    x.offset + i * dilation[0] * sh + j * dilation[1] * sw), shape=out)
+             for i in range(kernel[0]) for j in range(kernel[1])]
+    combined = reads[0]
+    for r in reads[1:]:
+        combined = op("max" if name == "aten.max_pool2d" else "add", combined, r)
+    return combined if name == "aten.max_pool2d" else op("mul", combined, const(1.0 / len(reads)))
 
 
 def _unsqueeze(lf: Leaf, dim: int) -> Leaf:
