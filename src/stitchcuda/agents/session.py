@@ -112,7 +112,7 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
         from stitchcuda.offline.graph import CaptureError
 
         try:
-            planner_llm, coder_llm = OfflinePlannerAgent(task), OfflineCoder(task)
+            planner_llm, coder_llm = OfflinePlannerAgent(task), OfflineCoder(task, config.verify.tolerance)
         except CaptureError as exc:
             raise SessionError(f"the offline Coder cannot work on {task.name}: {exc}") from None
         problems = supported(coder_llm.graph, coder_llm.groups)

@@ -21,12 +21,14 @@ from stitchcuda.task.record import Task
 OFFLINE = LLMConfig(provider="offline", model="stitchcuda-offline")
 
 
-def variants() -> list[dict]:
-    """Tuning variants, the likeliest best first."""
+def variants(tolerance: str = "strict") -> list[dict]:
+    """Tuning variants, the likeliest best first. TF32 only where the tolerance policy allows it
+    (``paper``, 1e-2): there it comes first; the Verifier discloses it in every verdict."""
     from stitchcuda.offline.codegen import CodegenOptions
 
-    grid = itertools.product((True, False), (256, 128, 512), (4, 1))
-    return [CodegenOptions(graph=g, block=b, vector_width=v).model_dump() for g, b, v in grid]
+    precisions = (True, False) if tolerance == "paper" else (False,)
+    grid = itertools.product(precisions, (True, False), (256, 128, 512), (4, 1))
+    return [CodegenOptions(tf32=p, graph=g, block=b, vector_width=v).model_dump() for p, g, b, v in grid]
 
 
 class OfflinePlannerAgent:
@@ -49,14 +51,14 @@ class OfflineCoder:
 
     config = OFFLINE
 
-    def __init__(self, task: Task):
+    def __init__(self, task: Task, tolerance: str = "strict"):
         from stitchcuda.offline.fusion import fuse
         from stitchcuda.offline.graph import capture
 
         self.task = task
         self.graph = capture(task)  # CaptureError says why the offline Coder cannot work on it
         self.groups = fuse(self.graph)
-        self.variants = variants()
+        self.variants = variants(tolerance)
         self._next = 0
         self._lock = threading.Lock()
 

@@ -899,16 +899,40 @@ class _Lowerer:
             ["Q.K^T (batched GEMM)"] + (["row kernel (" + ", ".join(n.op for n in middle if n.op not in VIEWS)
                                          + ")"] if middle else []) + [f"P.V (batched GEMM) into {final}"]))
 
+    def _merge_trailing(self, nodes: list[Node], env: dict[str, Expr]) -> tuple[list[Node], dict[str, tuple]]:
+        """A mean / sum / amax over several trailing dimensions of a buffer (e.g. a spatial mean of
+        NCHW over H and W) becomes a reduction over the last dimension of a merged view of it."""
+        merged: dict[str, tuple] = {}
+        out = []
+        for n in nodes:
+            a = n.args
+            x_name = a[0][1:] if a and isinstance(a[0], str) and a[0].startswith("%") else None
+            dims = a[1] if len(a) > 1 else None
+            if (n.op in ("aten.mean", "aten.sum", "aten.amax") and x_name and isinstance(dims, list) and len(dims) > 1
+                    and x_name not in env and x_name in self.out.storage):
+                x_shape = self.shape(x_name)
+                rank, k = len(x_shape), len(dims)
+                if sorted(d % rank for d in dims) == list(range(rank - k, rank)):
+                    new_shape = tuple(x_shape[:rank - k]) + (numel(x_shape[rank - k:]),)
+                    tmp = f"{n.name}__rows"
+                    env[tmp] = leaf(x_name, new_shape)  # the buffer is contiguous: any reshape is a view
+                    merged[tmp] = new_shape
+                    n = n.model_copy(update={"args": ["%" + tmp, [-1], *a[2:]]})
+            out.append(n)
+        return out, merged
+
     def _lower_row(self, g: FusionGroup, nodes: list[Node], env: dict[str, Expr] | None = None,
                    outs: list[str] | None = None) -> Lowered:
-        shape = max([self.shape(n.name) for n in nodes] + [self.shape(n.args[0][1:]) for n in nodes if n.op in ROW_OPS
+        env = dict(env or {})
+        nodes, merged = self._merge_trailing(nodes, env)
+        shape = max([self.shape(n.name) for n in nodes] + [merged.get(n.args[0][1:]) or self.shape(n.args[0][1:])
+                                                           for n in nodes if n.op in ROW_OPS
                      and isinstance(n.args[0], str) and n.args[0].startswith("%")], key=numel)
         if not shape:
             raise Unsupported("a row reduction over a 0-d value")
         n_col = shape[-1]
         if n_col > MAX_ROW:
             raise Unsupported(f"rows of {n_col} elements (at most {MAX_ROW})")
-        env = dict(env or {})
         kinds: dict[str, str] = {}
         prog = Program("row", shape)
 
