@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU sessions of checks, as run on the lent H100/H200 (the issue notes carry the figures):
-#   bash benchmarks/gpu_session.sh MODE...     MODE: tests | bench | ncu | agents | corpus
+#   bash benchmarks/gpu_session.sh MODE...     MODE: tests | bench | ncu | agents | corpus | suite | throughput
 # Modes run in the order given. CORPUS_ONLY=a,b,... limits the corpus run to those candidates,
 # whose builds then start in the background at once, on the CPU, while the GPU does the rest.
 # Logs go to $OUT (default ./gpu-logs). Wheels the image lacks are expected in .whl/.
@@ -45,6 +45,23 @@ for mode in "$@"; do
       wait  # the background builds
       timeout ${CORPUS_S:-$((585 - SECONDS))} python3 benchmarks/hack_corpus.py ${ONLY:+--only "$ONLY"} --json "$OUT/corpus.json" \
         > "$OUT/corpus.txt" 2>&1; echo "corpus rc=$?"; grep -E "expect|none |partial |total |at their level" "$OUT/corpus.txt" | tail -n 30
+      ;;
+    suite)
+      # the offline Coder over the bundled suite (issues 5 and 6): strict then paper, resumable, so
+      # several calls finish it (the workspace survives while the machine stays warm)
+      for tol in ${SUITE_TOLERANCES:-strict paper}; do
+        ws=.stitchcuda-suite-$tol
+        if [[ -f $ws/runs.sqlite ]]; then resume=(--resume last); else resume=(); fi
+        timeout ${SUITE_S:-$((585 - SECONDS))} python3 -m stitchcuda.cli bench suite --tolerance "$tol" \
+          --max-steps ${SUITE_STEPS:-3} --workspace "$ws" "${resume[@]}" > "$OUT/suite_$tol.txt" 2>&1
+        echo "suite $tol rc=$?"; tail -n 30 "$OUT/suite_$tol.txt"
+        python3 -m stitchcuda.cli report last --workspace "$ws" -o "$OUT/report_$tol" > /dev/null 2>&1
+        python3 -m stitchcuda.cli bench --resume last --workspace "$ws" --json > "$OUT/metrics_$tol.json" 2>/dev/null
+      done
+      ;;
+    throughput)
+      timeout ${THROUGHPUT_S:-500} python3 benchmarks/bench_throughput.py > "$OUT/throughput.txt" 2>&1
+      echo "throughput rc=$?"; tail -n 6 "$OUT/throughput.txt"
       ;;
   esac
 done

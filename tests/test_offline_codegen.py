@@ -19,7 +19,7 @@ from stitchcuda.offline.codegen import CodegenOptions, Unsupported, generate, lo
 from stitchcuda.offline.expr import evaluate, numel
 from stitchcuda.offline.fusion import FusionGroup
 from stitchcuda.offline.graph import OpGraph, capture
-from stitchcuda.task.load import resolve_tasks
+from stitchcuda.task.load import bundled_task_names, resolve_tasks
 from stitchcuda.task.record import Task
 from stitchcuda.verify.judge import hacking_level
 from stitchcuda.verify.static_checks import static_findings
@@ -463,6 +463,9 @@ TINY_CNN = {
         "image_size = 128", "image_size = 8").replace("base_width = 32", "base_width = 2"),
     "squeeze_excitation": (SUITE / "squeeze_excitation.py").read_text().replace("batch = 64", "batch = 2").replace(
         "channels = 256", "channels = 8").replace("size = 28", "size = 5").replace("reduction = 16", "reduction = 4"),
+    "diffusion_resblock": (SUITE / "diffusion_resblock.py").read_text().replace("batch = 16", "batch = 2").replace(
+        "in_channels = 128", "in_channels = 8").replace("out_channels = 256", "out_channels = 12").replace(
+        "size = 64", "size = 5").replace("time_dim = 512", "time_dim = 7").replace("groups = 32", "groups = 4"),
     "vit_encoder": (SUITE / "vit_encoder.py").read_text().replace("batch = 32", "batch = 2").replace(
         "image_size = 224", "image_size = 8").replace("patch_size = 16", "patch_size = 4").replace(
         "dim = 768", "dim = 12").replace("num_heads = 12", "num_heads = 3").replace(
@@ -473,7 +476,8 @@ TINY_CNN = {
 @pytest.mark.parametrize("case", sorted(TINY_CNN))
 def test_convolution_programs_compute_the_reference_on_cpu(case):
     """Convolutions through cuDNN (descriptors checked against torch's conv2d / conv_transpose2d),
-    eval batch norm, bias, clamps and residuals in the epilogue, pooling as strided reads, cat."""
+    eval batch norm, bias, clamps and residuals in the epilogue, pooling as strided reads, cat,
+    spatial means, group norm (statistics per group, then a [N, G, C/G, S] pointwise pass)."""
     task = task_from(case, TINY_CNN[case])
     graph = capture(task)
     groups = _fuse()(graph)
@@ -819,9 +823,7 @@ def test_programs_from_fuse_compute_the_reference_on_cpu(case):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["mlp", "norm_softmax_gate", "swiglu_ffn", "mlp_mixer_block",
-                                  "postnorm_residual_stack", "causal_attention", "transformer_block",
-                                  "lstm_sequence", "gru_decoder", "embedding_mlp", "lm_head_nll"])
+@pytest.mark.parametrize("name", bundled_task_names())
 def test_bundled_programs_from_fuse_are_clean(name):
     fuse = _fuse()
     task = resolve_tasks(name)[0]

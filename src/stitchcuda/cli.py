@@ -233,6 +233,131 @@ def optimize(
 
 
 @app.command()
+def bench(
+    suite: Annotated[str, typer.Argument(
+        help="suite (the bundled tasks), a folder of tasks, a parquet file, or a KernelBench checkout "
+             "with --level.")] = "suite",
+    kernelbench: KernelBenchOpt = None,
+    level: LevelOpt = None,
+    evaluate: Annotated[Path | None, typer.Option(
+        help="Verify a folder of existing solutions (<task>.py or KernelBench's "
+             "level_L_problem_P_sample_S.py) instead of optimizing.")] = None,
+    coder: Annotated[CoderKind | None, typer.Option(help="offline (default without --model) or llm.")] = None,
+    model: Annotated[str | None, typer.Option(help="The LLM for every agent.")] = None,
+    provider: Annotated[Provider, typer.Option(help="openai (any compatible server), anthropic, hf.")] = "openai",
+    base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server URL.")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="Environment variable with the key.")] = None,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.7,
+    llm_timeout: Annotated[float, typer.Option(help="Seconds per LLM call before it is retried.")] = 600.0,
+    samples: Annotated[int, typer.Option(min=1, help="Coder samples per step.")] = 1,
+    tolerance: Annotated[ToleranceName, typer.Option(help="strict (1e-4 fp32) or paper (1e-2).")] = "strict",
+    preset: Annotated[str, typer.Option(help=f"Verifier defaults: {', '.join(PRESETS)}.")] = "quick",
+    max_steps: Annotated[int, typer.Option(min=1, help="Budget per task: Coder steps.")] = 24,
+    max_wall: Annotated[float | None, typer.Option(help="Budget per task: seconds.")] = None,
+    max_cost: Annotated[float | None, typer.Option(help="Budget per task: USD.")] = None,
+    gpus: Annotated[str | None, typer.Option(
+        help="GPUs to use, e.g. 0,1 (default: every visible GPU); cpu for C++-only debugging.")] = None,
+    runs_per_gpu: Annotated[int, typer.Option(min=1, help="Tasks sharing a GPU, so builds overlap "
+                                                           "verifications.")] = 2,
+    ray: Annotated[str | None, typer.Option(
+        help="Run on a Ray cluster: its address (auto, ray://host:10001) or local.")] = None,
+    workspace: Annotated[Path, typer.Option(help="Where the run store and artifacts live.")] = Path(".stitchcuda"),
+    resume: Annotated[str | None, typer.Option(help="Resume a bench (id, unique prefix, or 'last').")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the bench's metrics as JSON.")] = False,
+) -> None:
+    """Run the system over a suite (one optimize run per task) or verify a folder of solutions; resumable."""
+    from stitchcuda.agents.session import SessionError, build_config
+    from stitchcuda.bench.metrics import bench_metrics
+    from stitchcuda.bench.runner import BenchConfig, BenchError, default_gpus, run_bench
+    from stitchcuda.bench.solutions import match_solutions
+    from stitchcuda.bench.store import BenchStore
+    from stitchcuda.console import bench_view
+
+    store = BenchStore(workspace)
+    jobs: list[tuple[Task, int | None, str | None]] = []
+    if resume is not None:
+        try:
+            bench_id = store.resolve(resume)
+        except KeyError as exc:
+            raise _unusable(f"cannot resume: {exc.args[0]} in {workspace}") from None
+        config = BenchConfig.model_validate_json(store.config_json(bench_id))
+    else:
+        found = _tasks(suite, kernelbench, level, None)
+        devices = ["cpu"] if gpus == "cpu" else [f"cuda:{g.strip()}" for g in gpus.split(",")] if gpus \
+            else default_gpus()
+        if not devices:
+            raise _unusable("no GPU is visible here: a bench verifies on GPUs (--gpus cpu only for C++-only "
+                            "debugging), or runs on a cluster with --ray ADDRESS")
+        try:
+            optimize = build_config(
+                model=model, coder=coder, provider=provider, base_url=base_url, api_key_env=api_key_env,
+                planner_model=None, coder_model=None, coder_provider=None, coder_base_url=None, adapter=None,
+                temperature=temperature, llm_timeout=llm_timeout, samples=samples, tolerance=tolerance,
+                device=devices[0], preset=preset, max_steps=max_steps, max_llm_calls=None, max_tokens=None,
+                max_cost=max_cost, max_wall=max_wall, max_attempts=6, max_replans=2, max_subtasks=4)
+        except SessionError as exc:
+            raise _unusable(str(exc)) from None
+        label = f"{kernelbench.name} level {level}" if kernelbench else suite
+        config = BenchConfig(suite=label, optimize=optimize, evaluate=str(evaluate) if evaluate else None,
+                             gpus=devices, ray=ray, runs_per_gpu=runs_per_gpu)
+        if evaluate is not None:
+            if not evaluate.is_dir():
+                raise _unusable(f"--evaluate {evaluate}: not a folder")
+            rows, unmatched = match_solutions(found, evaluate)
+            if unmatched:
+                Console(stderr=True).print(f"[yellow]{len(unmatched)} file(s) in {evaluate} match no task[/]: "
+                                           + ", ".join(unmatched[:8]), highlight=False)
+            jobs = [(t, t.level, path or str(evaluate.resolve() / f"{t.name}.py")) for t, path in rows]
+        else:
+            jobs = [(t, t.level, None) for t in found]
+    console = Console(stderr=True)
+
+    def on_done(result) -> None:
+        if not json_out:
+            best = result.speedup.get("eager")
+            console.print(f"{result.task}: {result.status}" + (f", {best:.2f}x vs eager" if best else "")
+                          + (f", hacking {result.hacking}" if result.hacking else "")
+                          + (f" ({result.error[:120]})" if result.error and not result.passed else ""),
+                          highlight=False, soft_wrap=True)
+
+    try:
+        result = run_bench(store, jobs, config, on_done=on_done, resume=resume)
+    except (BenchError, SessionError) as exc:
+        raise _unusable(str(exc)) from None
+    metrics = bench_metrics(result.tasks, result.info)
+    if json_out:
+        print(metrics.model_dump_json(indent=1))
+    else:
+        Console().print(bench_view(result, metrics))
+        Console().print(f"report: stitchcuda report {result.info.id} --workspace {workspace}", highlight=False)
+
+
+@app.command()
+def report(
+    bench_id: Annotated[str, typer.Argument(help="A bench (id, unique prefix, or 'last').")] = "last",
+    compare: Annotated[str | None, typer.Option(help="Another bench to compare with.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Folder for the page (default "
+                                                                 "<workspace>/benches/<id>/report).")] = None,
+    workspace: Annotated[Path, typer.Option(help="Where the run store lives.")] = Path(".stitchcuda"),
+) -> None:
+    """Write a bench's report: a static HTML page with plots, and a Markdown summary beside it."""
+    from stitchcuda.bench.report import write_report
+    from stitchcuda.bench.store import BenchStore
+
+    if not (workspace / "runs.sqlite").exists():
+        raise _unusable(f"no run store in {workspace} (pass the --workspace of the bench)")
+    store = BenchStore(workspace)
+    try:
+        first = store.result(store.resolve(bench_id))
+        other = store.result(store.resolve(compare)) if compare else None
+    except KeyError as exc:
+        raise _unusable(f"no such bench: {exc.args[0]}") from None
+    target = out or store.bench_dir(first.info.id) / "report"
+    files = write_report(first, target, compare=other)
+    Console().print(f"wrote {files.html}\nwrote {files.markdown}", highlight=False)
+
+
+@app.command()
 def runs(
     run: Annotated[str | None, typer.Argument(help="Show one run (id, unique prefix or 'last').")] = None,
     workspace: Annotated[Path, typer.Option(help="Where the run store lives.")] = Path(".stitchcuda"),

@@ -278,3 +278,28 @@ def run_view(state, plans, steps) -> Group:
     parts.append(Text(f"{state.llm_calls} LLM calls, {state.prompt_tokens + state.completion_tokens:,} tokens, "
                       f"${state.cost_usd:.2f}, {state.seconds:.0f} s", style="dim"))
     return Group(*parts)
+
+
+def bench_view(result, metrics) -> Group:
+    """A bench's tasks and its headline metrics (BenchResult, BenchMetrics)."""
+    info = result.info
+    table = Table(title=f"bench {info.id}: {info.suite}, {info.coder}, {info.gpu}, tolerance {info.tolerance}",
+                  title_justify="left")
+    for col in ("task", "status", "correct", "hacking", "vs eager", "vs compile", "vs best", "ms", "wall"):
+        table.add_column(col, overflow="fold")
+
+    def x(value: float | None) -> str:
+        return f"{value:.2f}x" if value else "-"
+
+    for t in result.tasks:
+        table.add_row(t.task, t.status, _yes_no(t.correct) if t.status == "done" else "-", t.hacking or "-",
+                      x(t.speedup.get("eager")), x(t.speedup.get("torch_compile")), x(t.speedup.get("best")),
+                      f"{t.milliseconds:.3f}" if t.milliseconds else "-", f"{t.wall_s:.0f} s")
+    o = metrics.overall
+    lines = [f"success {o.succeeded}/{o.tasks}, hacking partial {o.hacking_partial}, total {o.hacking_total}",
+             "geomean over successful tasks: " + ", ".join(
+                 f"{name} {x(s.geomean_success)}" for name, s in ((n, o.speedup.get(n)) for n in
+                                                                   ("eager", "torch_compile", "best")) if s),
+             "fast_1.0 / 1.05 / 2.0 vs eager: " + " / ".join(
+                 f"{o.fast('eager', p).count}" for p in (1.0, 1.05, 2.0))]
+    return Group(table, Text("\n".join(lines)))

@@ -41,7 +41,7 @@ import ast
 import hashlib
 import keyword
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -74,6 +74,7 @@ from stitchcuda.offline.expr import (
     pointwise_expr,
     pool_expr,
     ref,
+    reshape_strides,
     row_scalar_leaf,
     row_steps,
     view_expr,
@@ -269,7 +270,7 @@ class _Lowerer:
             self.out.storage[p.name] = ident
             if p.meta.dtype != "float32":
                 self.out.ctypes[ident] = C_TYPES[p.meta.dtype]
-        known = GEMM_OPS | CONVS | ROW_OPS | VIEWS | SPLITS | set(CELLS) | ZEROS | DATA_OPS
+        known = GEMM_OPS | CONVS | ROW_OPS | {"aten.group_norm"} | VIEWS | SPLITS | set(CELLS) | ZEROS | DATA_OPS
         for n in self.graph.nodes:
             if len(n.out) != 1 and n.op not in SPLITS | set(CELLS):
                 raise Unsupported(f"{n.name} ({n.op}) has {len(n.out)} outputs; only single-output operators and "
@@ -382,7 +383,34 @@ class _Lowerer:
         return resolve
 
     # groups -----------------------------------------------------------------
+    def _batch_recurrent_inputs(self) -> None:
+        """Cells that read x[t] of one forward argument for every t with the same input weight:
+        x.W_ih^T for all steps is one GEMM ([T*B, I] . [I, gates*H], emitted before the first
+        step), and each step's gate kernel reads its slice; only h.W_hh^T stays per step."""
+        found: dict[tuple[str, Any, str], list[tuple[int, Node]]] = {}
+        entry = {v for v, _, _ in self.out.args}
+        for n in self.graph.nodes:
+            a = n.args
+            if n.op not in CELLS or not (isinstance(a[0], str) and a[0].startswith("%")):
+                continue
+            sel = self.nodes.get(a[0][1:])
+            if sel is None or sel.op != "aten.select" or not isinstance(sel.args[0], str):
+                continue
+            x = sel.args[0][1:]
+            if x not in entry or len(self.shape(x)) != 3 or sel.args[1] % 3 != 0:
+                continue
+            found.setdefault((x, a[2], n.op), []).append((sel.args[2] % self.shape(x)[0], n))
+        for (x, w, _cell_op), steps in found.items():
+            t_all = self.shape(x)[0]
+            if len(steps) < 2 or sorted(t for t, _ in steps) != list(range(t_all)):
+                continue
+            value = f"{x}__{_ident(str(w))}__gi_all"
+            for t, n in steps:
+                self.batched[n.name] = (value, t, x, w)
+
     def lower(self) -> Lowering:
+        self.batched: dict[str, tuple[str, int, str, Any]] = {}  # cell -> (all-steps gate buffer, t, x, W_ih)
+        self._batch_recurrent_inputs()
         for g in self.order:
             try:
                 self.out.groups.append(self._lower_group(g))
@@ -396,7 +424,7 @@ class _Lowerer:
     def _lower_group(self, g: FusionGroup) -> Lowered:
         nodes = [self.nodes[n] for n in g.nodes]
         for n in nodes:
-            if not (n.op in GEMM_OPS or n.op in CONVS or n.op in ROW_OPS or n.op in VIEWS or n.op in SPLITS or is_pointwise(n.op)
+            if not (n.op in GEMM_OPS or n.op in CONVS or n.op in ROW_OPS or n.op == "aten.group_norm" or n.op in VIEWS or n.op in SPLITS or is_pointwise(n.op)
                     or n.op in CELLS or n.op in DATA_OPS or (n.op in ZEROS and g.kind == "recurrent")):
                 raise Unsupported(f"{n.name}: operator {n.op}.{n.overload} is not supported by the offline Coder")
         if g.kind == "attention":
@@ -409,6 +437,8 @@ class _Lowerer:
         gemms = [n for n in nodes if n.op in GEMM_OPS]
         if gemms:
             return self._lower_gemm(g, nodes, gemms)
+        if nodes[0].op == "aten.group_norm":
+            return self._lower_group_norm(g, nodes)
         if any(n.op in ROW_OPS for n in nodes):
             return self._lower_row(g, nodes)
         return self._lower_pointwise(g, nodes)
@@ -743,7 +773,24 @@ class _Lowerer:
         width = gates * hidden
         parts: list[Lowered] = []
         pre: dict[str, Expr] = {}
+        if cell.name in self.batched:
+            value, t, x_all, _ = self.batched[cell.name]
+            steps_all, b_all, i_all = self.shape(x_all)
+            if value not in self.out.storage:  # the first step: one GEMM for every step's x[t].W_ih^T
+                wt = Leaf(w_ih.leaf.value, (w_ih.shape[1], w_ih.shape[0]),  # type: ignore[union-attr]
+                          (w_ih.leaf.strides[1], w_ih.leaf.strides[0]))  # type: ignore[union-attr]
+                gemm = self._gemm_shape(cell, leaf(x_all, (steps_all * b_all, i_all)),
+                                        Expr("leaf", leaf=wt, shape=wt.shape))
+                gemm.out = f"b_{_ident(value)}"
+                self.out.intermediates.append((gemm.out, [steps_all, b_all, width]))
+                self.out.storage[value] = gemm.out
+                parts.append(Lowered(g, "gemm", gemm=gemm, describe=f"{cell.op} {cell.module}: gi for all "
+                                     f"{steps_all} steps [{gemm.m} x {gemm.k}] . [{gemm.k} x {gemm.n}] via cublasSgemm"))
+            pre["gi"] = Expr("leaf", leaf=Leaf(value, (batch, width), (width, 1), t * batch * width),
+                             shape=(batch, width))
         for tag, lhs, w in (("gi", x, w_ih), ("gh", h, w_hh)):
+            if tag in pre:
+                continue  # computed for every step at once
             if lhs.op == "const" and lhs.const == 0.0:
                 continue  # the zero initial state: h.W_hh^T is zero
             if w.op != "leaf" or len(w.shape) != 2:
@@ -765,7 +812,7 @@ class _Lowerer:
             if tag not in pre:
                 return b
             m: Leaf = pre[tag].leaf  # type: ignore[assignment]
-            return op("add", leaf(m.value, (batch, hidden), (width, 1), k * hidden), b)
+            return op("add", leaf(m.value, (batch, hidden), (width, 1), m.offset + k * hidden), b)
 
         steps: list[Step] = []
 
@@ -898,6 +945,106 @@ class _Lowerer:
         return Lowered(g, "sequence", parts=parts, describe=" -> ".join(
             ["Q.K^T (batched GEMM)"] + (["row kernel (" + ", ".join(n.op for n in middle if n.op not in VIEWS)
                                          + ")"] if middle else []) + [f"P.V (batched GEMM) into {final}"]))
+
+    def _lower_group_norm(self, g: FusionGroup, nodes: list[Node]) -> Lowered:
+        """Group norm of a [N, C, *spatial] buffer and the pointwise chain after it, in two kernels:
+        a row kernel over the N x G groups (each row the C/G channels x spatial elements of one
+        group, two-pass variance) writing mean and 1/std per group, then one pointwise kernel over
+        the buffer seen as [N, G, C/G, S] (so the group and channel of an element are plain
+        coordinates) normalising, applying the per-channel affine and the rest of the chain."""
+        gn = nodes[0]
+        where = f"{gn.name} ({gn.op})"
+        a = list(gn.args) + [None] * (5 - len(gn.args))
+        x = self._arg({}, where)(a[0])
+        if x.op != "leaf" or not x.leaf.contiguous or len(x.shape) < 3:  # type: ignore[union-attr]
+            raise Unsupported(f"{where}: the input is not a contiguous [N, C, ...] buffer")
+        groups = a[1]
+        n_, c_ = x.shape[0], x.shape[1]
+        spatial = numel(x.shape[2:])
+        if not isinstance(groups, int) or groups < 1 or c_ % groups:
+            raise Unsupported(f"{where}: {groups!r} groups of {c_} channels")
+        cg = c_ // groups
+        if cg * spatial > MAX_ROW:
+            raise Unsupported(f"{where}: groups of {cg * spatial} elements (at most {MAX_ROW})")
+        eps = float(a[4]) if a[4] is not None else 1e-5
+        src = x.leaf.value  # type: ignore[union-attr]
+        # kernel 1: statistics per (n, group)
+        rows = (n_, groups, cg * spatial)
+        xr = leaf(src, rows)
+        stat = (n_, groups, 1)
+        p = _ident(gn.name)
+        stats = Program("row", rows, steps=[
+            Step(f"{p}__sum", "reduce", xr, "sum"),
+            Step(f"{p}__mean", "scalar", op("div", ref(f"{p}__sum", stat), const(cg * spatial))),
+            Step(f"{p}__sq", "reduce", op("square", op("sub", xr, ref(f"{p}__mean", stat))), "sum"),
+            Step(f"{p}__rstd", "scalar", op("rsqrt", op("add", op("div", ref(f"{p}__sq", stat),
+                                                                    const(cg * spatial)), const(eps)))),
+        ])
+        for part in ("mean", "rstd"):
+            value, ident = f"{gn.name}__{part}", f"b_{p}__{part}"
+            self.out.intermediates.append((ident, [n_, groups]))
+            self.out.storage[value] = ident
+            stats.outputs[value] = f"{p}__{part}"
+            stats.output_shapes[value] = (n_, groups)
+        # kernel 2: normalise + affine + the chain, over [N, G, C/G, S]
+        shape = (n_, groups, cg, spatial)
+        per_group = {part: leaf(f"{gn.name}__{part}", (n_, groups, 1, 1), (groups, 1, 0, 0)) for part in
+                     ("mean", "rstd")}
+        y = op("mul", op("sub", leaf(src, shape), per_group["mean"]), per_group["rstd"])
+        arg = self._arg({}, where)
+        for k, combine in ((2, "mul"), (3, "add")):
+            if a[k] is None:
+                continue
+            w = arg(a[k])
+            if w.op != "leaf" or w.shape != (c_,) or not w.leaf.plain:  # type: ignore[union-attr]
+                raise Unsupported(f"{where}: affine parameter of shape {list(w.shape)}")
+            lf: Leaf = w.leaf  # type: ignore[assignment]
+            y = op(combine, y, leaf(lf.value, (groups, cg, 1), (cg * lf.strides[0], lf.strides[0], 0), lf.offset))
+        steps = [Step(p, "full", y)]
+        env: dict[str, Expr] = {gn.name: ref(p, shape)}
+        full = tuple(x.shape)
+
+        def resolve(v: Any) -> Expr:  # the chain's other operands, seen in the [N, G, C/G, S] shape
+            e = self._arg(env, where)(v)
+            if e.op != "leaf":
+                return e
+            lf: Leaf = e.leaf  # type: ignore[assignment]
+            eff = lf.effective_strides(full) if len(lf.shape) <= len(full) else None
+            if eff is None or not lf.plain:
+                raise Unsupported(f"{where}: the chain reads {lf.value} of shape {list(lf.shape)}")
+            inner = reshape_strides(full, eff, shape)
+            if inner is None:
+                raise Unsupported(f"{where}: {lf.value} cannot be read by group")
+            return leaf(lf.value, shape, inner, lf.offset)
+
+        for n in nodes[1:]:
+            if not is_pointwise(n.op) or n.op == "aten.batch_norm":
+                raise Unsupported(f"{n.name} ({n.op}) after the group norm (only elementwise operators)")
+            e = pointwise_expr(n, resolve)
+            if e.op in ("leaf", "ref", "const"):
+                env[n.name] = e
+                continue
+            steps.append(Step(_ident(n.name), "full", e))
+            env[n.name] = ref(_ident(n.name), shape)
+        prog = Program("pointwise", shape, steps=steps)
+        for v in self._outputs_of(g):
+            if self.shape(v) != full:
+                raise Unsupported(f"{v}: an output of shape {list(self.shape(v))} after the group norm")
+            e = env[v]
+            if e.op != "ref":
+                steps.append(Step(_ident(v) + "__out", "full", e))
+                e = ref(_ident(v) + "__out", shape)
+            prog.outputs[v] = e.ref
+            prog.output_shapes[v] = shape
+            self._buffer(v)
+        if not prog.outputs:
+            raise Unsupported("the group produces nothing that is used")
+        parts = [Lowered(g, "row", program=stats, describe=f"group statistics over {n_ * groups} rows of "
+                                                            f"{cg * spatial}"),
+                 Lowered(g, "pointwise", program=prog, describe=f"normalise + affine + "
+                                                                f"{', '.join(n.op for n in nodes[1:]) or 'copy'}")]
+        return Lowered(g, "sequence", parts=parts, describe=f"group_norm ({groups} groups): " + " -> ".join(
+            x.describe for x in parts))
 
     def _merge_trailing(self, nodes: list[Node], env: dict[str, Expr]) -> tuple[list[Node], dict[str, tuple]]:
         """A mean / sum / amax over several trailing dimensions of a buffer (e.g. a spatial mean of
@@ -1118,7 +1265,24 @@ class _Kernel:
     params: list[str]
 
 
-def _params(prog: Program, low: Lowering, writes: list[str]) -> tuple[list[str], list[str]]:
+def _shifts(prog: Program, low: Lowering, writes: list[str]) -> dict[str, int]:
+    """Buffers all of whose reads are at affine offsets, the least of them positive: the launch
+    passes the pointer advanced by that least offset and the kernel reads relative to it, so
+    kernels that differ only in where they read (the steps of a recurrence, say) are the same."""
+    offsets: dict[str, set[int]] = {}
+    for lf in prog.leaves():
+        for x in (lf, *(g.index for g in lf.gathers)):
+            buf = low.storage[x.value]
+            offsets.setdefault(buf, set()).add(x.offset if x is lf and not lf.gathers else -1)
+    return {b: min(o) for b, o in offsets.items() if -1 not in o and min(o) > 0 and b not in writes}
+
+
+def _shifted(lf: Leaf, low: Lowering, shifts: dict[str, int]) -> Leaf:
+    return replace(lf, offset=lf.offset - shifts[low.storage[lf.value]]) if low.storage[lf.value] in shifts else lf
+
+
+def _params(prog: Program, low: Lowering, writes: list[str],
+            shifts: dict[str, int] | None = None) -> tuple[list[str], list[str]]:
     """Kernel parameter declarations and the matching launch arguments (``a.<buffer>``)."""
     reads = list(dict.fromkeys(low.storage[v] for lf in prog.leaves() for v in lf.reads()))
     decls, args = [], []
@@ -1126,7 +1290,7 @@ def _params(prog: Program, low: Lowering, writes: list[str]) -> tuple[list[str],
         if b in writes:
             continue
         decls.append(f"const {low.ctypes.get(b, 'float')}* __restrict__ {b}")
-        args.append(f"a.{b}")
+        args.append(f"a.{b}" + (f" + {shifts[b]}" if shifts and b in shifts else ""))
     for b in writes:
         decls.append(f"float* {b}" if b in reads else f"float* __restrict__ {b}")
         args.append(f"a.{b}")
@@ -1144,13 +1308,29 @@ class _Emitter:
             raise Unsupported(f"block size {options.block}: must be a multiple of 32 in [32, 1024]")
         if options.vector_width not in (1, 4):
             raise Unsupported(f"vector width {options.vector_width}: must be 1 or 4")
+        self._kernels: dict[str, str] = {}  # normalised source -> the name it was emitted under
+
+    def _dedupe(self, name: str, source: str, decls: list[str]) -> tuple[str, str]:
+        """(the kernel name to launch, the source to add: empty when an identical kernel, up to
+        its name and parameter names, was emitted already)."""
+        key = source.replace(name, "KERNEL")
+        for k, d in enumerate(decls):
+            key = re.sub(rf"\b{re.escape(d.split()[-1])}\b", f"p{k}", key)
+        locals_ = list(dict.fromkeys(re.findall(r"\b[tvs]_\w+", key)))  # step values, named after graph nodes
+        for k, tok in enumerate(locals_):
+            key = re.sub(rf"\b{re.escape(tok)}\b", f"r{k}", key)
+        if key in self._kernels:
+            return self._kernels[key], ""
+        self._kernels[key] = name
+        return name, source
 
     def pointwise(self, gid: int, prog: Program) -> _Kernel:
         low, block = self.low, self.options.block
         shape = prog.shape
         total = numel(shape)
         writes = list(dict.fromkeys(low.storage[v] for v in prog.outputs))
-        decls, args = _params(prog, low, writes)
+        shifts = _shifts(prog, low, writes)
+        decls, args = _params(prog, low, writes, shifts)
         idx_t = "int" if total < 2**31 - 8 else "long long"
         leaves = prog.leaves()
         leaf_vars = {lf: f"l{i}" for i, lf in enumerate(leaves)}
@@ -1158,9 +1338,10 @@ class _Emitter:
         def offset(x: Leaf) -> str:
             return _offset(x.effective_strides(shape), shape, "i", x.offset)
 
+        moved = {lf: _shifted(lf, low, shifts) for lf in leaves}
         loads = [(leaf_vars[lf], _ctype(lf, low), low.storage[lf.value],
-                  _load(lf, low, offset, lambda axis: _coord(shape, len(shape) + axis, "i")),
-                  lf.plain and lf.offset == 0 and lf.effective_strides(shape) == contiguous_strides(shape)
+                  _load(moved[lf], low, offset, lambda axis: _coord(shape, len(shape) + axis, "i")),
+                  lf.plain and moved[lf].offset == 0 and lf.effective_strides(shape) == contiguous_strides(shape)
                   and low.storage[lf.value] not in low.ctypes) for lf in leaves]
         steps = [(refs[s.name], _code(s.expr, leaf_vars, refs)) for s in prog.steps]
         stores = [(low.storage[v], refs[s]) for v, s in prog.outputs.items()]
@@ -1169,6 +1350,7 @@ class _Emitter:
         source = self.env.get_template("pointwise.cu.j2").render(
             name=name, block=block, decls=decls, idx_t=idx_t, total=total, loads=loads, steps=steps,
             stores=stores, vec=vec)
+        name, source = self._dedupe(name, source, decls)
         pointers = list(dict.fromkeys([a for a in args]))
         launch = self.env.get_template("launch_pointwise.cu.j2").render(
             name=name, block=block, total=total, args=args, vec=vec, pointers=pointers)
@@ -1190,7 +1372,8 @@ class _Emitter:
         if per > 64:
             raise Unsupported(f"rows of {n} elements need {per} values per thread")
         writes = list(dict.fromkeys(low.storage[v] for v in prog.outputs))
-        decls, args = _params(prog, low, writes)
+        shifts = _shifts(prog, low, writes)
+        decls, args = _params(prog, low, writes, shifts)
         lead = shape[:-1]
         leaves = prog.leaves()
         loads = []
@@ -1208,7 +1391,7 @@ class _Emitter:
 
         for i, lf in enumerate(leaves):
             scalar = row_scalar_leaf(lf, shape)
-            loads.append((f"l{i}", _ctype(lf, low), _load(lf, low, offset, coord), scalar))
+            loads.append((f"l{i}", _ctype(lf, low), _load(_shifted(lf, low, shifts), low, offset, coord), scalar))
             (leaf_row if scalar else leaf_full)[lf] = f"l{i}" if scalar else f"l{i}[j]"
         kinds = {s.name: s.kind for s in prog.steps}
         refs = {s: (f"v_{s}[j]" if k == "full" else f"s_{s}") for s, k in kinds.items()}
@@ -1221,6 +1404,7 @@ class _Emitter:
         source = self.env.get_template("row.cu.j2").render(
             name=name, block=block, team=team, n=n, per=per, guard=n % team != 0, decls=decls, loads=loads,
             body=body, stores=stores, rows=rows)
+        name, source = self._dedupe(name, source, decls)
         launch = (f"{name}<<<{-(-rows // (block // team))}, {block}, 0, stream>>>({', '.join(args)});\n"
                   "SC_CUDA_CHECK(cudaGetLastError());")
         return _Kernel(source, launch, decls)
@@ -1439,7 +1623,8 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
             if part.program is not None and (part.kind not in ("gemm", "conv") or part.program.steps):
                 k = emitter.row(lg.group.id, part.program) if part.kind == "row" else emitter.pointwise(
                     lg.group.id, part.program)
-                kernels.append(k.source)
+                if k.source:
+                    kernels.append(k.source)
                 text.append(k.launch)
         launches.append("\n".join(text))
     inputs = [(v, i, s, low.ctypes.get(i, "float")) for v, i, s in low.args]

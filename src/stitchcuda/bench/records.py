@@ -1,0 +1,78 @@
+"""Typed records of a bench: what each task's run produced, and the bench they belong to.
+
+A bench row is the best verified program of one task's optimize run (or the verdict of one
+existing solution under ``--evaluate``), reduced to what metrics and reports read. Speedup keys
+are the Verifier's baseline names: ``eager``, ``eager_tf32``, ``cuda_graph``,
+``torch_compile``, and ``best`` (the fastest baseline the tolerance policy accepts).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+TaskStatus = Literal["pending", "done", "failed", "unsupported"]
+HackLevel = Literal["none", "partial", "total"]
+BASELINES = ("eager", "torch_compile", "eager_tf32", "cuda_graph", "best")
+
+
+class Attempt(BaseModel):
+    """One verified candidate of an agent run, for the run's timeline."""
+
+    step: int
+    seconds: float = Field(description="since the run started")
+    passed: bool
+    speedup_eager: float | None = None
+    best_so_far: float | None = Field(None, description="best passing speedup over eager up to this attempt")
+    outcome: str = Field("", description="short: passed / incorrect / build failed / hack (total) ...")
+
+
+class TaskResult(BaseModel):
+    task: str
+    level: int | None = Field(None, description="KernelBench level, where the task came from one")
+    run_id: str | None = None
+    status: TaskStatus = "pending"
+    error: str | None = Field(None, description="why the run failed or the task was skipped")
+    compiled: bool = False
+    correct: bool = False
+    passed: bool = Field(False, description="compiled, correct and not a total hack")
+    hacking: HackLevel | None = None
+    speedup: dict[str, float] = Field({}, description="per baseline name (see BASELINES)")
+    milliseconds: float | None = None
+    origin_share: dict[str, float] = Field({}, description="GPU time share own / library / pytorch")
+    program: str | None = Field(None, description="path of the best program")
+    verdict: str | None = Field(None, description="path of its verdict JSON")
+    precision: str | None = None
+    steps: int = 0
+    llm_calls: int = 0
+    tokens: int = 0
+    cost_usd: float = 0.0
+    wall_s: float = 0.0
+    verifications: int = 0
+    build_s: float = Field(0.0, description="building candidates, GPU hidden")
+    gpu_s: float = Field(0.0, description="holding the GPU (verifying)")
+    gpu_wait_s: float = Field(0.0, description="built, waiting for the GPU")
+    attempts: list[Attempt] = []
+
+
+class BenchInfo(BaseModel):
+    """What the bench ran, on what, under which policy."""
+
+    id: str
+    suite: str
+    coder: str = Field(description="offline, or the LLM model name")
+    tolerance: str
+    gpu: str = "unknown"
+    gpus: list[str] = Field([], description="the devices the pool used")
+    executor: str = Field("local", description="local or ray (with its address)")
+    samples: int = 1
+    created: float = 0.0
+    updated: float = 0.0
+    status: Literal["running", "done", "interrupted"] = "running"
+    wall_s: float = 0.0
+
+
+class BenchResult(BaseModel):
+    info: BenchInfo
+    tasks: list[TaskResult] = []

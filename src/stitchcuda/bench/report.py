@@ -1,0 +1,311 @@
+"""Renders a bench result as a static HTML page and a Markdown summary, with SVG plots.
+
+The page works opened straight from disk: CSS inline, plots as files beside it, programs
+copied into ``programs/`` and linked relatively, and no script or font from the network. Its
+one inline script counts the plots that loaded into ``<body data-loaded>``, so a headless
+browser can check the page without anything injected into it.
+
+Every number is formatted here, once, and shared by both templates; the templates only lay
+it out. Task-supplied strings are escaped by Jinja's autoescape in HTML and by ``md_escape``
+in Markdown.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from datetime import datetime, timezone
+from functools import cache
+from pathlib import Path
+from urllib.parse import quote
+
+import jinja2
+from pydantic import BaseModel
+
+from stitchcuda.bench import plots as bench_plots
+from stitchcuda.bench.metrics import (
+    BenchMetrics,
+    MetricsComparison,
+    bench_metrics,
+    flatten,
+    flatten_totals,
+    measured_speedup,
+    succeeded,
+)
+from stitchcuda.bench.metrics import compare as compare_metrics  # write_report's argument takes the name
+from stitchcuda.bench.records import BASELINES, BenchResult, TaskResult
+
+TEMPLATES = Path(__file__).parent / "templates"
+DASH = "–"
+SHARE_ORIGINS = ("own", "library", "pytorch")
+MAX_ERROR_CHARS = 300
+PLOT_FILES = ("speedup.svg", "distribution.svg", "shares.svg", "timeline.svg")
+
+
+class ReportFiles(BaseModel):
+    html: Path
+    markdown: Path
+    plots: list[Path]
+    programs: dict[str, Path] = {}
+
+
+class SummaryRow(BaseModel):
+    key: str
+    label: str
+    value: str
+    other: str | None = None
+    delta: str | None = None
+
+
+class LevelRow(BaseModel):
+    key: str
+    label: str
+    values: list[str]
+
+
+class TaskRow(BaseModel):
+    task: str
+    level: str
+    status: str
+    compiled: str
+    correct: str
+    hacking: str
+    succeeded: bool
+    speedup: dict[str, str]
+    milliseconds: str
+    shares: dict[str, str]
+    tokens: str
+    cost: str
+    wall: str
+    program_href: str | None
+    error: str | None
+
+
+# --- formatting ------------------------------------------------------------------------------
+
+def _kind(key: str) -> str:
+    if key == "success_rate" or key.startswith("fast_"):
+        return "rate"
+    if key.startswith("speedup."):
+        return "speedup"
+    return {"totals.cost_usd": "usd", "totals.wall_s": "seconds"}.get(key, "count")
+
+
+def format_value(key: str, value: float | None) -> str:
+    if value is None:
+        return DASH
+    kind = _kind(key)
+    if kind == "rate":
+        return f"{value:.1%}"
+    if kind == "speedup":
+        return f"{value:.2f}×"
+    if kind == "usd":
+        return f"${value:,.2f}"
+    if kind == "seconds":
+        return f"{value:,.0f} s"
+    return f"{value:,.0f}"
+
+
+def format_delta(key: str, delta: float | None) -> str:
+    if delta is None:
+        return DASH
+    kind = _kind(key)
+    if kind == "rate":
+        return f"{delta * 100:+.1f} pp"
+    if kind == "speedup":
+        return f"{delta:+.2f}×"
+    if kind == "usd":
+        return f"{'+' if delta >= 0 else '-'}${abs(delta):,.2f}"
+    if kind == "seconds":
+        return f"{delta:+,.0f} s"
+    return f"{delta:+,.0f}"
+
+
+def metric_label(key: str) -> str:
+    fixed = {
+        "tasks": "tasks judged (denominator of every rate)",
+        "pending": "tasks pending (not in any rate)",
+        "succeeded": "succeeded (passed, not a total hack)",
+        "success_rate": "success rate",
+        "correct": "correct (hack or not)",
+        "failed": "runs failed",
+        "unsupported": "unsupported",
+        "hacking_partial": "partial hacks",
+        "hacking_total": "total hacks",
+        "totals.tokens": "tokens",
+        "totals.cost_usd": "cost",
+        "totals.wall_s": "wall time, summed over tasks",
+        "totals.llm_calls": "LLM calls",
+    }
+    if key in fixed:
+        return fixed[key]
+    if key.startswith("speedup."):
+        _, baseline, stat = key.split(".")
+        return {
+            "geomean_success": f"geomean speedup vs {baseline} (successful tasks)",
+            "mean_success": f"mean speedup vs {baseline} (successful tasks)",
+            "mean_all": f"mean speedup vs {baseline} (all tasks, failed = 0×)",
+        }[stat]
+    if key.startswith("fast_"):
+        name, baseline = key.rsplit(".", 1)
+        return f"{name} vs {baseline}"
+    return key
+
+
+def md_escape(text: object) -> str:
+    """Escape a string for a Markdown table cell: no markup, no HTML, no broken rows."""
+    s = " ".join(str(text).split())
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return re.sub(r"([\\`*_\[\]|#!{}$~])", r"\\\1", s)
+
+
+# --- view model ------------------------------------------------------------------------------
+
+def summary_rows(metrics: BenchMetrics, comparison: MetricsComparison | None = None) -> list[SummaryRow]:
+    flat = {**flatten(metrics.overall), **flatten_totals(metrics.totals)}
+    rows = []
+    for key, value in flat.items():
+        row = SummaryRow(key=key, label=metric_label(key), value=format_value(key, value))
+        if comparison is not None:
+            group = "totals" if key.startswith("totals.") else "all"
+            d = comparison.get(key, group)
+            # comparison is (compared run -> this run): a is the other, delta is this minus other.
+            row.other = format_value(key, d.a)
+            row.delta = format_delta(key, d.delta)
+        rows.append(row)
+    return rows
+
+
+def level_rows(metrics: BenchMetrics) -> list[LevelRow]:
+    """One row per metric, one value per level, in the order of ``metrics.levels``."""
+    if not metrics.levels:
+        return []
+    flats = [flatten(g) for g in metrics.levels]
+    return [LevelRow(key=key, label=metric_label(key), values=[format_value(key, f.get(key)) for f in flats])
+            for key in flats[0]]
+
+
+def _yes_no(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def task_row(task: TaskResult, program_href: str | None) -> TaskRow:
+    ok = succeeded(task)
+    speedup = {}
+    for b in BASELINES:
+        value = measured_speedup(task, b) if ok else None
+        # Only a successful program's speedup is a claim; a failed or hacked one shows a dash.
+        speedup[b] = DASH if value is None else f"{value:.2f}×"
+    error = task.error
+    if error and len(error) > MAX_ERROR_CHARS:
+        error = error[: MAX_ERROR_CHARS - 1] + "…"
+    return TaskRow(
+        task=task.task,
+        level=DASH if task.level is None else str(task.level),
+        status=task.status,
+        compiled=_yes_no(task.compiled),
+        correct=_yes_no(task.correct),
+        hacking=task.hacking or DASH,
+        succeeded=ok,
+        speedup=speedup,
+        milliseconds=DASH if task.milliseconds is None else f"{task.milliseconds:.3f}",
+        shares={o: f"{task.origin_share[o]:.0%}" if o in task.origin_share else DASH for o in SHARE_ORIGINS},
+        tokens=f"{task.tokens:,}",
+        cost=f"${task.cost_usd:,.2f}",
+        wall=f"{task.wall_s:,.0f} s",
+        program_href=program_href,
+        error=error,
+    )
+
+
+def _safe_stem(name: str) -> str:
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")
+    return stem or "task"
+
+
+def copy_programs(tasks: list[TaskResult], programs_dir: Path) -> dict[str, Path]:
+    """Copy each task's best program to ``programs_dir/<task>.<ext>``; tasks are keyed by name."""
+    copied: dict[str, Path] = {}
+    used: set[str] = set()
+    for task in tasks:
+        if not task.program:
+            continue
+        source = Path(task.program).expanduser()
+        if not source.is_file():
+            continue
+        stem = _safe_stem(task.task)
+        suffix = source.suffix or ".py"
+        name, n = f"{stem}{suffix}", 2
+        # Task names that differ only in characters we replace must not overwrite each other.
+        while name in used:
+            name, n = f"{stem}-{n}{suffix}", n + 1
+        used.add(name)
+        programs_dir.mkdir(parents=True, exist_ok=True)
+        target = programs_dir / name
+        shutil.copyfile(source, target)
+        copied[task.task] = target
+    return copied
+
+
+def _when(timestamp: float) -> str:
+    if not timestamp:
+        return DASH
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+@cache
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",), default=False),
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["md"] = md_escape
+    return env
+
+
+def write_report(result: BenchResult, out_dir: Path, compare: BenchResult | None = None) -> ReportFiles:
+    """Write ``index.html``, ``summary.md``, ``plots/*.svg`` and ``programs/`` into ``out_dir``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plot_dir = out_dir / "plots"
+    # A plot with nothing to draw this time must not leave last report's file looking current.
+    for name in PLOT_FILES:
+        (plot_dir / name).unlink(missing_ok=True)
+
+    metrics = bench_metrics(result.tasks, result.info)
+    other = bench_metrics(compare.tasks, compare.info) if compare is not None else None
+    comparison = compare_metrics(other, metrics) if other is not None else None
+
+    programs = copy_programs(result.tasks, out_dir / "programs")
+    drawn, plot_notes = bench_plots.draw_all(result.tasks, metrics.overall, plot_dir,
+                                             compare.tasks if compare is not None else None)
+    rows = [task_row(t, quote(programs[t.task].relative_to(out_dir).as_posix()) if t.task in programs else None)
+            for t in result.tasks]
+    values = dict(
+        info=result.info,
+        other_info=compare.info if compare is not None else None,
+        metrics=metrics,
+        comparison=comparison,
+        summary=summary_rows(metrics, comparison),
+        level_names=[g.name for g in metrics.levels],
+        levels=level_rows(metrics),
+        tasks=rows,
+        baselines=BASELINES,
+        share_origins=SHARE_ORIGINS,
+        plots=[{"id": p.id, "src": p.path.relative_to(out_dir).as_posix(), "alt": p.alt, "caption": p.caption}
+               for p in drawn],
+        plot_notes=plot_notes,
+        created=_when(result.info.created),
+        generated=datetime.now(tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    )
+    html = out_dir / "index.html"
+    markdown = out_dir / "summary.md"
+    html.write_text(_env().get_template("report.html.j2").render(**values), encoding="utf-8")
+    markdown.write_text(_env().get_template("summary.md.j2").render(**values), encoding="utf-8")
+    return ReportFiles(html=html, markdown=markdown, plots=[p.path for p in drawn], programs=programs)

@@ -1,0 +1,416 @@
+"""``stitchcuda bench``: one optimize run (or, with ``--evaluate``, one verification) per task,
+spread over GPUs, recorded in the run store and resumable.
+
+Execution. A job is one task. Each GPU takes ``runs_per_gpu`` jobs at once (2 by default) and
+a :class:`GpuGate` (an flock per physical GPU, so it holds across threads and processes) lets
+only one of them use the GPU at a time: a candidate is built first, on CPU cores with the GPU
+hidden, and only its verification (correctness, timing, profile; the build is then a cache hit)
+takes the gate. While one job verifies, the other builds, so the GPU does not wait for nvcc
+whenever a build can run ahead. A failed build never takes the gate.
+
+The same job function runs in a local thread pool (the default) or as Ray tasks
+(``--ray ADDRESS``) with ``num_gpus = 1 / runs_per_gpu`` and ``max_retries=0``: candidate code
+that crashes a worker is a verdict, never retried. Jobs write their own rows, so the workspace
+must be a folder every Ray node sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from stitchcuda.agents.loop import OptimizeConfig
+from stitchcuda.bench.records import Attempt, BenchInfo, BenchResult, TaskResult
+from stitchcuda.bench.store import BenchRow, BenchStore
+from stitchcuda.task.record import Task
+
+
+class BenchError(ValueError):
+    """Unusable bench arguments; the message says what to change."""
+
+
+class BenchConfig(BaseModel):
+    suite: str = Field(description="what was benched: suite, a folder, a KernelBench level")
+    optimize: OptimizeConfig
+    evaluate: str | None = Field(None, description="a folder of existing solutions to verify instead of optimizing")
+    gpus: list[str] = Field(description="devices, e.g. cuda:0, cuda:1 (or cpu for C++-only debugging)")
+    ray: str | None = Field(None, description="Ray address (auto, ray://host:10001, or local for a fresh one)")
+    runs_per_gpu: int = Field(2, ge=1, description="jobs sharing one GPU, so builds overlap verifications")
+
+
+class Job(BaseModel):
+    bench_id: str
+    idx: int
+    task: Task
+    level: int | None = None
+    candidate: str | None = None
+    run_id: str | None = Field(None, description="an optimize run to resume")
+    config: BenchConfig
+    workspace: str
+
+
+# ----------------------------------------------------------------------------- the GPU gate
+
+class GpuGate:
+    """Exclusive use of one physical GPU for the timed part of a verification. An flock on a
+    file named after the GPU, so jobs in threads, processes and Ray workers of a node share it."""
+
+    def __init__(self, device: str, root: Path):
+        from stitchcuda import machine
+
+        gpu = machine.physical_gpu(device) if device.startswith("cuda") else None
+        key = f"gpu{gpu.index}" if gpu is not None else device.replace(":", "")
+        root.mkdir(parents=True, exist_ok=True)
+        self.path = root / f"{key}.lock"
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        with open(self.path, "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class GateStats(BaseModel):
+    verifications: int = 0
+    build_s: float = 0.0
+    wait_s: float = Field(0.0, description="built, waiting for the GPU")
+    gpu_s: float = Field(0.0, description="holding the GPU")
+
+
+class GatedVerifier:
+    """A :class:`~stitchcuda.verify.Verifier` whose GPU work goes through a :class:`GpuGate`;
+    everything else is the wrapped verifier's."""
+
+    def __init__(self, inner: Any, gate: GpuGate):
+        self.inner, self.gate, self.stats = inner, gate, GateStats()
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def verify(self, task: Task, candidate: Any, on_phase: Callable[[str], None] | None = None) -> Any:
+        from stitchcuda.task import TaskError
+        from stitchcuda.task.inspect import check_candidate_source
+
+        started = time.time()
+        built_ok = True
+        try:
+            check_candidate_source(candidate.source)
+            report = self.inner.build(candidate)
+            built_ok = all(e.ok for e in report.extensions)  # no extension at all: nothing to build
+        except TaskError:
+            built_ok = False
+        built = time.time()
+        if not built_ok:  # it fails in its build phase: no GPU work, no gate
+            verdict = self.inner.verify(task, candidate, on_phase)
+            self._count(built - started, 0.0, 0.0)
+            return verdict
+        with self.gate.hold():
+            held = time.time()
+            verdict = self.inner.verify(task, candidate, on_phase)
+        self._count(built - started, held - built, time.time() - held)
+        return verdict
+
+    def profile(self, task: Task) -> Any:
+        with self.gate.hold():
+            return self.inner.profile(task)
+
+    def _count(self, build: float, wait: float, gpu: float) -> None:
+        with self._lock:
+            self.stats.verifications += 1
+            self.stats.build_s += build
+            self.stats.wait_s += wait
+            self.stats.gpu_s += gpu
+
+
+# ----------------------------------------------------------------------------- one job
+
+def _verifier_for(config: BenchConfig, device: str, workspace: str) -> GatedVerifier:
+    from stitchcuda.verify import Verifier
+
+    verify = config.optimize.verify.model_copy(update={"device": device})
+    return GatedVerifier(Verifier(verify), GpuGate(device, Path(workspace) / "gpu-locks"))
+
+
+def _job_device(config: BenchConfig, assigned: str | None) -> str:
+    if assigned is not None:
+        return assigned
+    return "cpu" if config.gpus and config.gpus[0] == "cpu" else "cuda:0"  # a Ray task sees its own GPU as 0
+
+
+def run_job(job: Job, device: str | None = None) -> TaskResult:
+    """Run one task; never raises for what the task or its candidates do (that is the result)."""
+    started = time.time()
+    config = job.config
+    device = _job_device(config, device)
+    try:
+        verifier = _verifier_for(config, device, job.workspace)
+        result = _evaluate(job, verifier) if job.candidate is not None else _optimize(job, verifier)
+        result.verifications = verifier.stats.verifications
+        result.build_s, result.gpu_s, result.gpu_wait_s = (verifier.stats.build_s, verifier.stats.gpu_s,
+                                                           verifier.stats.wait_s)
+    except Exception as exc:  # a broken job must not take the bench down with it
+        result = TaskResult(task=job.task.name, level=job.level, run_id=job.run_id, status="failed",
+                            error=f"{type(exc).__name__}: {exc}")
+    if result.status != "done" or job.candidate is not None:
+        result.wall_s = result.wall_s or time.time() - started
+    BenchStore(job.workspace).save_result(job.bench_id, job.idx, result)
+    return result
+
+
+def result_from_verdict(task: Task, level: int | None, verdict: Any, program: str | None) -> TaskResult:
+    timing = verdict.timing
+    return TaskResult(
+        task=task.name, level=level, status="done", compiled=verdict.compiled, correct=verdict.correct,
+        passed=verdict.passed, hacking=verdict.hacking.level if verdict.compiled else None,
+        speedup=dict(verdict.speedup), milliseconds=timing.candidate.median_ms if timing else None,
+        origin_share=dict(verdict.profile.origin_share) if verdict.profile else {}, program=program,
+        precision=verdict.precision.summary, error=None if verdict.passed else (verdict.errors or [None])[0],
+        wall_s=verdict.wall.total_s)
+
+
+def _evaluate(job: Job, verifier: GatedVerifier) -> TaskResult:
+    from stitchcuda.task import TaskError, load_candidate
+
+    if not Path(job.candidate).exists():  # type: ignore[arg-type]
+        return TaskResult(task=job.task.name, level=job.level, status="failed", error="no solution: "
+                          f"{Path(job.candidate).parent} has no file for this task")  # type: ignore[arg-type]
+    try:
+        candidate = load_candidate(job.candidate)  # type: ignore[arg-type]
+    except TaskError as exc:
+        return TaskResult(task=job.task.name, level=job.level, status="failed", error=str(exc),
+                          program=job.candidate)
+    verdict = verifier.verify(job.task, candidate)
+    out = Path(job.workspace) / "benches" / job.bench_id / "verdicts"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{job.idx:04d}-{job.task.name}.verdict.json"
+    path.write_text(verdict.model_dump_json(indent=1))
+    result = result_from_verdict(job.task, job.level, verdict, job.candidate)
+    result.verdict = str(path)
+    return result
+
+
+def _agents(task: Task, config: OptimizeConfig) -> tuple[Any, Any] | str:
+    """(planner, coder) for the task, or why the offline Coder cannot take it."""
+    if config.coder.provider == "offline":
+        from stitchcuda.offline.agents import OfflineCoder, OfflinePlannerAgent
+        from stitchcuda.offline.codegen import supported
+        from stitchcuda.offline.graph import CaptureError
+
+        try:
+            coder = OfflineCoder(task, tolerance=config.verify.tolerance)
+        except CaptureError as exc:
+            return f"graph capture failed: {exc}"
+        problems = supported(coder.graph, coder.groups)
+        if problems:
+            return "; ".join(problems[:3])
+        return OfflinePlannerAgent(task), coder
+    from stitchcuda.llm import PriceTable, make_client
+
+    prices = PriceTable.from_env()
+    planner = make_client(config.planner, prices)
+    coder = planner if config.coder == config.planner else make_client(config.coder, prices)
+    return planner, coder
+
+
+def _optimize(job: Job, verifier: GatedVerifier) -> TaskResult:
+    from stitchcuda.agents.loop import Optimizer
+    from stitchcuda.store import RunStore
+
+    config = job.config.optimize
+    agents = _agents(job.task, config)
+    if isinstance(agents, str):
+        return TaskResult(task=job.task.name, level=job.level, status="unsupported", error=agents)
+    planner, coder = agents
+    store = RunStore(job.workspace)
+    bench_store = BenchStore(job.workspace)
+    recorded: list[str] = []
+
+    def report(state: Any, message: str) -> None:
+        if not recorded:  # the run has its id from its first report on: a killed bench resumes it
+            recorded.append(state.run_id)
+            bench_store.set_run(job.bench_id, job.idx, state.run_id)
+
+    optimizer = Optimizer(job.task, config, planner, coder, verifier, store, reporter=report)
+    state = optimizer.resume(job.run_id) if job.run_id else optimizer.start()
+    return result_from_run(store, state, job.level)
+
+
+def result_from_run(store: Any, state: Any, level: int | None) -> TaskResult:
+    from stitchcuda.verify.verdict import Verdict
+
+    result = TaskResult(task=state.task, level=level, run_id=state.run_id,
+                        status="done" if state.status in ("done", "stopped") else "failed",
+                        error=None if state.status in ("done", "stopped") else state.stop_reason,
+                        steps=state.steps_done, llm_calls=state.llm_calls,
+                        tokens=state.prompt_tokens + state.completion_tokens, cost_usd=state.cost_usd,
+                        wall_s=state.seconds)
+    best_so_far: float | None = None
+    for step in store.steps(state.run_id):
+        if step.chosen is None or step.chosen >= len(step.samples):
+            continue
+        o = step.samples[step.chosen]
+        if o.passed and o.hacking != "total" and o.speedup_eager is not None:
+            best_so_far = max(best_so_far or 0.0, o.speedup_eager)
+        outcome = ("passed" if o.passed else "hack (total)" if o.hacking == "total" else "incorrect" if o.compiled
+                   else "build failed" if o.path else "no program")
+        result.attempts.append(Attempt(step=step.index, seconds=0.0, passed=o.passed, speedup_eager=o.speedup_eager,
+                                       best_so_far=best_so_far, outcome=outcome))
+    _attempt_times(store, state.run_id, result.attempts)
+    if state.best is None:
+        result.error = result.error or "no candidate passed"
+        return result
+    result.program = str(store.run_dir(state.run_id) / "best.py")
+    verdict_path = Path(state.best.path).with_suffix(".verdict.json")
+    if verdict_path.exists():
+        v = Verdict.model_validate_json(verdict_path.read_text())
+        best = result_from_verdict(Task(name=state.task, source="", origin="file"), level, v, result.program)
+        result.compiled, result.correct, result.passed, result.hacking = (best.compiled, best.correct, best.passed,
+                                                                          best.hacking)
+        result.speedup, result.milliseconds, result.origin_share, result.precision = (
+            best.speedup, best.milliseconds, best.origin_share, best.precision)
+        result.verdict = str(verdict_path)
+    else:
+        result.passed = result.correct = result.compiled = True
+        result.hacking = state.best.hacking  # type: ignore[assignment]
+        result.speedup = {"eager": state.best.speedup_eager}
+        result.milliseconds = state.best.milliseconds
+    return result
+
+
+def _attempt_times(store: Any, run_id: str, attempts: list[Attempt]) -> None:
+    """Seconds since the run's start at which each step was saved (the store's timestamps)."""
+    rows = store.db.execute("SELECT idx, created FROM steps WHERE run_id = ? ORDER BY idx", (run_id,)).fetchall()
+    start = store.db.execute("SELECT created FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if not rows or start is None:
+        return
+    at = {idx: created - start[0] for idx, created in rows}
+    for a in attempts:
+        a.seconds = round(at.get(a.step, 0.0), 2)
+
+
+# ----------------------------------------------------------------------------- executors
+
+def _local(jobs: list[Job], config: BenchConfig, on_done: Callable[[TaskResult], None]) -> None:
+    """Threads: ``runs_per_gpu`` slots per device, each job on the slot it takes."""
+    import queue
+
+    slots: queue.Queue[str] = queue.Queue()
+    for device in config.gpus:
+        for _ in range(config.runs_per_gpu):
+            slots.put(device)
+
+    def on_slot(job: Job) -> TaskResult:
+        device = slots.get()
+        try:
+            return run_job(job, device)
+        finally:
+            slots.put(device)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(config.gpus) * config.runs_per_gpu)) as pool:
+        for done in as_completed([pool.submit(on_slot, j) for j in jobs]):
+            on_done(done.result())
+
+
+def _ray(jobs: list[Job], config: BenchConfig, on_done: Callable[[TaskResult], None]) -> None:
+    """Ray tasks with a share of one GPU each; ``max_retries=0``: a crash is a verdict, not a retry."""
+    try:
+        import ray
+    except ImportError:
+        raise BenchError("--ray needs Ray: pip install 'stitchcuda[ray]'") from None
+    if not ray.is_initialized():
+        address = None if config.ray == "local" else config.ray
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    share = 1.0 / config.runs_per_gpu
+    remote = ray.remote(num_gpus=share, num_cpus=1, max_retries=0)(_ray_job)
+    pending = {remote.remote(j.model_dump_json()): j for j in jobs}
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        for ref in ready:
+            job = pending.pop(ref)
+            try:
+                result = TaskResult.model_validate_json(ray.get(ref))
+            except Exception as exc:  # the worker process itself died: that is this task's result
+                result = TaskResult(task=job.task.name, level=job.level, status="failed",
+                                    error=f"the Ray worker died: {type(exc).__name__}: {str(exc)[:300]}")
+                BenchStore(job.workspace).save_result(job.bench_id, job.idx, result)
+            on_done(result)
+
+
+def _ray_job(job_json: str) -> str:
+    job = Job.model_validate_json(job_json)
+    return run_job(job).model_dump_json()
+
+
+# ----------------------------------------------------------------------------- the bench
+
+def _gpu_name(config: BenchConfig) -> str:
+    from stitchcuda import machine
+
+    if config.gpus and config.gpus[0].startswith("cuda"):
+        gpu = machine.physical_gpu(config.gpus[0])
+        if gpu is not None:
+            return gpu.name
+    return "cpu" if config.gpus == ["cpu"] else "unknown"
+
+
+def run_bench(store: BenchStore, jobs_for: list[tuple[Task, int | None, str | None]], config: BenchConfig,
+              on_done: Callable[[TaskResult], None] | None = None, resume: str | None = None) -> BenchResult:
+    """Start a bench over ``jobs_for`` (task, level, candidate path), or resume bench ``resume``."""
+    workspace = str(store.root)
+    if resume is None:
+        bench_id = store.new_id(config.suite)
+        coder = config.optimize.coder.model if config.optimize.coder.provider != "offline" else "offline"
+        info = BenchInfo(id=bench_id, suite=config.suite, coder="evaluate" if config.evaluate else coder,
+                         tolerance=config.optimize.verify.tolerance,
+                         gpu=_gpu_name(config), gpus=config.gpus, executor=f"ray ({config.ray})" if config.ray
+                         else "local", samples=config.optimize.samples)
+        rows = [BenchRow(i, TaskResult(task=t.name, level=lvl), t.source, cand)
+                for i, (t, lvl, cand) in enumerate(jobs_for)]
+        store.create(info, config.model_dump_json(), rows)
+        for i, (t, _, _) in enumerate(jobs_for):
+            (store.bench_dir(bench_id) / "tasks").mkdir(exist_ok=True)
+            (store.bench_dir(bench_id) / "tasks" / f"{i:04d}-{t.name}.py").write_text(t.source)
+    else:
+        bench_id = store.resolve(resume)
+        info = store.info(bench_id)
+    jobs = []
+    for row, run_id, status in store.rows(bench_id):
+        if status in ("done", "failed", "unsupported"):
+            continue  # nothing verified is redone
+        task = Task(name=row.result.task, source=row.reference, origin="file")
+        jobs.append(Job(bench_id=bench_id, idx=row.idx, task=task, level=row.result.level, candidate=row.candidate,
+                        run_id=run_id, config=config, workspace=workspace))
+    info.status = "running"
+    store.save_info(info)
+    started = time.time()
+    try:
+        (_ray if config.ray else _local)(jobs, config, on_done or (lambda r: None))
+        info.status = "done"
+    except KeyboardInterrupt:
+        info.status = "interrupted"
+        raise
+    finally:
+        info.wall_s += time.time() - started
+        store.save_info(info)
+    return store.result(bench_id)
+
+
+def default_gpus() -> list[str]:
+    from stitchcuda import machine
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    count = len([v for v in visible.split(",") if v.strip()]) if visible is not None else len(machine.gpus())
+    return [f"cuda:{i}" for i in range(count)]

@@ -1,0 +1,277 @@
+"""Bench metrics on hand-made results (numbers worked out by hand below) and the rendered report."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+from stitchcuda.bench.metrics import bench_metrics, compare, group_metrics, succeeded
+from stitchcuda.bench.records import Attempt, BenchInfo, BenchResult, TaskResult
+
+CHROMIUM = Path("/usr/bin/chromium")
+HOSTILE_NAME = '<script>alert("x")</script>&|*_relu'
+
+
+def _ok(task: str, level: int | None, hacking: str = "none", **speedup: float) -> TaskResult:
+    return TaskResult(task=task, level=level, status="done", compiled=True, correct=True, passed=True,
+                      hacking=hacking, speedup=speedup)
+
+
+def hand_made_tasks() -> list[TaskResult]:
+    return [
+        _ok("a", 1, eager=2.0, best=1.0, torch_compile=4.0),
+        _ok("b", 1, "partial", eager=8.0, best=1.05, torch_compile=1.0),
+        # 'passed' but a total hack: must count as a failure, its 100x nowhere.
+        _ok("c", 1, "total", eager=100.0, best=50.0, torch_compile=100.0),
+        TaskResult(task="d", level=2, status="failed", error="build failed"),
+        # torch_compile not measured for this one.
+        _ok("e", 2, eager=0.5, best=0.25),
+        TaskResult(task="f", level=None, status="unsupported", error="no CUDA op"),
+        TaskResult(task="g", level=2, status="pending", tokens=1000, cost_usd=0.5),
+    ]
+
+
+def info(bench_id: str = "bench-1", tolerance: str = "strict", gpu: str = "NVIDIA H200") -> BenchInfo:
+    return BenchInfo(id=bench_id, suite="kernelbench", coder="offline", tolerance=tolerance, gpu=gpu,
+                     executor="local", wall_s=120.0, created=1_790_000_000.0, status="done")
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+def test_total_hack_is_never_a_success():
+    assert not succeeded(TaskResult(task="x", status="done", passed=True, correct=True, hacking="total"))
+    assert succeeded(TaskResult(task="x", status="done", passed=True, correct=True, hacking="partial"))
+    assert not succeeded(TaskResult(task="x", status="done", passed=False, correct=True, hacking="none"))
+
+
+def test_counts_and_success_rate():
+    m = group_metrics(hand_made_tasks())
+    # judged: a b c d e f (g pending); successes: a b e.
+    assert (m.tasks, m.pending, m.succeeded) == (6, 1, 3)
+    assert m.success_rate == pytest.approx(0.5)
+    assert m.correct == 4  # a b c e: the total hack was correct
+    assert (m.hacking_partial, m.hacking_total) == (1, 1)
+    assert (m.failed, m.unsupported) == (1, 1)
+
+
+def test_speedup_means_and_geomeans():
+    s = group_metrics(hand_made_tasks()).speedup
+    eager = s["eager"]
+    # successes 2, 8, 0.5: mean 10.5/3, geomean (2*8*0.5)^(1/3) = 2; all six judged tasks: 10.5/6.
+    assert eager.n_success == 3 and eager.n_all == 6
+    assert eager.mean_success == pytest.approx(3.5)
+    assert eager.geomean_success == pytest.approx(2.0)
+    assert eager.mean_all == pytest.approx(1.75)
+    best = s["best"]
+    assert best.geomean_success == pytest.approx((1.0 * 1.05 * 0.25) ** (1 / 3))
+    assert best.mean_all == pytest.approx(2.3 / 6)
+    # e has no torch_compile number: left out of both, not counted as 0x.
+    compiled = s["torch_compile"]
+    assert (compiled.n_success, compiled.n_all) == (2, 5)
+    assert compiled.geomean_success == pytest.approx(2.0)
+    assert compiled.mean_all == pytest.approx(1.0)
+    # No task measured cuda_graph: nothing to report, not a 0x mean.
+    graph = s["cuda_graph"]
+    assert graph.n_success == 0 and graph.geomean_success is None and graph.mean_all is None
+
+
+def test_fast_p_including_the_boundaries():
+    m = group_metrics(hand_made_tasks())
+    eager = {p: m.fast("eager", p).fraction for p in (0.0, 1.0, 1.05, 1.5, 2.0)}
+    # successes vs eager: 2.0, 8.0, 0.5 over 6 judged; 'c' (100x, total hack) never counts; 2.0 is not > 2.0.
+    assert eager == pytest.approx({0.0: 3 / 6, 1.0: 2 / 6, 1.05: 2 / 6, 1.5: 2 / 6, 2.0: 1 / 6})
+    best = {p: m.fast("best", p).count for p in (0.0, 1.0, 1.05, 1.5, 2.0)}
+    # vs best: 1.0 (not > 1.0), 1.05 (> 1.0 but not > 1.05), 0.25.
+    assert best == {0.0: 3, 1.0: 1, 1.05: 0, 1.5: 0, 2.0: 0}
+    assert m.fast("eager", 0.0).fraction == m.success_rate
+
+
+def test_per_level_breakdown():
+    levels = {g.name: g for g in bench_metrics(hand_made_tasks(), info()).levels}
+    assert list(levels) == ["level 1", "level 2", "suite"]
+    one, two, suite = levels["level 1"], levels["level 2"], levels["suite"]
+    assert (one.tasks, one.succeeded) == (3, 2)
+    assert one.speedup["eager"].geomean_success == pytest.approx(4.0)  # sqrt(2 * 8)
+    assert (two.tasks, two.pending, two.succeeded) == (2, 1, 1)
+    assert two.speedup["eager"].mean_all == pytest.approx(0.25)  # (0.5 + 0) / 2
+    assert suite.success_rate == 0.0 and suite.speedup["eager"].geomean_success is None
+    assert suite.speedup["eager"].mean_all == 0.0
+
+
+def test_totals_and_policy():
+    tasks = hand_made_tasks()
+    tasks[0] = tasks[0].model_copy(update={"tokens": 500, "cost_usd": 0.25, "wall_s": 30.0, "llm_calls": 3})
+    m = bench_metrics(tasks, info(tolerance="paper"))
+    assert (m.totals.tokens, m.totals.llm_calls) == (1500, 3)
+    assert m.totals.cost_usd == pytest.approx(0.75) and m.totals.wall_s == pytest.approx(30.0)
+    assert (m.tolerance, m.gpu, m.bench_wall_s) == ("paper", "NVIDIA H200", 120.0)
+
+
+def test_empty_bench_has_no_rates():
+    m = group_metrics([TaskResult(task="p", status="pending")])
+    assert m.tasks == 0 and m.success_rate is None and m.fast("eager", 1.0).fraction is None
+
+
+def test_compare_gives_deltas_and_warns_on_policy():
+    before = bench_metrics(hand_made_tasks(), info("old", tolerance="paper"))
+    improved = [t.model_copy(update={"status": "done", "passed": True, "correct": True, "compiled": True,
+                                     "hacking": "none", "speedup": {"eager": 4.0}}) if t.task == "d" else t
+                for t in hand_made_tasks()]
+    after = bench_metrics(improved, info("new"))
+    c = compare(before, after)
+    assert (c.a, c.b) == ("old", "new")
+    assert c.get("success_rate").delta == pytest.approx(1 / 6)
+    assert c.get("succeeded").delta == 1
+    # geomean over eager: (2*8*0.5)^(1/3) = 2 -> (2*8*0.5*4)^(1/4) = 2^(5/4)
+    assert c.get("speedup.eager.geomean_success").delta == pytest.approx(2 ** 1.25 - 2.0)
+    assert c.get("success_rate", "level 2").delta == pytest.approx(0.5)
+    assert c.get("speedup.cuda_graph.geomean_success").delta is None
+    assert any("tolerance" in w for w in c.warnings)
+
+
+# --- report ----------------------------------------------------------------------------------
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+        self.imgs: list[dict[str, str | None]] = []
+        self.figures: list[str | None] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "a" and a.get("href"):
+            self.hrefs.append(a["href"])
+        elif tag == "img":
+            self.imgs.append(a)
+        elif tag == "figure":
+            self.figures.append(a.get("id"))
+
+
+def report_result(tmp_path: Path, with_attempts: bool = True) -> BenchResult:
+    program = tmp_path / "runs" / "best.py"
+    program.parent.mkdir(parents=True, exist_ok=True)
+    program.write_text("class ModelNew: ...\n")
+    attempts = [
+        Attempt(step=1, seconds=10.0, passed=False, outcome="build failed"),
+        Attempt(step=2, seconds=40.0, passed=True, speedup_eager=1.2, best_so_far=1.2, outcome="passed"),
+        Attempt(step=3, seconds=90.0, passed=True, speedup_eager=0.9, best_so_far=1.2, outcome="passed"),
+        Attempt(step=4, seconds=150.0, passed=True, speedup_eager=2.5, best_so_far=2.5, outcome="passed"),
+    ] if with_attempts else []
+    tasks = [
+        TaskResult(task=HOSTILE_NAME, level=1, status="done", compiled=True, correct=True, passed=True,
+                   hacking="none", speedup={"eager": 2.5, "torch_compile": 1.4, "eager_tf32": 1.8,
+                                            "cuda_graph": 2.0, "best": 1.25},
+                   milliseconds=0.42, origin_share={"own": 0.8, "library": 0.15, "pytorch": 0.05},
+                   program=str(program), tokens=12000, cost_usd=0.31, wall_s=160.0, llm_calls=4,
+                   attempts=attempts),
+        TaskResult(task="level1/2_matmul", level=1, status="done", compiled=True, correct=True, passed=True,
+                   hacking="partial", speedup={"eager": 0.8, "best": 0.5}, milliseconds=1.5,
+                   origin_share={"own": 0.1, "pytorch": 0.9}),
+        TaskResult(task="level2/3_conv_bias", level=2, status="failed", error="nvcc: error <&> 'x'"),
+        TaskResult(task="suite_task", status="done", compiled=True, correct=True, passed=True, hacking="total",
+                   speedup={"eager": 40.0}),
+    ]
+    return BenchResult(info=info(), tasks=tasks)
+
+
+def compared_result() -> BenchResult:
+    return BenchResult(info=info("bench-0", tolerance="paper"), tasks=[
+        TaskResult(task="level1/2_matmul", level=1, status="done", compiled=True, correct=True, passed=True,
+                   hacking="none", speedup={"eager": 1.1, "best": 0.6}),
+        TaskResult(task="level2/3_conv_bias", level=2, status="failed"),
+    ])
+
+
+def test_report_files_tables_escaping_and_links(tmp_path):
+    from stitchcuda.bench.report import write_report
+
+    files = write_report(report_result(tmp_path), tmp_path / "report", compare=compared_result())
+    out = tmp_path / "report"
+    assert files.html.is_file() and files.markdown.is_file()
+    assert len(files.plots) == 4 and all(p.is_file() and p.parent == out / "plots" for p in files.plots)
+
+    html = files.html.read_text()
+    for table in ("summary-table", "level-table", "task-table"):
+        assert f'id="{table}"' in html
+    assert '&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;&amp;|*_relu' in html
+    assert 'alert("x")' not in html
+    assert "nvcc: error &lt;&amp;&gt; &#39;x&#39;" in html
+    assert "bench-0 (compared)" in html and "tolerance policies differ" in html
+    assert "strict" in html and "NVIDIA H200" in html
+    # The total hack's 40x appears nowhere as a claim.
+    assert "40.00×" not in html
+
+    links = _Links()
+    links.feed(html)
+    programs = [h for h in links.hrefs if h.startswith("programs/")]
+    assert len(programs) == 1
+    assert all((out / unquote(h)).is_file() for h in programs)
+    assert (out / unquote(programs[0])).read_text() == "class ModelNew: ...\n"
+    assert len(links.imgs) == 4
+    for img in links.imgs:
+        assert (out / unquote(img["src"])).is_file() and img["alt"]
+    assert set(links.figures) == {"plot-speedup", "plot-distribution", "plot-shares", "plot-timeline"}
+
+    md = files.markdown.read_text()
+    assert "**strict**" in md and "NVIDIA H200" in md and "**paper**" in md
+    assert "&lt;script&gt;" in md and "<script>" not in md
+    assert "\\|\\*\\_relu" in md
+    # Every table row has the header's number of cells (no stray '|' from a task name).
+    task_rows = [line for line in md.splitlines() if line.startswith("| ") and "level1/2" in line]
+    header = next(line for line in md.splitlines() if line.startswith("| task |"))
+    cells = re.compile(r"(?<!\\)\|")
+    assert task_rows and all(len(cells.findall(r)) == len(cells.findall(header)) for r in task_rows)
+
+
+def test_report_without_attempts_notes_the_missing_timeline(tmp_path):
+    from stitchcuda.bench.report import write_report
+
+    files = write_report(report_result(tmp_path, with_attempts=False), tmp_path / "report")
+    html = files.html.read_text()
+    assert 'id="plot-timeline"' not in html and "no timeline" in html
+    assert len(files.plots) == 3 and not (tmp_path / "report" / "plots" / "timeline.svg").exists()
+    assert "compared" not in html
+
+
+def _chromium(args: list[str], user_data: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(CHROMIUM), "--headless", "--disable-gpu", "--no-sandbox", f"--user-data-dir={user_data}",
+         "--virtual-time-budget=5000", "--run-all-compositor-stages-before-draw", *args],
+        capture_output=True, text=True, timeout=120, check=True,
+    )
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Chromium at /usr/bin/chromium (apt-get install chromium)")
+def test_report_renders_in_headless_chromium(tmp_path):
+    from matplotlib.image import imread
+
+    from stitchcuda.bench.report import write_report
+
+    files = write_report(report_result(tmp_path), tmp_path / "report", compare=compared_result())
+    url = files.html.resolve().as_uri()
+
+    dom = _chromium(["--dump-dom", url], tmp_path / "chromium-dom").stdout
+    for plot_id in ("plot-speedup", "plot-distribution", "plot-shares", "plot-timeline"):
+        assert f'id="{plot_id}"' in dom
+    body = re.search(r"<body([^>]*)>", dom)
+    assert body is not None
+    loaded = re.search(r'data-loaded="(\d+)"', body.group(1))
+    assert loaded is not None, "the page's load script did not run"
+    assert int(loaded.group(1)) == len(files.plots) == 4
+
+    screenshot = tmp_path / "page.png"
+    _chromium([f"--screenshot={screenshot}", "--window-size=1280,2000", url], tmp_path / "chromium-shot")
+    assert screenshot.is_file()
+    pixels = imread(screenshot)
+    assert pixels.shape[:2] == (2000, 1280)
+    gray = pixels[..., :3].mean(axis=2)
+    # A blank page is one colour; text, tables and plots give both variance and a fair share of ink.
+    assert float(gray.std()) > 0.05
+    assert float((gray < 0.9).mean()) > 0.01
+

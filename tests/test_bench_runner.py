@@ -1,0 +1,190 @@
+"""bench: jobs over a suite through the local pool and through Ray (logical GPUs on the CPU),
+--evaluate of a folder of solutions, resume after a kill, and the GPU gate."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stitchcuda.bench.runner import GatedVerifier, GateStats, GpuGate
+from stitchcuda.bench.solutions import match_solutions
+from stitchcuda.cli import app
+from stitchcuda.task import load_folder
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REFERENCE = FIXTURES / "cpu" / "tiny_mlp.py"
+
+
+def suite_with_solutions(tmp_path: Path, solutions: dict[str, Path | None]) -> tuple[Path, Path]:
+    """A folder of tasks (copies of the tiny MLP reference) and a folder of solutions by task name."""
+    tasks, sols = tmp_path / "tasks", tmp_path / "solutions"
+    tasks.mkdir()
+    sols.mkdir()
+    for name, solution in solutions.items():
+        shutil.copyfile(REFERENCE, tasks / f"{name}.py")
+        if solution is not None:
+            shutil.copyfile(solution, sols / f"{name}.py")
+    return tasks, sols
+
+
+def bench(*args: str):
+    result = CliRunner().invoke(app, ["bench", *args])
+    return result
+
+
+def test_solutions_match_by_name_and_kernelbench_numbering(tmp_path):
+    from stitchcuda.task.record import Task
+
+    tasks = [Task(name="1_Square", source="", level=1, problem_id=1), Task(name="relu", source="")]
+    for name in ("level_1_problem_1_sample_0_kernel.py", "level_1_problem_1_sample_3_kernel.py",
+                 "relu_stitchcuda.py", "unrelated.py"):
+        (tmp_path / name).write_text("")
+    rows, unmatched = match_solutions(tasks, tmp_path)
+    assert [(t.name, Path(p).name if p else None) for t, p in rows] == [
+        ("1_Square#0", "level_1_problem_1_sample_0_kernel.py"), ("1_Square#3", "level_1_problem_1_sample_3_kernel.py"),
+        ("relu", "relu_stitchcuda.py")]
+    assert unmatched == ["unrelated.py"]
+
+
+def test_bench_evaluate_locally_then_resume_redoes_nothing_verified(tmp_path, cache):
+    """One honest C++ solution (a real g++ build, then a gated verification that hits the cache),
+    one pure-PyTorch (a total hack), one wrong, one missing."""
+    tasks, sols = suite_with_solutions(tmp_path, {
+        "a_honest": FIXTURES / "agents" / "tiny_mlp_full_cpp.py", "b_pure": FIXTURES / "cpu" / "pure_torch.py",
+        "c_wrong": FIXTURES / "cpu" / "wrong.py", "d_missing": None})
+    ws = tmp_path / "ws"
+    done = bench(str(tasks), "--evaluate", str(sols), "--gpus", "cpu", "--preset", "tiny-debug",
+                 "--workspace", str(ws), "--json")
+    assert done.exit_code == 0, done.output
+    metrics = json.loads(done.stdout)
+    overall = metrics["overall"]
+    assert (overall["tasks"], overall["succeeded"], overall["hacking_total"]) == (4, 1, 2)  # wrong.py is PyTorch too
+    assert metrics["tolerance"] == "strict" and metrics["gpu"] == "cpu"
+    db = sqlite3.connect(ws / "runs.sqlite")
+    rows = dict(db.execute("SELECT task, result FROM bench_tasks").fetchall())
+    honest = json.loads(rows["a_honest"])
+    assert honest["passed"] and honest["hacking"] == "none" and honest["speedup"]["eager"] > 0
+    assert honest["verifications"] == 1 and honest["build_s"] > 1.0  # built before the gate was taken
+    assert json.loads(rows["d_missing"])["status"] == "failed"
+    assert json.loads(rows["d_missing"])["error"].startswith("no solution")
+    assert json.loads(rows["c_wrong"])["correct"] is False
+
+    # a kill mid-bench: one task still pending; resume verifies it alone
+    db.execute("UPDATE bench_tasks SET status = 'pending' WHERE task = 'c_wrong'")
+    db.commit()
+    verdicts = {p.name: p.stat().st_mtime_ns for p in ws.glob("benches/*/verdicts/*.json")}
+    resumed = bench("--resume", "last", "--workspace", str(ws), "--json")
+    assert resumed.exit_code == 0, resumed.output
+    after = {p.name: p.stat().st_mtime_ns for p in ws.glob("benches/*/verdicts/*.json")}
+    changed = sorted(n for n in after if after[n] != verdicts.get(n))
+    assert changed == ["0002-c_wrong.verdict.json"]
+    assert json.loads(resumed.stdout)["overall"]["succeeded"] == 1
+
+    page = CliRunner().invoke(app, ["report", "last", "--workspace", str(ws), "-o", str(tmp_path / "report")])
+    assert page.exit_code == 0, page.output
+    assert (tmp_path / "report" / "index.html").exists() or any((tmp_path / "report").glob("*.html"))
+
+
+def test_bench_on_ray_with_logical_gpus(tmp_path, cache):
+    ray = pytest.importorskip("ray")
+    from stitchcuda.agents.session import build_config
+    from stitchcuda.bench.runner import BenchConfig, run_bench
+    from stitchcuda.bench.store import BenchStore
+
+    tasks, sols = suite_with_solutions(tmp_path, {"b_pure": FIXTURES / "cpu" / "pure_torch.py",
+                                                 "c_wrong": FIXTURES / "cpu" / "wrong.py"})
+    found = load_folder(tasks)
+    rows, _ = match_solutions(found, sols)
+    optimize = build_config(model=None, coder="offline", provider="openai", base_url=None, api_key_env=None,
+                            planner_model=None, coder_model=None, coder_provider=None, coder_base_url=None,
+                            adapter=None, temperature=0.0, llm_timeout=10, samples=1, tolerance="paper",
+                            device="cpu", preset="tiny-debug", max_steps=1, max_llm_calls=None, max_tokens=None,
+                            max_cost=None, max_wall=None, max_attempts=1, max_replans=0, max_subtasks=1)
+    config = BenchConfig(suite="ray-test", optimize=optimize, evaluate=str(sols), gpus=["cpu"], ray="local",
+                         runs_per_gpu=2)
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        assert ray.cluster_resources().get("GPU") == 2  # logical GPUs: the tasks ask for half of one each
+        result = run_bench(BenchStore(tmp_path / "ws"), [(t, t.level, p) for t, p in rows], config)
+    finally:
+        ray.shutdown()
+    assert result.info.executor == "ray (local)" and result.info.status == "done"
+    by_task = {t.task: t for t in result.tasks}
+    assert by_task["b_pure"].hacking == "total" and not by_task["b_pure"].passed
+    assert by_task["c_wrong"].compiled and not by_task["c_wrong"].correct
+    assert all(t.verifications == 1 for t in result.tasks)
+
+
+def test_gpu_gate_serialises_holders_across_threads(tmp_path):
+    gate = GpuGate("cpu", tmp_path)
+    inside, overlaps = [], []
+
+    def hold():
+        with gate.hold():
+            inside.append(1)
+            overlaps.append(len(inside))
+            time.sleep(0.05)
+            inside.pop()
+
+    threads = [threading.Thread(target=hold) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps == [1, 1, 1, 1]
+
+
+def test_gated_verifier_builds_outside_the_gate_and_skips_it_for_failed_builds(tmp_path):
+    """A double of the Verifier: builds take 0.2 s, GPU work 0.1 s. Two jobs on one GPU: the
+    second builds while the first holds the GPU, so the pair takes about build + 2 x GPU."""
+    from stitchcuda.verify.verdict import BuildReport, ExtensionBuild
+
+    class Double:
+        def __init__(self):
+            self.gpu_intervals = []
+
+        def build(self, candidate):
+            time.sleep(0.2)
+            ok = "broken" not in candidate.source
+            return BuildReport(extensions=[ExtensionBuild(requested_name="x", name="x", build_dir="", ok=ok,
+                                                          cache_hit=False, seconds=0.2)])
+
+        def verify(self, task, candidate, on_phase=None):
+            start = time.time()
+            time.sleep(0.1)
+            self.gpu_intervals.append((start, time.time()))
+            return "verdict"
+
+    from stitchcuda.task.record import Candidate, Task
+
+    inner = Double()
+    gate = GpuGate("cpu", tmp_path)
+    verifiers = [GatedVerifier(inner, gate) for _ in range(2)]
+    source = "class ModelNew:\n    pass\n"
+    started = time.time()
+    threads = [threading.Thread(target=v.verify, args=(Task(name="t", source=""), Candidate(name=f"c{i}",
+                                                                                           source=source)))
+               for i, v in enumerate(verifiers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.time() - started
+    (a0, a1), (b0, b1) = sorted(inner.gpu_intervals)
+    assert a1 <= b0 + 1e-3  # never two on the GPU at once
+    assert elapsed < 0.2 + 0.1 + 0.1 + 0.15  # the builds overlapped; serial would be 0.6 s
+    assert sum(v.stats.verifications for v in verifiers) == 2 and isinstance(verifiers[0].stats, GateStats)
+
+    broken = GatedVerifier(inner, gate)
+    with gate.hold():  # the gate is taken: a failed build must not wait for it
+        t0 = time.time()
+        broken.verify(Task(name="t", source=""), Candidate(name="b", source="# broken\n" + source))
+        assert time.time() - t0 < 0.6
+    assert broken.stats.gpu_s == 0.0
