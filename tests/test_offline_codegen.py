@@ -125,6 +125,30 @@ def sgemm_colmajor(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, batch=1, sa=0, sb=0,
         mat(C, i * sc, m, n, ldc).copy_((alpha * a.double().matmul(b.double())).float())
 
 
+def simulate_lt(g, flat: dict[str, torch.Tensor]) -> None:
+    """What the emitted cublasLtMatmul computes, from the layouts (rows, cols, ld) and transposes
+    its descriptors are made from: D = op(A) op(B) in column-major, + bias per row, activation."""
+    from stitchcuda.offline.codegen import _lt_operands
+
+    def buf(text):
+        name, *off = text.split(" + ")
+        return flat[name][int(off[0]) if off else 0:]
+
+    (a, ar, ac, ald, _), (b, br, bc, bld, _), (d, dr, dc, dld, _) = _lt_operands(g)
+    mat_a = torch.as_strided(buf(a), (ar, ac), (1, ald)).double()
+    mat_b = torch.as_strided(buf(b), (br, bc), (1, bld)).double()
+    mat_a = mat_a.T if g.b_trans else mat_a  # TRANSA is set from how B is stored, as in lt_setup
+    mat_b = mat_b.T if g.a_trans else mat_b
+    out = mat_a @ mat_b
+    assert tuple(out.shape) == (dr, dc)
+    out = out + buf(g.bias)[:dr].double()[:, None]
+    if g.epilogue == "RELU_BIAS":
+        out = out.clamp_min(0)
+    elif g.epilogue == "GELU_BIAS":
+        out = torch.nn.functional.gelu(out, approximate="tanh")
+    torch.as_strided(buf(d), (dr, dc), (1, dld)).copy_(out.float())
+
+
 def simulate_conv(c, flat: dict[str, torch.Tensor]) -> None:
     """What the emitted cuDNN call computes, from the Conv record its descriptors are made from:
     a forward convolution, or (transposed) the backward-data of one."""
@@ -171,7 +195,9 @@ def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     for _, ident, shape in low.outputs:
         flat[ident] = torch.full((numel(shape),), float("nan"))
     for lg in (x for g in low.groups for x in g.launches()):
-        if lg.gemm is not None:
+        if lg.gemm is not None and lg.gemm.lt is not None:
+            simulate_lt(lg.gemm, flat)
+        elif lg.gemm is not None:
             text = emitter.gemm(lg.gemm)
             scaled = re.match(r"\{\nconst float kAlpha = (.*)f;\n(.*)\n\}$", text, re.S)
             alpha = float(scaled.group(1)) if scaled else 1.0
@@ -330,12 +356,13 @@ def test_bundled_programs_are_clean_and_take_the_weights(name, bundled, monkeypa
     assert report.findings == []
     assert report.kernels and report.exported == ["forward"]
     if any(g.kind == "gemm" for g in groups):
-        assert "cublasSgemm" in " ".join(report.libraries)
+        assert any(x.startswith(("cublasSgemm", "cublasLtMatmul")) for x in report.libraries)
     stub = extension_stub(graph, groups)
     module = exec_candidate(source, stub, monkeypatch)
     assert module.build_args["functions"] == ["forward"]
     assert module.build_args["extra_cuda_cflags"] == ["-O3"]
     assert ("-lcublas" in module.build_args.get("extra_ldflags", [])) == ("cublasSgemm" in source)
+    assert ("-lcublasLt" in module.build_args.get("extra_ldflags", [])) == ("cublasLtMatmul(" in source)
     assert module.build_args["name"].startswith("stitchcuda_offline_")
     ref = reference_module(task)
     with torch.device("meta"):
@@ -349,7 +376,8 @@ def test_bundled_programs_are_clean_and_take_the_weights(name, bundled, monkeypa
         candidate(*inputs)
     assert len(stub.calls) == 1
     assert "TF32_TENSOR_OP" not in source and "FAST_TF32" not in source
-    assert ("cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH)" in source) == ("cublasSgemm(" in source)
+    assert ("CUBLAS_COMPUTE_32F, CUDA_R_32F" in source) == ("cublasLtMatmul(" in source)  # true fp32 in cuBLASLt too
+    assert ("cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH)" in source) == ("cublasSgemm" in source)
 
 
 def test_fused_norm_softmax_gate_is_one_row_kernel(bundled):
@@ -363,10 +391,15 @@ def test_fused_norm_softmax_gate_is_one_row_kernel(bundled):
 
 def test_mlp_gemm_is_true_fp32_row_major(bundled):
     task, graph = bundled["mlp"]
-    cuda = cuda_source(generate(task, graph, greedy_groups(graph), CodegenOptions(vector_width=1)))
+    cuda = cuda_source(generate(task, graph, greedy_groups(graph), CodegenOptions(vector_width=1, cublaslt=False)))
     assert "cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, 4096, 4096, 4096, &kOne, a.p_fc1_weight, 4096, a.x, 4096" in cuda
     assert "cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH)" in cuda and "_v4" not in cuda
     assert "cudaStreamBeginCapture" in cuda and "cublasSetWorkspace" in cuda
+    # through cuBLASLt (the default): the bias in its epilogue, true fp32, layouts of C^T = W x^T
+    lt = cuda_source(generate(task, graph, greedy_groups(graph), CodegenOptions(vector_width=1)))
+    assert "cublasSgemm" not in lt and "cublasLtMatmulDescCreate(&made->lt_desc0, CUBLAS_COMPUTE_32F, CUDA_R_32F)" in lt
+    assert "CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS)" in lt
+    assert "cublasLtMatrixLayoutCreate(&made->lt_a0, CUDA_R_32F, 4096, 4096, 4096)" in lt
 
 
 def test_unsupported_ops_are_named():
@@ -680,8 +713,43 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t, cublasOperation_t, cubl
                                          const float*, const float*, int, long long int, const float*, int,
                                          long long int, const float*, float*, int, long long int, int);
 """)
-    (root / "cublasLt.h").write_text('#pragma once\n#include "cublas_v2.h"\ntypedef struct cublasLtContext* '
-                                     'cublasLtHandle_t;\n')
+    (root / "cublasLt.h").write_text("""#pragma once
+#include "cublas_v2.h"
+#include <library_types.h>
+#include <cstdint>
+typedef struct cublasLtContext* cublasLtHandle_t;
+typedef struct cublasLtMatmulDescOpaque_t* cublasLtMatmulDesc_t;
+typedef struct cublasLtMatrixLayoutOpaque_t* cublasLtMatrixLayout_t;
+typedef struct cublasLtMatmulPreferenceOpaque_t* cublasLtMatmulPreference_t;
+typedef struct { uint64_t data[8]; } cublasLtMatmulAlgo_t;
+typedef struct { cublasLtMatmulAlgo_t algo; size_t workspaceSize; cublasStatus_t state; float wavesCount;
+                 int reserved[4]; } cublasLtMatmulHeuristicResult_t;
+typedef enum { CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77 } cublasComputeType_t;
+typedef enum { CUBLASLT_MATMUL_DESC_TRANSA = 3, CUBLASLT_MATMUL_DESC_TRANSB = 4, CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
+               CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8 } cublasLtMatmulDescAttributes_t;
+typedef enum { CUBLASLT_EPILOGUE_BIAS = 4, CUBLASLT_EPILOGUE_RELU_BIAS = 6, CUBLASLT_EPILOGUE_GELU_BIAS = 36 }
+    cublasLtEpilogue_t;
+typedef enum { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8 } cublasLtMatmulPreferenceAttributes_t;
+cublasStatus_t cublasLtCreate(cublasLtHandle_t*);
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t*, cublasComputeType_t, cudaDataType_t);
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t, const void*,
+                                              size_t);
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t*, cudaDataType, uint64_t, uint64_t, int64_t);
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t*);
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t);
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t,
+                                                    cublasLtMatmulPreferenceAttributes_t, const void*, size_t);
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t,
+                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
+                                              cublasLtMatmulPreference_t, int, cublasLtMatmulHeuristicResult_t*,
+                                              int*);
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t, const void*, const void*,
+                              cublasLtMatrixLayout_t, const void*, cublasLtMatrixLayout_t, const void*, const void*,
+                              cublasLtMatrixLayout_t, void*, cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t*,
+                              void*, size_t, cudaStream_t);
+""")
     (root / "cusparse.h").write_text("#pragma once\ntypedef struct cusparseContext* cusparseHandle_t;\n"
                                      "typedef enum { CUSPARSE_STATUS_SUCCESS = 0 } cusparseStatus_t;\n")
     (root / "cusolver_common.h").write_text("#pragma once\ntypedef enum { CUSOLVER_STATUS_SUCCESS = 0 } "

@@ -104,6 +104,8 @@ class CodegenOptions(BaseModel):
     graph: bool = Field(True, description="replay the forward from a CUDA graph (captured per argument pointers)")
     tf32: bool = Field(False, description="TF32 tensor cores in cuBLAS and cuDNN (only where the tolerance allows: "
                                           "--tolerance paper)")
+    cublaslt: bool = Field(True, description="single GEMMs with a bias (and ReLU / tanh-GELU) through cuBLASLt, the "
+                                             "bias and activation applied in its epilogue")
     vector_width: int = Field(4, description="elements per thread in pointwise kernels: 1 or 4 (float4)")
     block: int = Field(256, description="threads per block (a multiple of 32, at most 1024)")
 
@@ -132,6 +134,9 @@ class Gemm:
     outer_b: int = 0
     outer_c: int = 0
     alpha: float = 1.0  # C = alpha * A.B: a constant scale of an operand folded into the call
+    lt: int | None = None  # index of its cuBLASLt descriptors, when it runs through cuBLASLt
+    epilogue: Literal["", "BIAS", "RELU_BIAS", "GELU_BIAS"] = ""  # cuBLASLt epilogue (bias over n)
+    bias: str = ""  # the bias buffer (+ offset), for an epilogue with a bias
 
 
 @dataclass
@@ -187,6 +192,7 @@ class Lowering:
     groups: list[Lowered] = field(default_factory=list)
     uses_blas: bool = False
     convs: list[Conv] = field(default_factory=list)
+    lt_gemms: list[Gemm] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- lowering
@@ -521,13 +527,42 @@ class _Lowerer:
             lhs, rhs = arg(a[0]), arg(a[1])
         gemm = self._gemm_shape(anchor, lhs, rhs)
         epilogue = nodes[nodes.index(anchor) + 1:]
+        value = anchor
+        if bias is not None and self.options.cublaslt:
+            value, epilogue, bias = self._lt_epilogue(g, gemm, anchor, epilogue, bias)
+        if gemm.lt is not None and not epilogue:  # bias (+ activation) in cuBLASLt's epilogue: no kernel
+            gemm.out = self._buffer(value.name)
+            return Lowered(g, "gemm", gemm=gemm, describe=self._describe_gemm(anchor, gemm))
         if bias is None and not epilogue:
             gemm.out = self._buffer(anchor.name)
             return Lowered(g, "gemm", gemm=gemm, describe=self._describe_gemm(anchor, gemm))
-        low, gemm.out = self._with_epilogue(g, anchor, epilogue, bias, env)
+        low, gemm.out = self._with_epilogue(g, value, epilogue, bias, env)
         low.kind, low.gemm = "gemm", gemm
         low.describe = self._describe_gemm(anchor, gemm) + " + epilogue " + self._epilogue_text(bias, epilogue)
         return low
+
+    def _lt_epilogue(self, g: FusionGroup, gemm: Gemm, anchor: Node, epilogue: list[Node],
+                     bias: Expr) -> tuple[Node, list[Node], Expr | None]:
+        """Move the bias, and a ReLU or tanh-GELU right after it, into a cuBLASLt epilogue where the
+        GEMM is a single one and the bias a packed vector over its columns; returns (the node whose
+        value the GEMM now writes, the rest of the epilogue, the bias still to add or None)."""
+        lf = bias.leaf if bias.op == "leaf" else None
+        if gemm.batch != 1 or gemm.outer != 1 or gemm.alpha != 1.0 or lf is None or not lf.plain \
+                or bias.shape[-1:] != (gemm.n,) or numel(bias.shape) != gemm.n or lf.strides[-1] != 1:
+            return anchor, epilogue, bias
+        value, kind = anchor, "BIAS"
+        if epilogue:
+            first = epilogue[0]
+            approx = first.kwargs.get("approximate", first.args[1] if len(first.args) > 1 else "none")
+            act = "RELU_BIAS" if first.op == "aten.relu" else "GELU_BIAS" if (
+                first.op == "aten.gelu" and approx == "tanh") else None
+            alone = self.users.get(anchor.name, []) == [first.name] and anchor.name not in self.graph.outputs
+            if act and alone and first.args[0] == "%" + anchor.name:
+                value, kind, epilogue = first, act, epilogue[1:]
+        gemm.epilogue, gemm.lt = kind, len(self.out.lt_gemms)  # type: ignore[assignment]
+        gemm.bias = self.out.storage[lf.value] + (f" + {lf.offset}" if lf.offset else "")
+        self.out.lt_gemms.append(gemm)
+        return value, epilogue, None
 
     @staticmethod
     def _epilogue_text(bias: Expr | None, epilogue: list[Node]) -> str:
@@ -535,7 +570,7 @@ class _Lowerer:
                          + [f"{n.op}" for n in epilogue]) or "copy"
 
     def _with_epilogue(self, g: FusionGroup, anchor: Node, epilogue: list[Node], bias: Expr | None,
-                       env: dict[str, Expr]) -> tuple[Lowered, str]:
+                       env: dict[str, Expr]) -> tuple[Lowered, str]:  # anchor: the node the library call computes
         """The anchor (a library call) writes its raw result into a group output of its shape (or a
         scratch buffer), and one pointwise kernel applies bias + the epilogue in place there;
         returns (that kernel, the buffer the library call must write)."""
@@ -644,7 +679,9 @@ class _Lowerer:
 
     def _describe_gemm(self, anchor: Node, gemm: Gemm) -> str:
         return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . "
-                f"[{gemm.k} x {gemm.n}] via cublasSgemm{'StridedBatched' if gemm.batch > 1 else ''}"
+                f"[{gemm.k} x {gemm.n}] via "
+                + (f"cuBLASLt (epilogue {gemm.epilogue.lower().replace('_', ' + ')})" if gemm.lt is not None else
+                   f"cublasSgemm{'StridedBatched' if gemm.batch > 1 else ''}")
                 + (f" ({gemm.outer} calls)" if gemm.outer > 1 else ""))
 
     def _operand(self, e: Expr, where: str, what: str) -> tuple[str, tuple[int, ...], bool]:
@@ -1167,7 +1204,7 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
     low = lowerer.lower()
     if lowerer.problems:
         raise Unsupported("; ".join(lowerer.problems))
-    low.uses_blas = any(x.gemm is not None for g in low.groups for x in g.launches())
+    low.uses_blas = any(x.gemm is not None and x.gemm.lt is None for g in low.groups for x in g.launches())
     return low
 
 
@@ -1410,6 +1447,8 @@ class _Emitter:
         return _Kernel(source, launch, decls)
 
     def gemm(self, g: Gemm) -> str:
+        if g.lt is not None:
+            return lt_launch(g)
         # Row-major C[M,N] = A[M,K] B[K,N] is column-major C^T = B^T A^T: cuBLAS's first operand
         # is B (as B^T, [N x K]), its second A (as A^T, [K x M]), ldc = N.
         # Strided views pass their row stride as the leading dimension; an outer batch dimension
@@ -1474,6 +1513,59 @@ def conv_setup(c: Conv, math: str) -> list[str]:
          f"&{m}dnn_bytes{i});"),
         f"dnn_bytes = std::max(dnn_bytes, {m}dnn_bytes{i});",
     ]
+
+
+def _lt_operands(g: Gemm) -> list[tuple[str, int, int, int, int]]:
+    """(buffer, rows, cols, leading dimension, byte alignment) of cuBLASLt's A, B and D: the
+    column-major view of the row-major product, C^T = B^T A^T, as in ``_Emitter.gemm``."""
+    def align(buf: str) -> int:
+        off = int(buf.split(" + ")[1]) if " + " in buf else 0
+        a = 256
+        while off and (off * 4) % a:
+            a //= 2
+        return a
+
+    lt_a = (g.b, g.k, g.n, g.ld_b or g.k) if g.b_trans else (g.b, g.n, g.k, g.ld_b or g.n)
+    lt_b = (g.a, g.m, g.k, g.ld_a or g.m) if g.a_trans else (g.a, g.k, g.m, g.ld_a or g.k)
+    lt_d = (g.out, g.n, g.m, g.ld_c or g.n)
+    return [(*x, align(x[0])) for x in (lt_a, lt_b, lt_d)]
+
+
+def lt_members(g: Gemm) -> list[str]:
+    i = g.lt
+    return [f"cublasLtMatmulDesc_t lt_desc{i} = nullptr;",
+            f"cublasLtMatrixLayout_t lt_a{i} = nullptr, lt_b{i} = nullptr, lt_d{i} = nullptr;",
+            f"cublasLtMatmulAlgo_t lt_algo{i}{{}};"]
+
+
+def lt_setup(g: Gemm, compute: str) -> list[str]:
+    """Descriptors, layouts and the heuristic's algorithm, once per Program (never in a capture)."""
+    i, m = g.lt, "made->"
+    (_, ar, ac, ald, aal), (_, br, bc, bld, bal), (_, dr, dc, dld, dal) = _lt_operands(g)
+    op_a = "CUBLAS_OP_T" if g.b_trans else "CUBLAS_OP_N"
+    op_b = "CUBLAS_OP_T" if g.a_trans else "CUBLAS_OP_N"
+    return [
+        f"SC_CUBLAS_CHECK(cublasLtMatmulDescCreate(&{m}lt_desc{i}, {compute}, CUDA_R_32F));",
+        f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_TRANSA, {op_a});",
+        f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_TRANSB, {op_b});",
+        f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_{g.epilogue});",
+        f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_a{i}, CUDA_R_32F, {ar}, {ac}, {ald}));",
+        f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_b{i}, CUDA_R_32F, {br}, {bc}, {bld}));",
+        f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_d{i}, CUDA_R_32F, {dr}, {dc}, {dld}));",
+        f"{m}lt_algo{i} = sc_lt_algo({m}lt, {m}lt_desc{i}, {m}lt_a{i}, {m}lt_b{i}, {m}lt_d{i}, {aal}, {bal}, {dal});",
+    ]
+
+
+def lt_launch(g: Gemm) -> str:
+    i = g.lt
+    return "\n".join([
+        "{",
+        f"  const float* bias = a.{g.bias};",
+        f"  SC_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(P.lt_desc{i}, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, "
+        "sizeof(bias)));",
+        f"  SC_CUBLAS_CHECK(cublasLtMatmul(P.lt, P.lt_desc{i}, &kOne, a.{g.b}, P.lt_a{i}, a.{g.a}, P.lt_b{i}, &kZero, "
+        f"a.{g.out}, P.lt_d{i}, a.{g.out}, P.lt_d{i}, &P.lt_algo{i}, P.lt_workspace_ptr, kLtWorkspaceBytes, stream));",
+        "}"])
 
 
 def conv_launch(c: Conv) -> str:
@@ -1634,6 +1726,9 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         ns=prefix, task=task.name, torch_types=TORCH_TYPES, options=options.model_dump(), blas=low.uses_blas,
         blas_math="CUBLAS_TF32_TENSOR_OP_MATH" if options.tf32 else "CUBLAS_DEFAULT_MATH", kernels=kernels,
         dnn=bool(low.convs), dnn_math=dnn_math, dnn_members=[m for c in low.convs for m in conv_members(c)],
+        lt=bool(low.lt_gemms), lt_members=[m for g in low.lt_gemms for m in lt_members(g)],
+        lt_setup=[line for g in low.lt_gemms for line in lt_setup(
+            g, "CUBLAS_COMPUTE_32F_FAST_TF32" if options.tf32 else "CUBLAS_COMPUTE_32F")],
         dnn_setup=[line for c in low.convs for line in conv_setup(c, dnn_math)],
         launches=launches, args=inputs, intermediates=low.intermediates, outputs=low.outputs,
         entry_mark=ENTRY_MARK, prelude=emitter.env.get_template("prelude.cu.j2").render())
@@ -1657,7 +1752,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         raise Unsupported("generated CUDA contains a triple quote")
     return emitter.env.get_template("module.py.j2").render(
         task=task.name, options=options.model_dump(), name=name, cuda_src=cuda_src, cpp_src=cpp_src,
-        blas=low.uses_blas, dnn=bool(low.convs), init_args=ast.unparse(init_args) if init_args is not None else "self, *args, **kwargs",
+        blas=low.uses_blas, lt=bool(low.lt_gemms), dnn=bool(low.convs), init_args=ast.unparse(init_args) if init_args is not None else "self, *args, **kwargs",
         fwd_args=", ".join(["self", *fwd_names]), init_lines=_module_lines(task, graph, entry), call_args=call_args,
         multi=len(low.outputs) > 1, groups=[f"group {lg.group.id} ({lg.group.kind}): {lg.describe}"
                                             for lg in low.groups])
