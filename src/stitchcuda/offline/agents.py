@@ -1,9 +1,9 @@
 """The offline Planner and Coder behind the agents' interfaces, so the same loop, Verifier and
 routing drive them: the Planner answers with the fusion plan, the Coder with generated programs.
 
-The Coder walks a list of variants (CUDA graph on or off, block size, vector width): the
-first step gets the first, every fix or optimize step the next, and the Verifier's timings
-decide which one the run keeps. When the variants are used up it answers with the last one
+The Coder walks a list of variants (precision, cuBLASLt or cuBLAS, CUDA graph on or off, block
+size, vector width): the first step gets the first, every fix or optimize step the next, and
+the Verifier's timings decide which one the run keeps. When the variants are used up it answers with the last one
 again, which the loop sees as stagnation.
 """
 
@@ -28,7 +28,10 @@ def variants(tolerance: str = "strict") -> list[dict]:
 
     precisions = (True, False) if tolerance == "paper" else (False,)
     grid = itertools.product(precisions, (True, False), (256, 128, 512), (4, 1))
-    return [CodegenOptions(tf32=p, graph=g, block=b, vector_width=v).model_dump() for p, g, b, v in grid]
+    found = [CodegenOptions(tf32=p, graph=g, block=b, vector_width=v) for p, g, b, v in grid]
+    # second: the same as the first with plain cuBLAS SGEMMs + epilogue kernels instead of cuBLASLt epilogues
+    found.insert(1, found[0].model_copy(update={"cublaslt": False}))
+    return [o.model_dump() for o in found]
 
 
 class OfflinePlannerAgent:
