@@ -358,6 +358,64 @@ def report(
 
 
 @app.command()
+def reward(
+    reference: Annotated[str, typer.Argument(help="The PyTorch reference (.py file or bundled task name).")],
+    candidate: Annotated[Path, typer.Argument(help="The candidate program (.py with ModelNew).")],
+    skill: Annotated[int, typer.Option(min=1, max=2, help="1: from-scratch generation; 2: feedback-driven "
+                                                          "optimisation (give --feedback).")] = 1,
+    feedback: Annotated[Path | None, typer.Option(help="The feedback the Coder was given (skill 2).")] = None,
+    verdict_file: Annotated[Path | None, typer.Option("--verdict", help="Reuse this verdict JSON instead of "
+                                                                         "verifying again.")] = None,
+    judge_model: Annotated[str | None, typer.Option(help="The rubric judge (any LLM); without one the rubric "
+                                                         "is not asked and counts as neutral.")] = None,
+    judge_provider: Annotated[Provider, typer.Option(help="openai (any compatible server), anthropic, hf.")] = "openai",
+    judge_base_url: Annotated[str | None, typer.Option(help="The judge's OpenAI-compatible server.")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="Environment variable with the judge's key.")] = None,
+    config: Annotated[Path | None, typer.Option(help="Reward weights (JSON), see RewardConfig.")] = None,
+    tolerance: Annotated[ToleranceName, typer.Option(help="strict (1e-4 fp32) or paper (1e-2).")] = "strict",
+    device: Annotated[str | None, typer.Option(help="cuda:N (cpu for C++-only debugging).")] = None,
+    preset: Annotated[str, typer.Option(help=f"Verifier defaults: {', '.join(PRESETS)}.")] = "quick",
+    json_out: Annotated[bool, typer.Option("--json", help="Print every part of the reward as JSON.")] = False,
+) -> None:
+    """Every part of one candidate's reward: the rule reward from a verification, the rubric, the combination."""
+    from stitchcuda.llm import LLMConfig, LLMError, make_client
+    from stitchcuda.reward import RewardConfig, RubricJudge
+    from stitchcuda.reward.score import score_candidate
+    from stitchcuda.verify import DeviceUnavailable, Verifier
+    from stitchcuda.verify.verdict import Verdict
+
+    tasks = _tasks(reference, None, None, None)
+    try:
+        program = load_candidate(candidate)
+        weights = RewardConfig.model_validate_json(config.read_text()) if config else RewardConfig()
+        if verdict_file is not None:
+            verdict = Verdict.model_validate_json(verdict_file.read_text())
+        else:
+            verify_config = PRESETS[preset].model_copy(update={"tolerance": tolerance, **({"device": device}
+                                                                                         if device else {})})
+            verifier = Verifier(verify_config)
+            verifier.require_device()
+            with Console(stderr=True).status(f"verifying {candidate.name}"):
+                verdict = verifier.verify(tasks[0], program)
+        judge = None
+        if judge_model:
+            judge = RubricJudge(make_client(LLMConfig(provider=judge_provider, model=judge_model,
+                                                      base_url=judge_base_url, api_key_env=api_key_env,
+                                                      temperature=0.0)), retries=weights.judge_retries)
+    except (TaskError, DeviceUnavailable, LLMError, OSError, ValueError) as exc:
+        raise _unusable(str(exc)) from None
+    breakdown = score_candidate(tasks[0], program.source, verdict, judge=judge, config=weights,
+                                skill="feedback" if skill == 2 else "scratch",
+                                feedback=feedback.read_text() if feedback else "")
+    if json_out:
+        print(breakdown.model_dump_json(indent=1))
+        return
+    from stitchcuda.console import reward_view
+
+    Console().print(reward_view(breakdown))
+
+
+@app.command()
 def runs(
     run: Annotated[str | None, typer.Argument(help="Show one run (id, unique prefix or 'last').")] = None,
     workspace: Annotated[Path, typer.Option(help="Where the run store lives.")] = Path(".stitchcuda"),

@@ -303,3 +303,23 @@ def bench_view(result, metrics) -> Group:
              "fast_1.0 / 1.05 / 2.0 vs eager: " + " / ".join(
                  f"{o.fast('eager', p).count}" for p in (1.0, 1.05, 2.0))]
     return Group(table, Text("\n".join(lines)))
+
+
+def reward_view(b) -> Table:
+    """A RewardBreakdown, part by part."""
+    table = Table(title=f"reward {b.reward:.3f}" + (" (capped)" if b.capped else ""), title_justify="left")
+    table.add_column("part")
+    table.add_column("value")
+    table.add_column("why", overflow="fold")
+    rule = b.rule
+    table.add_row("rule", f"{rule.value:.3f}", f"{rule.gate}" + (f", speedup {rule.speedup:.2f}x vs "
+                                                                 f"{b.config.baseline}" if rule.speedup else ""))
+    if b.rubric is None:
+        table.add_row("rubric", "-", "not asked (no judge, or the rule reward is zero): r = 0.5")
+    else:
+        for key, score in b.rubric.scores.items():
+            table.add_row(f"  {key}", str(score), b.rubric.reasons.get(key, "neutral: no valid judgement"))
+        table.add_row("rubric r", f"{b.rubric.normalized:.3f}", "neutral" if b.rubric.neutral else
+                      f"{b.rubric.attempts} attempt(s)")
+    table.add_row("factor", f"{b.rubric_factor:.3f}", f"1 + {b.config.rubric_weight} x (r - 0.5)")
+    return table
