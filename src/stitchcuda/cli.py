@@ -415,6 +415,47 @@ def reward(
     Console().print(reward_view(breakdown))
 
 
+dataset_app = typer.Typer(help="Skill datasets for training the Coder.", no_args_is_help=True)
+app.add_typer(dataset_app, name="dataset")
+
+
+@dataset_app.command("build")
+def dataset_build(
+    runs_: Annotated[list[str] | None, typer.Argument(
+        metavar="RUNS...", help="Runs whose Coder calls become samples (ids, unique prefixes, or all).")] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for train.parquet, eval.parquet, "
+                                                          "manifest.json.")] = Path("dataset"),
+    tasks: Annotated[list[str] | None, typer.Option(
+        "--tasks", help="Also skill-1 prompts for these tasks (suite, a folder, a file); repeatable.")] = None,
+    eval_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of tasks held out for "
+                                                                        "evaluation (by a stable hash).")] = 0.2,
+    eval_tasks: Annotated[str | None, typer.Option(help="Comma-separated task names held out instead.")] = None,
+    tolerance: Annotated[ToleranceName, typer.Option(help="The tolerance named in task prompts.")] = "strict",
+    workspace: Annotated[Path, typer.Option(help="Where the run store lives.")] = Path(".stitchcuda"),
+    json_out: Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")] = False,
+) -> None:
+    """Build skill-1 and skill-2 samples from recorded runs (and task lists), split by task."""
+    from stitchcuda.rl.dataset import build_dataset
+
+    if not runs_ and not tasks:
+        raise _unusable("name runs (or all) and/or --tasks SPEC")
+    if runs_ and not (workspace / "runs.sqlite").exists():
+        raise _unusable(f"no run store in {workspace} (pass the --workspace of the runs)")
+    try:
+        manifest = build_dataset(workspace, runs_ or [], out, tasks, eval_fraction,
+                                 set(eval_tasks.split(",")) if eval_tasks else None, tolerance)
+    except (KeyError, TaskError) as exc:
+        raise _unusable(str(exc.args[0] if isinstance(exc, KeyError) else exc)) from None
+    except ImportError:
+        raise _unusable("writing Parquet needs pyarrow: pip install 'stitchcuda[train]'") from None
+    if json_out:
+        print(manifest.model_dump_json(indent=1))
+    else:
+        Console().print(f"train: {manifest.samples['train']} samples ({len(manifest.tasks['train'])} tasks), "
+                        f"eval: {manifest.samples['eval']} ({len(manifest.tasks['eval'])} tasks), "
+                        f"{manifest.duplicates_dropped} duplicates dropped -> {out}", highlight=False)
+
+
 @app.command()
 def runs(
     run: Annotated[str | None, typer.Argument(help="Show one run (id, unique prefix or 'last').")] = None,

@@ -1,0 +1,1 @@
+"""Training the Coder: skill datasets from trajectories, GRPO + LoRA with verified rewards."""
