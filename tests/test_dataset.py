@@ -95,3 +95,14 @@ def test_dataset_split_by_hash_is_stable_and_whole_tasks(tmp_path):
 def test_dataset_build_needs_runs_or_tasks(tmp_path):
     result = CliRunner().invoke(app, ["dataset", "build", "-o", str(tmp_path / "d")])
     assert result.exit_code == 2 and "name runs" in result.output
+
+
+def test_shipped_training_configs_load():
+    from stitchcuda.rl.config import TrainConfig
+
+    root = Path(__file__).parents[1] / "configs" / "train"
+    paper = TrainConfig.load(root / "paper_qwen3_32b.toml")
+    assert paper.model == "Qwen/Qwen3-32B" and paper.grpo.max_completion_length == 16384
+    assert paper.generation.backend == "vllm-colocate" and paper.judge is not None
+    small = TrainConfig.load(root / "small_single_gpu.toml")
+    assert small.verify.gpus == ["cuda:0"] and Path(small.dataset).is_absolute()

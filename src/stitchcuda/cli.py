@@ -457,6 +457,38 @@ def dataset_build(
 
 
 @app.command()
+def train(
+    config: Annotated[Path, typer.Argument(help="A training config (TOML or JSON); see configs/train/.")],
+    resume: Annotated[bool, typer.Option(help="Continue from the last checkpoint in output_dir.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the run's summary as JSON.")] = False,
+) -> None:
+    """GRPO + LoRA on the Coder's two skills, rewarded by real verifications and the rubric."""
+    import json
+
+    from pydantic import ValidationError
+
+    from stitchcuda.rl.config import TrainConfig
+    from stitchcuda.rl.train import TrainError
+    from stitchcuda.rl.train import train as run_training
+
+    import contextlib
+    import sys
+
+    try:
+        loaded = TrainConfig.load(config)
+        # the trainer's progress and log lines go to stderr, so that --json leaves stdout to the summary
+        with contextlib.redirect_stdout(sys.stderr):
+            summary = run_training(loaded, resume=resume)
+    except (OSError, ValueError, ValidationError, TrainError) as exc:
+        raise _unusable(str(exc)) from None
+    if json_out:
+        print(json.dumps(summary, indent=1, default=str))
+    else:
+        Console().print(summary)
+    raise typer.Exit(EXIT_PASSED if summary["status"] == "done" else EXIT_FAILED)
+
+
+@app.command()
 def runs(
     run: Annotated[str | None, typer.Argument(help="Show one run (id, unique prefix or 'last').")] = None,
     workspace: Annotated[Path, typer.Option(help="Where the run store lives.")] = Path(".stitchcuda"),

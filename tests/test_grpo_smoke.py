@@ -1,0 +1,115 @@
+"""A GRPO smoke run on the CPU: a tiny randomly initialised Llama and a tokenizer trained here
+(nothing from a hub), a few steps of `stitchcuda train`, rewards through the real reward
+functions (extraction, verification on the CPU, rule reward, rubric over the scripted server)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stitchcuda.cli import app
+from tests.llm_server import ScriptedOpenAIServer
+
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def tiny_model(folder: Path) -> None:
+    """A 2-layer Llama with a word-level tokenizer over a few programs' words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    corpus = [(FIXTURES / "cpu" / name).read_text() for name in ("tiny_mlp.py", "cpp_extension.py")]
+    corpus.append("```python\nclass ModelNew(nn.Module):\n```")
+    raw = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    raw.train_from_iterator(corpus, trainers.WordLevelTrainer(
+        special_tokens=["<unk>", "<pad>", "<|end|>", "<|user|>", "<|system|>", "<|assistant|>"]))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", pad_token="<pad>",
+                                        eos_token="<|end|>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    import torch
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(folder)
+
+
+def test_grpo_smoke_run_with_verified_rewards(tmp_path, cache):
+    model_dir = tmp_path / "tiny"
+    tiny_model(model_dir)
+    data = tmp_path / "data"
+    built = CliRunner().invoke(app, ["dataset", "build", "--tasks", str(FIXTURES / "cpu" / "tiny_mlp.py"),
+                                     "--eval-fraction", "0", "-o", str(data), "--json"])
+    assert built.exit_code == 0, built.output
+    with ScriptedOpenAIServer() as server:
+        config = {
+            "model": str(model_dir), "dataset": str(data), "output_dir": str(tmp_path / "out"),
+            "workspace": str(tmp_path / "ws"), "report_to": ["none"],
+            "grpo": {"num_generations": 2, "max_completion_length": 8, "per_device_train_batch_size": 2,
+                     "max_steps": 2, "save_steps": 1, "logging_steps": 1, "bf16": False},
+            "generation": {"backend": "transformers"},
+            "verify": {"preset": "tiny-debug", "gpus": ["cpu"], "runs_per_gpu": 1},
+            "judge": server.config().model_dump(),
+            "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+        }
+        (tmp_path / "train.json").write_text(json.dumps(config))
+        result = CliRunner().invoke(app, ["train", str(tmp_path / "train.json"), "--json"])
+        assert result.exit_code == 0, result.output
+        summary = json.loads(result.stdout)
+        assert server.requests == []  # random text has no program: the rule reward is 0 and the judge is spared
+    assert summary["status"] == "done" and summary["steps"] == 2 and summary["generation"] == "transformers"
+    assert (Path(summary["adapter"]) / "adapter_config.json").exists()
+    assert (tmp_path / "out" / "checkpoint-2").is_dir()
+    db = sqlite3.connect(tmp_path / "ws" / "runs.sqlite")
+    metrics = [json.loads(m) for (m,) in db.execute("SELECT metrics FROM train_metrics ORDER BY step")]
+    logged = {k for m in metrics for k in m}
+    for part in ("reward", "rule", "rubric_r", "correct", "total_hack", "speedup", "judge_neutral"):
+        assert any(part in k for k in logged), (part, sorted(logged))
+    assert db.execute("SELECT status FROM train_runs").fetchone()[0] == "done"
+
+    # a resumed run starts from the last checkpoint
+    config["grpo"]["max_steps"] = 3
+    (tmp_path / "train.json").write_text(json.dumps(config))
+    again = CliRunner().invoke(app, ["train", str(tmp_path / "train.json"), "--resume", "--json"])
+    assert again.exit_code == 0, again.output
+    resumed = json.loads(again.stdout)
+    assert resumed["resumed_from"].endswith("checkpoint-2") and resumed["steps"] == 3
+
+
+def test_reward_functions_verify_extracted_programs(tmp_path, cache):
+    """The path a good completion takes: extracted, verified (a real g++ build), rule-rewarded."""
+    from stitchcuda.reward import RewardConfig
+    from stitchcuda.rl.config import VerifySection
+    from stitchcuda.rl.rewards import VerificationPool, VerifiedRewards
+
+    reference = (FIXTURES / "cpu" / "tiny_mlp.py").read_text()
+    honest = (FIXTURES / "agents" / "tiny_mlp_full_cpp.py").read_text()
+    pure = (FIXTURES / "cpu" / "pure_torch.py").read_text()
+    pool = VerificationPool(VerifySection(preset="tiny-debug", gpus=["cpu"], runs_per_gpu=2), tmp_path)
+    rewards = VerifiedRewards(pool, None, RewardConfig())
+    functions, weights = rewards.functions()
+    completions = [[{"role": "assistant", "content": f"```python\n{honest}```"}],
+                   [{"role": "assistant", "content": f"```python\n{pure}```"}],
+                   [{"role": "assistant", "content": "no code at all"}],
+                   [{"role": "assistant", "content": f"```python\n{honest}```"}]]  # the same program again
+    kwargs = dict(prompts=[[]] * 4, completions=completions, task=["tiny_mlp"] * 4, reference=[reference] * 4,
+                  skill=[1] * 4, feedback=[""] * 4)
+    values = functions[0](**kwargs)
+    assert values[0] > 0.3 and values[1] == 0.0 and values[2] == 0.0 and values[3] == values[0]
+    assert rewards.verifications == 2  # each distinct program verified once, and only once across functions
+    gates = [b.rule.gate for b in rewards.score(completions, ["tiny_mlp"] * 4, [reference] * 4)]
+    assert gates[:3] == ["passed", "total hack", gates[2]] and gates[2].startswith("no program")
+    assert functions[4](**kwargs) == [0.0, 1.0, 0.0, 0.0] and weights == [1.0] + [0.0] * 6
+    assert rewards.verifications == 2
