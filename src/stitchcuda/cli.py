@@ -463,16 +463,15 @@ def train(
     json_out: Annotated[bool, typer.Option("--json", help="Print the run's summary as JSON.")] = False,
 ) -> None:
     """GRPO + LoRA on the Coder's two skills, rewarded by real verifications and the rubric."""
+    import contextlib
     import json
+    import sys
 
     from pydantic import ValidationError
 
     from stitchcuda.rl.config import TrainConfig
     from stitchcuda.rl.train import TrainError
     from stitchcuda.rl.train import train as run_training
-
-    import contextlib
-    import sys
 
     try:
         loaded = TrainConfig.load(config)
