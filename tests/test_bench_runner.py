@@ -188,3 +188,25 @@ def test_gated_verifier_builds_outside_the_gate_and_skips_it_for_failed_builds(t
         broken.verify(Task(name="t", source=""), Candidate(name="b", source="# broken\n" + source))
         assert time.time() - t0 < 0.6
     assert broken.stats.gpu_s == 0.0
+
+
+def test_bench_optimize_records_each_run_and_its_attempts(tmp_path, cache):
+    """A bench of one task with the LLM Coder (a scripted server): the optimize run is recorded,
+    its attempts become the task's timeline, and the report renders it."""
+    from tests.llm_server import ScriptedOpenAIServer
+    from tests.test_optimize_loop import PURE_TORCH, plan
+
+    tasks, _ = suite_with_solutions(tmp_path, {"tiny": None})
+    ws = tmp_path / "ws"
+    with ScriptedOpenAIServer([plan(target=0.01), PURE_TORCH]) as server:
+        done = bench(str(tasks), "--model", "scripted-model", "--base-url", server.base_url, "--gpus", "cpu",
+                     "--preset", "tiny-debug", "--max-steps", "1", "--workspace", str(ws), "--json")
+    assert done.exit_code == 0, done.output
+    row = json.loads(sqlite3.connect(ws / "runs.sqlite").execute("SELECT result FROM bench_tasks").fetchone()[0])
+    assert row["run_id"] and row["status"] == "done" and row["error"] == "no candidate passed"
+    assert row["steps"] == 1 and row["llm_calls"] == 2 and row["tokens"] > 0
+    assert [(a["step"], a["outcome"]) for a in row["attempts"]] == [(0, "hack (total)")]
+    assert json.loads(done.stdout)["overall"]["succeeded"] == 0
+    page = CliRunner().invoke(app, ["report", "last", "--workspace", str(ws), "-o", str(tmp_path / "r")])
+    assert page.exit_code == 0, page.output
+    assert "tiny" in (tmp_path / "r" / "index.html").read_text()
