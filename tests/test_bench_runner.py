@@ -54,8 +54,8 @@ def test_solutions_match_by_name_and_kernelbench_numbering(tmp_path):
 
 
 def test_bench_evaluate_locally_then_resume_redoes_nothing_verified(tmp_path, cache):
-    """One honest C++ solution (a real g++ build, then a gated verification that hits the cache),
-    one pure-PyTorch (a total hack), one wrong, one missing."""
+    """One honest C++ solution (a real g++ build in the CPU build pool, then a gated verification
+    that hits the cache), one pure-PyTorch (a total hack), one wrong, one missing."""
     tasks, sols = suite_with_solutions(tmp_path, {
         "a_honest": FIXTURES / "agents" / "tiny_mlp_full_cpp.py", "b_pure": FIXTURES / "cpu" / "pure_torch.py",
         "c_wrong": FIXTURES / "cpu" / "wrong.py", "d_missing": None})
@@ -71,7 +71,9 @@ def test_bench_evaluate_locally_then_resume_redoes_nothing_verified(tmp_path, ca
     rows = dict(db.execute("SELECT task, result FROM bench_tasks").fetchall())
     honest = json.loads(rows["a_honest"])
     assert honest["passed"] and honest["hacking"] == "none" and honest["speedup"]["eager"] > 0
-    assert honest["verifications"] == 1 and honest["build_s"] > 1.0  # built before the gate was taken
+    assert honest["verifications"] == 1 and honest["build_s"] < 1.0  # the build pool built it ahead
+    built = json.loads(Path(honest["verdict"]).read_text())["build"]
+    assert built["cache_hit"] and built["extensions"][0]["ok"]  # so the verification only loaded it
     assert json.loads(rows["d_missing"])["status"] == "failed"
     assert json.loads(rows["d_missing"])["error"].startswith("no solution")
     assert json.loads(rows["c_wrong"])["correct"] is False

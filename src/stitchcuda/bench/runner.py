@@ -6,7 +6,8 @@ a :class:`GpuGate` (an flock per physical GPU, so it holds across threads and pr
 only one of them use the GPU at a time: a candidate is built first, on CPU cores with the GPU
 hidden, and only its verification (correctness, timing, profile; the build is then a cache hit)
 takes the gate. While one job verifies, the other builds, so the GPU does not wait for nvcc
-whenever a build can run ahead. A failed build never takes the gate.
+whenever a build can run ahead. A failed build never takes the gate. With ``--evaluate`` every
+candidate is known at the start, so a CPU build pool builds them all ahead, in job order.
 
 The same job function runs in a local thread pool (the default) or as Ray tasks
 (``--ray ADDRESS``) with ``num_gpus = 1 / runs_per_gpu`` and ``max_retries=0``: candidate code
@@ -96,6 +97,7 @@ class GatedVerifier:
     def __init__(self, inner: Any, gate: GpuGate):
         self.inner, self.gate, self.stats = inner, gate, GateStats()
         self._lock = threading.Lock()
+        self.prebuilt: dict[str, Any] = {}  # candidate sha256 -> the BuildReport a build pool already made
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -108,7 +110,7 @@ class GatedVerifier:
         built_ok = True
         try:
             check_candidate_source(candidate.source)
-            report = self.inner.build(candidate)
+            report = self.prebuilt.get(candidate.sha256) or self.inner.build(candidate)
             built_ok = all(e.ok for e in report.extensions)  # no extension at all: nothing to build
         except TaskError:
             built_ok = False
@@ -150,13 +152,32 @@ def _job_device(config: BenchConfig, assigned: str | None) -> str:
     return "cpu" if config.gpus and config.gpus[0] == "cpu" else "cuda:0"  # a Ray task sees its own GPU as 0
 
 
-def run_job(job: Job, device: str | None = None) -> TaskResult:
-    """Run one task; never raises for what the task or its candidates do (that is the result)."""
+def prebuild(job: Job) -> tuple[str, Any] | None:
+    """Build an --evaluate job's candidate on CPU cores (GPU hidden) before any GPU is free for
+    it: (its sha256, the build report), or None when it cannot be loaded (its job will say why)."""
+    from stitchcuda.task import TaskError, load_candidate
+    from stitchcuda.verify import Verifier
+
+    if job.candidate is None or not Path(job.candidate).exists():
+        return None
+    try:
+        candidate = load_candidate(job.candidate)
+        verifier = Verifier(job.config.optimize.verify.model_copy(update={"device": _job_device(job.config, None)}))
+        return candidate.sha256, verifier.build(candidate)
+    except (TaskError, OSError):
+        return None
+
+
+def run_job(job: Job, device: str | None = None, built: tuple[str, Any] | None = None) -> TaskResult:
+    """Run one task; never raises for what the task or its candidates do (that is the result).
+    ``built``: what :func:`prebuild` made of the job's candidate, so its build is not redone."""
     started = time.time()
     config = job.config
     device = _job_device(config, device)
     try:
         verifier = _verifier_for(config, device, job.workspace)
+        if built is not None:
+            verifier.prebuilt[built[0]] = built[1]
         result = _evaluate(job, verifier) if job.candidate is not None else _optimize(job, verifier)
         result.verifications = verifier.stats.verifications
         result.build_s, result.gpu_s, result.gpu_wait_s = (verifier.stats.build_s, verifier.stats.gpu_s,
@@ -304,24 +325,34 @@ def _attempt_times(store: Any, run_id: str, attempts: list[Attempt]) -> None:
 # ----------------------------------------------------------------------------- executors
 
 def _local(jobs: list[Job], config: BenchConfig, on_done: Callable[[TaskResult], None]) -> None:
-    """Threads: ``runs_per_gpu`` slots per device, each job on the slot it takes."""
+    """Threads: ``runs_per_gpu`` slots per device, each job on the slot it takes. Candidates known
+    up front (--evaluate) are all handed to a CPU build pool at once, in job order, so builds run
+    as far ahead of the GPUs as the cores allow."""
     import queue
 
     slots: queue.Queue[str] = queue.Queue()
     for device in config.gpus:
         for _ in range(config.runs_per_gpu):
             slots.put(device)
+    build_jobs = config.optimize.verify.build_jobs or max(1, (os.cpu_count() or 2) // 2)
+    builders = ThreadPoolExecutor(max_workers=build_jobs) if any(j.candidate for j in jobs) else None
+    builds = {j.idx: builders.submit(prebuild, j) for j in jobs if j.candidate} if builders else {}
 
     def on_slot(job: Job) -> TaskResult:
+        built = builds[job.idx].result() if job.idx in builds else None  # before taking a GPU slot
         device = slots.get()
         try:
-            return run_job(job, device)
+            return run_job(job, device, built)
         finally:
             slots.put(device)
 
-    with ThreadPoolExecutor(max_workers=max(1, len(config.gpus) * config.runs_per_gpu)) as pool:
-        for done in as_completed([pool.submit(on_slot, j) for j in jobs]):
-            on_done(done.result())
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, len(config.gpus) * config.runs_per_gpu)) as pool:
+            for done in as_completed([pool.submit(on_slot, j) for j in jobs]):
+                on_done(done.result())
+    finally:
+        if builders is not None:
+            builders.shutdown(wait=False, cancel_futures=True)
 
 
 def _ray(jobs: list[Job], config: BenchConfig, on_done: Callable[[TaskResult], None]) -> None:
@@ -335,7 +366,11 @@ def _ray(jobs: list[Job], config: BenchConfig, on_done: Callable[[TaskResult], N
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
     share = 1.0 / config.runs_per_gpu
     remote = ray.remote(num_gpus=share, num_cpus=1, max_retries=0)(_ray_job)
-    pending = {remote.remote(j.model_dump_json()): j for j in jobs}
+    # --evaluate: each candidate is built by a CPU task first; its GPU task waits for that build
+    # (on one node, or with a shared build cache, the GPU task's own build is then a cache hit)
+    build = ray.remote(num_cpus=1, max_retries=0)(_ray_build)
+    pending = {remote.remote(j.model_dump_json(), build.remote(j.model_dump_json()) if j.candidate else None): j
+               for j in jobs}
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1)
         for ref in ready:
@@ -349,9 +384,17 @@ def _ray(jobs: list[Job], config: BenchConfig, on_done: Callable[[TaskResult], N
             on_done(result)
 
 
-def _ray_job(job_json: str) -> str:
+def _ray_build(job_json: str) -> tuple[str, str] | None:
+    built = prebuild(Job.model_validate_json(job_json))
+    return (built[0], built[1].model_dump_json()) if built else None
+
+
+def _ray_job(job_json: str, built: tuple[str, str] | None = None) -> str:
+    from stitchcuda.verify.verdict import BuildReport
+
     job = Job.model_validate_json(job_json)
-    return run_job(job).model_dump_json()
+    report = (built[0], BuildReport.model_validate_json(built[1])) if built else None
+    return run_job(job, built=report).model_dump_json()
 
 
 # ----------------------------------------------------------------------------- the bench
