@@ -187,7 +187,11 @@ def run_job(job: Job, device: str | None = None, built: tuple[str, Any] | None =
                             error=f"{type(exc).__name__}: {exc}")
     if result.status != "done" or job.candidate is not None:
         result.wall_s = result.wall_s or time.time() - started
-    BenchStore(job.workspace).save_result(job.bench_id, job.idx, result)
+    store = BenchStore(job.workspace)
+    try:
+        store.save_result(job.bench_id, job.idx, result)
+    finally:
+        store.close()
     return result
 
 
@@ -265,8 +269,12 @@ def _optimize(job: Job, verifier: GatedVerifier) -> TaskResult:
             bench_store.set_run(job.bench_id, job.idx, state.run_id)
 
     optimizer = Optimizer(job.task, config, planner, coder, verifier, store, reporter=report)
-    state = optimizer.resume(job.run_id) if job.run_id else optimizer.start()
-    return result_from_run(store, state, job.level)
+    try:
+        state = optimizer.resume(job.run_id) if job.run_id else optimizer.start()
+        return result_from_run(store, state, job.level)
+    finally:
+        store.close()
+        bench_store.close()
 
 
 def result_from_run(store: Any, state: Any, level: int | None) -> TaskResult:
