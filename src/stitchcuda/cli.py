@@ -394,7 +394,11 @@ def reward(
             verify_config = PRESETS[preset].model_copy(update={"tolerance": tolerance, **({"device": device}
                                                                                          if device else {})})
             verifier = Verifier(verify_config)
-            verifier.require_device()
+            try:
+                verifier.require_device()
+            except DeviceUnavailable as exc:
+                raise DeviceUnavailable(f"{exc} For the reward alone, pass --verdict FILE from an earlier "
+                                        "verification (stitchcuda verify ... --json > FILE).") from None
             with Console(stderr=True).status(f"verifying {candidate.name}"):
                 verdict = verifier.verify(tasks[0], program)
         judge = None
