@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from stitchcuda.cli import app
 from tests.llm_server import ScriptedOpenAIServer
+from tests.test_optimize_loop import plan
 
 pytest.importorskip("trl")
 pytest.importorskip("peft")
@@ -56,7 +57,7 @@ def test_grpo_smoke_run_with_verified_rewards(tmp_path, cache):
     with ScriptedOpenAIServer() as server:
         config = {
             "model": str(model_dir), "dataset": str(data), "output_dir": str(tmp_path / "out"),
-            "workspace": str(tmp_path / "ws"), "report_to": ["none"],
+            "workspace": str(tmp_path / "ws"), "report_to": ["tensorboard"],
             "grpo": {"num_generations": 2, "max_completion_length": 8, "per_device_train_batch_size": 2,
                      "max_steps": 2, "save_steps": 1, "logging_steps": 1, "bf16": False},
             "generation": {"backend": "transformers"},
@@ -78,6 +79,20 @@ def test_grpo_smoke_run_with_verified_rewards(tmp_path, cache):
     for part in ("reward", "rule", "rubric_r", "correct", "total_hack", "speedup", "judge_neutral"):
         assert any(part in k for k in logged), (part, sorted(logged))
     assert db.execute("SELECT status FROM train_runs").fetchone()[0] == "done"
+    assert list((tmp_path / "out").rglob("events.out.tfevents.*"))  # TensorBoard got the same metrics
+
+    # the adapter plugs into optimize as the Coder (a local HF model + LoRA); the Planner is scripted
+    with ScriptedOpenAIServer([plan(target=0.01)]) as planner:
+        run = CliRunner().invoke(app, [
+            "optimize", str(FIXTURES / "cpu" / "tiny_mlp.py"), "--model", "scripted", "--base-url",
+            planner.base_url, "--coder-provider", "hf", "--coder-model", str(model_dir), "--adapter",
+            summary["adapter"], "--device", "cpu", "--preset", "tiny-debug", "--max-steps", "1",
+            "--workspace", str(tmp_path / "ws-optimize"), "--json"])
+    assert run.exit_code == 1, run.output  # random weights write no program: no best, but a clean run
+    calls = sqlite3.connect(tmp_path / "ws-optimize" / "runs.sqlite").execute(
+        "SELECT role, model, answer FROM llm_calls ORDER BY id").fetchall()
+    coder = [c for c in calls if c[0] == "coder"]
+    assert coder and coder[0][1] == f"{model_dir}+{summary['adapter']}" and coder[0][2] is not None
 
     # a resumed run starts from the last checkpoint
     config["grpo"]["max_steps"] = 3
