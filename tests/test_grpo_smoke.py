@@ -128,3 +128,25 @@ def test_reward_functions_verify_extracted_programs(tmp_path, cache):
     assert gates[:3] == ["passed", "total hack", gates[2]] and gates[2].startswith("no program")
     assert functions[4](**kwargs) == [0.0, 1.0, 0.0, 0.0] and weights == [1.0] + [0.0] * 6
     assert rewards.verifications == 2
+
+
+def test_reward_verifications_on_ray_with_logical_gpus(tmp_path, cache):
+    ray = pytest.importorskip("ray")
+    from stitchcuda.reward import RewardConfig
+    from stitchcuda.rl.config import VerifySection
+    from stitchcuda.rl.rewards import VerificationPool, VerifiedRewards
+
+    reference = (FIXTURES / "cpu" / "tiny_mlp.py").read_text()
+    pure = (FIXTURES / "cpu" / "pure_torch.py").read_text()
+    wrong = (FIXTURES / "cpu" / "wrong.py").read_text()
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        pool = VerificationPool(VerifySection(preset="tiny-debug", gpus=["cpu"], ray="local", runs_per_gpu=2),
+                                tmp_path)
+        rewards = VerifiedRewards(pool, None, RewardConfig())
+        found = rewards.score([f"```python\n{pure}```", f"```python\n{wrong}```"], ["tiny_mlp"] * 2,
+                              [reference] * 2)
+    finally:
+        ray.shutdown()
+    assert [b.rule.gate for b in found] == ["total hack", "total hack"] and rewards.verifications == 2
+    assert all(b.reward == 0.0 for b in found)

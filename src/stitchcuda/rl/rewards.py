@@ -35,7 +35,8 @@ def completion_text(completion: Any) -> str:
 
 
 class VerificationPool:
-    """Verifies candidates concurrently: ``runs_per_gpu`` at a time per device, one on the GPU."""
+    """Verifies candidates concurrently: ``runs_per_gpu`` at a time per device, one on the GPU;
+    or, with ``ray`` set, as Ray tasks with a share of one GPU each (``max_retries=0``)."""
 
     def __init__(self, section: VerifySection, workspace: Path):
         from stitchcuda.bench.runner import GatedVerifier, GpuGate, default_gpus
@@ -44,6 +45,9 @@ class VerificationPool:
 
         devices = section.gpus or default_gpus() or ["cpu"]
         base = PRESETS[section.preset].model_copy(update={"tolerance": section.tolerance})
+        self.section, self.workspace = section, workspace
+        self.ray_device = "cpu" if devices == ["cpu"] else "cuda:0"  # a Ray task sees its own GPU as 0
+        self.base = base
         self.slots: list[Any] = []
         for device in devices:
             verifier = Verifier(base.model_copy(update={"device": device}))
@@ -54,6 +58,9 @@ class VerificationPool:
         self.executor = ThreadPoolExecutor(max_workers=len(self.slots))
 
     def verify_all(self, pairs: list[tuple[Task, Candidate]]) -> list[Any]:
+        if self.section.ray:
+            return self._on_ray(pairs)
+
         def one(i: int) -> Any:
             with self._lock:
                 slot = self.slots[self._next % len(self.slots)]
@@ -61,6 +68,38 @@ class VerificationPool:
             return slot.verify(*pairs[i])
 
         return list(self.executor.map(one, range(len(pairs))))
+
+
+    def _on_ray(self, pairs: list[tuple[Task, Candidate]]) -> list[Any]:
+        import ray
+
+        from stitchcuda.verify.verdict import Verdict
+
+        if not ray.is_initialized():
+            ray.init(address=None if self.section.ray == "local" else self.section.ray, log_to_driver=False)
+        remote = ray.remote(num_gpus=1.0 / self.section.runs_per_gpu, num_cpus=1, max_retries=0)(_ray_verify)
+        config = self.base.model_copy(update={"device": self.ray_device}).model_dump_json()
+        refs = [remote.remote(t.model_dump_json(), c.model_dump_json(), config, str(self.workspace)) for t, c in pairs]
+        out = []
+        for (task, cand), ref in zip(pairs, refs, strict=True):
+            try:
+                out.append(Verdict.model_validate_json(ray.get(ref)))
+            except Exception as exc:  # the worker process died: a verdict that says so, worth nothing
+                from stitchcuda.verify.judge import judge
+
+                out.append(judge(task, cand, self.base, None, static_error=f"the Ray worker died: {exc}"))
+        return out
+
+
+def _ray_verify(task_json: str, candidate_json: str, config_json: str, workspace: str) -> str:
+    from stitchcuda.bench.runner import GatedVerifier, GpuGate
+    from stitchcuda.verify import Verifier
+    from stitchcuda.verify.config import VerifyConfig
+
+    config = VerifyConfig.model_validate_json(config_json)
+    verifier = GatedVerifier(Verifier(config), GpuGate(config.device, Path(workspace) / "gpu-locks"))
+    return verifier.verify(Task.model_validate_json(task_json), Candidate.model_validate_json(candidate_json)) \
+        .model_dump_json()
 
 
 class VerifiedRewards:
