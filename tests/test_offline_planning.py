@@ -212,3 +212,24 @@ def test_optimize_offline_without_a_gpu_writes_the_program_and_says_so(tmp_path,
     assert summary["status"] == "unverified" and "needs a CUDA GPU" in summary["note"]
     assert hacking_level(static_findings(out.read_text()).findings) == "none"
     assert not (tmp_path / "ws").exists()  # nothing ran, so no run was recorded
+
+
+def test_offline_coder_picks_the_next_variant_from_the_feedback():
+    from stitchcuda.offline.agents import choose_next, variants
+
+    opts = variants("strict")
+    assert opts[0]["cublaslt"] and not opts[1]["cublaslt"] and opts[0]["graph"]
+    assert choose_next(opts, [], "") == 0
+    library = "Correct. 1.20 ms, 1.10x vs eager.\nTop kernel: sm90_xmma_gemm_f32f32 (library) takes 81% of GPU time"
+    assert choose_next(opts, [0], library) == 1  # the other GEMM path
+    own = "Correct.\nTop kernel: sc12_g3_row (own) takes 64% of GPU time (300 us over 1 call(s))."
+    nxt = choose_next(opts, [0, 1], own)
+    assert (opts[nxt]["block"], opts[nxt]["vector_width"]) != (opts[1]["block"], opts[1]["vector_width"])
+    failed = "Build of extension 'x' failed:\n  program.cu:120: error: identifier cublasLtMatmulDescCreate undefined"
+    assert not opts[choose_next(opts, [0], failed)]["cublaslt"]
+    no_graph = [i for i, o in enumerate(opts) if not o["graph"]]
+    launch = "Launch-bound: the GPU is idle 45% of the forward's 900 us across 120 kernel launches"
+    assert opts[choose_next(opts, [no_graph[0]], launch)]["graph"]
+    assert choose_next(opts, list(range(len(opts))), "") == len(opts) - 1  # used up: the last again
+    paper = variants("paper")
+    assert paper[0]["tf32"] and not variants("strict")[0]["tf32"]

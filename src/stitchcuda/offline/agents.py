@@ -2,14 +2,16 @@
 routing drive them: the Planner answers with the fusion plan, the Coder with generated programs.
 
 The Coder walks a list of variants (precision, cuBLASLt or cuBLAS, CUDA graph on or off, block
-size, vector width): the first step gets the first, every fix or optimize step the next, and
-the Verifier's timings decide which one the run keeps. When the variants are used up it answers with the last one
+size, vector width): the first step gets the first; every fix or optimize step gets the one the
+Verifier's feedback on the last points to (:func:`choose_next`), and the Verifier's timings
+decide which one the run keeps. When the variants are used up it answers with the last one
 again, which the loop sees as stagnation.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 
@@ -49,6 +51,59 @@ class OfflinePlannerAgent:
         return plan, None
 
 
+FEEDBACK_HEADING = "# The Verifier's feedback on it\n"  # as agents/prompts/coder_feedback.j2 lays it out
+LAUNCH_BOUND = re.compile(r"Launch-bound: the GPU is idle (\d+)%")
+TOP_KERNEL = re.compile(r"Top kernel: .* \((own|library|pytorch)\) takes (\d+)%")
+
+
+def feedback_of(messages: list[Message]) -> str:
+    """The Verifier's feedback in a skill-2 prompt (empty for a from-scratch prompt)."""
+    text = messages[-1].content if messages else ""
+    at = text.find(FEEDBACK_HEADING)
+    return text[at + len(FEEDBACK_HEADING):] if at >= 0 else ""
+
+
+def choose_next(options: list[dict], tried: list[int], feedback: str) -> int:
+    """The next variant to try, read from the Verifier's feedback on the last one: a failure
+    rules out the feature it names (cuBLASLt, graph capture, float4 paths); a launch-bound
+    profile asks for the CUDA graph; a library kernel on top asks for the other GEMM path or
+    precision, one of our own kernels for another block size or vector width. Otherwise the next
+    untried variant in order."""
+    left = [i for i in range(len(options)) if i not in tried]
+    if not left:
+        return tried[-1] if tried else 0
+    if not tried:
+        return left[0]
+    last = options[tried[-1]]
+    text = feedback.lower()
+    banned: list[tuple[str, object]] = []
+    if "cublaslt" in text and ("failed" in text or "error" in text):
+        banned.append(("cublaslt", True))
+    if any(w in text for w in ("cudagraph", "streambegincapture", "capture")) and ("failed" in text or "error" in text):
+        banned.append(("graph", True))
+    if "misaligned" in text:
+        banned.append(("vector_width", 4))
+    allowed = [i for i in left if not any(options[i].get(k) == v for k, v in banned)] or left
+
+    def differs(i: int, keys: tuple[str, ...]) -> bool:
+        return any(options[i].get(k) != last.get(k) for k in keys)
+
+    wants: list[tuple[str, ...]] = []
+    idle = LAUNCH_BOUND.search(feedback)
+    if idle and int(idle[1]) >= 20 and not last.get("graph"):
+        wants.append(("graph",))
+    top = TOP_KERNEL.search(feedback)
+    if top and top[1] == "library":
+        wants.append(("cublaslt", "tf32"))
+    elif top and top[1] == "own":
+        wants.append(("block", "vector_width"))
+    for keys in wants:
+        matching = [i for i in allowed if differs(i, keys) and (keys != ("graph",) or options[i].get("graph"))]
+        if matching:
+            return matching[0]
+    return allowed[0]
+
+
 class OfflineCoder:
     """An ``LLMClient`` whose answers are generated programs, one variant per call."""
 
@@ -62,7 +117,7 @@ class OfflineCoder:
         self.graph = capture(task)  # CaptureError says why the offline Coder cannot work on it
         self.groups = fuse(self.graph)
         self.variants = variants(tolerance)
-        self._next = 0
+        self.tried: list[int] = []
         self._lock = threading.Lock()
 
     def complete(self, messages: list[Message], *, max_tokens: int | None = None,
@@ -70,8 +125,9 @@ class OfflineCoder:
         from stitchcuda.offline.codegen import CodegenOptions, generate
 
         with self._lock:
-            options = CodegenOptions.model_validate(self.variants[min(self._next, len(self.variants) - 1)])
-            self._next += 1
+            index = choose_next(self.variants, self.tried, feedback_of(messages))
+            self.tried.append(index)
+            options = CodegenOptions.model_validate(self.variants[index])
         started = time.perf_counter()
         source = generate(self.task, self.graph, self.groups, options)
         text = f"Offline Coder, variant {options.model_dump()}:\n```python\n{source}```\n"
