@@ -212,3 +212,13 @@ def test_bench_optimize_records_each_run_and_its_attempts(tmp_path, cache):
     page = CliRunner().invoke(app, ["report", "last", "--workspace", str(ws), "-o", str(tmp_path / "r")])
     assert page.exit_code == 0, page.output
     assert "tiny" in (tmp_path / "r" / "index.html").read_text()
+
+    # the recorded run is training data: its Coder call becomes a skill-1 sample with its verdict
+    built = CliRunner().invoke(app, ["dataset", "build", "all", "--workspace", str(ws), "-o", str(tmp_path / "d"),
+                                     "--eval-fraction", "0", "--json"])
+    assert built.exit_code == 0, built.output
+    import pyarrow.parquet as pq
+
+    (sample,) = pq.read_table(tmp_path / "d" / "train.parquet").to_pylist()
+    assert sample["skill"] == 1 and sample["completion"] == PURE_TORCH and sample["hacking"] == "total"
+    assert json.loads(sample["verdict"])["hacking"]["level"] == "total" and sample["passed"] is False
