@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU sessions of checks, as run on the lent H100/H200 (the issue notes carry the figures):
-#   bash benchmarks/gpu_session.sh MODE...     MODE: tests | bench | ncu | agents | corpus | suite | throughput | reward
+#   bash benchmarks/gpu_session.sh MODE...     MODE: tests | bench | ncu | agents | corpus | suite | throughput | reward | grpo
 # Modes run in the order given. CORPUS_ONLY=a,b,... limits the corpus run to those candidates,
 # whose builds then start in the background at once, on the CPU, while the GPU does the rest.
 # Logs go to $OUT (default ./gpu-logs). Wheels the image lacks are expected in .whl/.
@@ -62,6 +62,10 @@ for mode in "$@"; do
     reward)
       timeout ${REWARD_S:-400} python3 benchmarks/reward_gpu.py > "$OUT/reward.txt" 2>&1
       echo "reward rc=$?"; tail -n 10 "$OUT/reward.txt"
+      ;;
+    grpo)
+      timeout ${GRPO_S:-500} python3 benchmarks/grpo_gpu.py > "$OUT/grpo.txt" 2>&1
+      echo "grpo rc=$?"; tail -n 30 "$OUT/grpo.txt"
       ;;
     throughput)
       timeout ${THROUGHPUT_S:-500} python3 benchmarks/bench_throughput.py > "$OUT/throughput.txt" 2>&1
