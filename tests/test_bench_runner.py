@@ -91,7 +91,7 @@ def test_bench_evaluate_locally_then_resume_redoes_nothing_verified(tmp_path, ca
 
     page = CliRunner().invoke(app, ["report", "last", "--workspace", str(ws), "-o", str(tmp_path / "report")])
     assert page.exit_code == 0, page.output
-    assert (tmp_path / "report" / "index.html").exists() or any((tmp_path / "report").glob("*.html"))
+    assert (tmp_path / "report" / "index.html").exists() and (tmp_path / "report" / "summary.md").exists()
 
 
 def test_bench_on_ray_with_logical_gpus(tmp_path, cache):
@@ -190,6 +190,12 @@ def test_gated_verifier_builds_outside_the_gate_and_skips_it_for_failed_builds(t
         broken.verify(Task(name="t", source=""), Candidate(name="b", source="# broken\n" + source))
         assert time.time() - t0 < 0.6
     assert broken.stats.gpu_s == 0.0
+
+    builds = []
+    inner.build = lambda candidate: builds.append(candidate) or Double.build(inner, candidate)
+    alone = GatedVerifier(inner, gate, build_first=False)  # nobody shares the GPU: no separate build
+    alone.verify(Task(name="t", source=""), Candidate(name="a", source=source))
+    assert builds == [] and alone.stats.verifications == 1 and alone.stats.build_s < 0.1
 
 
 def test_bench_optimize_records_each_run_and_its_attempts(tmp_path, cache):

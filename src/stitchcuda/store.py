@@ -174,6 +174,20 @@ class RunStore:
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
+    def coder_calls(self, run_id: str) -> list[tuple[int | None, int | None, str, list[dict[str, str]], str]]:
+        """(step, sample, model, messages as sent, answer) of every Coder call that got an answer."""
+        rows = self.db.execute("SELECT step, sample, model, messages, answer FROM llm_calls WHERE run_id = ? AND "
+                               "role = 'coder' AND answer IS NOT NULL ORDER BY id", (run_id,)).fetchall()
+        return [(step, sample, model, json.loads(messages), answer) for step, sample, model, messages, answer in rows]
+
+    def step_times(self, run_id: str) -> dict[int, float]:
+        """Seconds from the run's creation to each step's record."""
+        start = self.db.execute("SELECT created FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if start is None:
+            return {}
+        rows = self.db.execute("SELECT idx, created FROM steps WHERE run_id = ?", (run_id,)).fetchall()
+        return {idx: created - start[0] for idx, created in rows}
+
     def save_candidate(self, run_id: str, step: int, outcome: SampleOutcome) -> None:
         self.db.execute("INSERT OR REPLACE INTO candidates VALUES (?,?,?,?,?,?,?,?,?,?,?)", (
             run_id, step, outcome.sample, outcome.sha256, outcome.path, int(outcome.passed),

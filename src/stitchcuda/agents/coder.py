@@ -20,6 +20,22 @@ def scratch_prompt(task: Task, plan: Plan, subtask: Subtask, program: str | None
                         program_status=program_status, notes=notes, note=note, **_rules(tolerance))
 
 
+FEEDBACK_HEADING = "# The Verifier's feedback on it\n"  # as prompts/coder_feedback.j2 lays it out
+_AFTER_FEEDBACK = ("\nIt failed: fix it.", "\nIt is correct but not fast enough")
+
+
+def feedback_in_prompt(last_message: str) -> str:
+    """The Verifier's feedback a skill-2 prompt carries (empty for a from-scratch prompt)."""
+    at = last_message.find(FEEDBACK_HEADING)
+    if at < 0:
+        return ""
+    body = last_message[at + len(FEEDBACK_HEADING):]
+    for end in _AFTER_FEEDBACK:
+        if end in body:
+            body = body[: body.index(end)]
+    return body.strip()
+
+
 def feedback_prompt(task: Task, subtask: Subtask, program: str, feedback: str, action: Action, notes: str,
                     tolerance: str, note: str = "") -> list[Message]:
     """Skill 2: program + the Verifier's feedback -> a fixed or faster program."""

@@ -12,8 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from stitchcuda.verify.verdict import HackLevel
+
 TaskStatus = Literal["pending", "done", "failed", "unsupported"]
-HackLevel = Literal["none", "partial", "total"]
 BASELINES = ("eager", "torch_compile", "eager_tf32", "cuda_graph", "best")
 
 

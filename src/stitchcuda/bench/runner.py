@@ -92,10 +92,11 @@ class GateStats(BaseModel):
 
 class GatedVerifier:
     """A :class:`~stitchcuda.verify.Verifier` whose GPU work goes through a :class:`GpuGate`;
-    everything else is the wrapped verifier's."""
+    everything else is the wrapped verifier's. ``build_first``: build in a separate GPU-hidden
+    worker before taking the gate (worth its extra process start only when others share the GPU)."""
 
-    def __init__(self, inner: Any, gate: GpuGate):
-        self.inner, self.gate, self.stats = inner, gate, GateStats()
+    def __init__(self, inner: Any, gate: GpuGate, build_first: bool = True):
+        self.inner, self.gate, self.stats, self.build_first = inner, gate, GateStats(), build_first
         self._lock = threading.Lock()
         self.prebuilt: dict[str, Any] = {}  # candidate sha256 -> the BuildReport a build pool already made
 
@@ -110,8 +111,10 @@ class GatedVerifier:
         built_ok = True
         try:
             check_candidate_source(candidate.source)
-            report = self.prebuilt.get(candidate.sha256) or self.inner.build(candidate)
-            built_ok = all(e.ok for e in report.extensions)  # no extension at all: nothing to build
+            report = self.prebuilt.get(candidate.sha256)
+            if report is None and self.build_first:
+                report = self.inner.build(candidate)
+            built_ok = report is None or all(e.ok for e in report.extensions)  # no extension: nothing to build
         except TaskError:
             built_ok = False
         built = time.time()
@@ -143,7 +146,8 @@ def _verifier_for(config: BenchConfig, device: str, workspace: str) -> GatedVeri
     from stitchcuda.verify import Verifier
 
     verify = config.optimize.verify.model_copy(update={"device": device})
-    return GatedVerifier(Verifier(verify), GpuGate(device, Path(workspace) / "gpu-locks"))
+    return GatedVerifier(Verifier(verify), GpuGate(device, Path(workspace) / "gpu-locks"),
+                         build_first=config.runs_per_gpu > 1)
 
 
 def _job_device(config: BenchConfig, assigned: str | None) -> str:
@@ -195,10 +199,10 @@ def run_job(job: Job, device: str | None = None, built: tuple[str, Any] | None =
     return result
 
 
-def result_from_verdict(task: Task, level: int | None, verdict: Any, program: str | None) -> TaskResult:
+def result_from_verdict(task: str, level: int | None, verdict: Any, program: str | None) -> TaskResult:
     timing = verdict.timing
     return TaskResult(
-        task=task.name, level=level, status="done", compiled=verdict.compiled, correct=verdict.correct,
+        task=task, level=level, status="done", compiled=verdict.compiled, correct=verdict.correct,
         passed=verdict.passed, hacking=verdict.hacking.level if verdict.compiled else None,
         speedup=dict(verdict.speedup), milliseconds=timing.candidate.median_ms if timing else None,
         origin_share=dict(verdict.profile.origin_share) if verdict.profile else {}, program=program,
@@ -222,7 +226,7 @@ def _evaluate(job: Job, verifier: GatedVerifier) -> TaskResult:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{job.idx:04d}-{job.task.name}.verdict.json"
     path.write_text(verdict.model_dump_json(indent=1))
-    result = result_from_verdict(job.task, job.level, verdict, job.candidate)
+    result = result_from_verdict(job.task.name, job.level, verdict, job.candidate)
     result.verdict = str(path)
     return result
 
@@ -297,7 +301,9 @@ def result_from_run(store: Any, state: Any, level: int | None) -> TaskResult:
                    else "build failed" if o.path else "no program")
         result.attempts.append(Attempt(step=step.index, seconds=0.0, passed=o.passed, speedup_eager=o.speedup_eager,
                                        best_so_far=best_so_far, outcome=outcome))
-    _attempt_times(store, state.run_id, result.attempts)
+    at = store.step_times(state.run_id)
+    for a in result.attempts:
+        a.seconds = round(at.get(a.step, 0.0), 2)
     if state.best is None:
         result.error = result.error or "no candidate passed"
         return result
@@ -305,7 +311,7 @@ def result_from_run(store: Any, state: Any, level: int | None) -> TaskResult:
     verdict_path = Path(state.best.path).with_suffix(".verdict.json")
     if verdict_path.exists():
         v = Verdict.model_validate_json(verdict_path.read_text())
-        best = result_from_verdict(Task(name=state.task, source="", origin="file"), level, v, result.program)
+        best = result_from_verdict(state.task, level, v, result.program)
         result.compiled, result.correct, result.passed, result.hacking = (best.compiled, best.correct, best.passed,
                                                                           best.hacking)
         result.speedup, result.milliseconds, result.origin_share, result.precision = (
@@ -317,17 +323,6 @@ def result_from_run(store: Any, state: Any, level: int | None) -> TaskResult:
         result.speedup = {"eager": state.best.speedup_eager}
         result.milliseconds = state.best.milliseconds
     return result
-
-
-def _attempt_times(store: Any, run_id: str, attempts: list[Attempt]) -> None:
-    """Seconds since the run's start at which each step was saved (the store's timestamps)."""
-    rows = store.db.execute("SELECT idx, created FROM steps WHERE run_id = ? ORDER BY idx", (run_id,)).fetchall()
-    start = store.db.execute("SELECT created FROM runs WHERE id = ?", (run_id,)).fetchone()
-    if not rows or start is None:
-        return
-    at = {idx: created - start[0] for idx, created in rows}
-    for a in attempts:
-        a.seconds = round(at.get(a.step, 0.0), 2)
 
 
 # ----------------------------------------------------------------------------- executors

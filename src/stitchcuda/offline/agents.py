@@ -15,6 +15,7 @@ import re
 import threading
 import time
 
+from stitchcuda.agents.coder import feedback_in_prompt
 from stitchcuda.agents.planner import CallHook, PlanContext
 from stitchcuda.agents.records import Best, Plan
 from stitchcuda.llm.base import Completion, LLMConfig, Message, Usage
@@ -51,16 +52,8 @@ class OfflinePlannerAgent:
         return plan, None
 
 
-FEEDBACK_HEADING = "# The Verifier's feedback on it\n"  # as agents/prompts/coder_feedback.j2 lays it out
 LAUNCH_BOUND = re.compile(r"Launch-bound: the GPU is idle (\d+)%")
 TOP_KERNEL = re.compile(r"Top kernel: .* \((own|library|pytorch)\) takes (\d+)%")
-
-
-def feedback_of(messages: list[Message]) -> str:
-    """The Verifier's feedback in a skill-2 prompt (empty for a from-scratch prompt)."""
-    text = messages[-1].content if messages else ""
-    at = text.find(FEEDBACK_HEADING)
-    return text[at + len(FEEDBACK_HEADING):] if at >= 0 else ""
 
 
 def choose_next(options: list[dict], tried: list[int], feedback: str) -> int:
@@ -125,7 +118,7 @@ class OfflineCoder:
         from stitchcuda.offline.codegen import CodegenOptions, generate
 
         with self._lock:
-            index = choose_next(self.variants, self.tried, feedback_of(messages))
+            index = choose_next(self.variants, self.tried, feedback_in_prompt(messages[-1].content) if messages else "")
             self.tried.append(index)
             options = CodegenOptions.model_validate(self.variants[index])
         started = time.perf_counter()

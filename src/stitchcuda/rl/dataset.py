@@ -23,6 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from stitchcuda.agents.coder import feedback_in_prompt
 from stitchcuda.store import RunStore
 from stitchcuda.task.record import Task
 
@@ -66,14 +67,11 @@ def run_samples(store: RunStore, run_id: str) -> list[SkillSample]:
     run_dir = store.run_dir(run_id)
     task = Task(name=store.load_state(run_id).task, source=(run_dir / "task.py").read_text())
     steps = {s.index: s for s in store.steps(run_id)}
-    rows = store.db.execute("SELECT step, sample, model, messages, answer FROM llm_calls WHERE run_id = ? AND "
-                            "role = 'coder' AND answer IS NOT NULL ORDER BY id", (run_id,)).fetchall()
     out = []
-    for step_index, sample, model, messages, answer in rows:
-        step = steps.get(step_index)
+    for step_index, sample, model, prompt, answer in store.coder_calls(run_id):
+        step = steps.get(step_index)  # type: ignore[arg-type]
         if step is None:
             continue  # the call of a step that never finished: no verdict, and a resume asks again
-        prompt = json.loads(messages)
         outcome = next((o for o in step.samples if o.sample == (sample or 0)), None)
         verdict = None
         if outcome is not None and outcome.verdict_path and Path(outcome.verdict_path).exists():
@@ -81,28 +79,12 @@ def run_samples(store: RunStore, run_id: str) -> list[SkillSample]:
         out.append(SkillSample(
             id=sample_id(prompt, answer), task=task.name, task_sha256=task.sha256,
             skill=1 if step.skill == "scratch" else 2, prompt=prompt, completion=answer, reference=task.source,
-            feedback=_feedback_in(prompt) if step.skill == "feedback" else "", verdict=verdict,
+            feedback=feedback_in_prompt(prompt[-1]["content"]) if step.skill == "feedback" and prompt else "",
+            verdict=verdict,
             passed=outcome.passed if outcome else None, speedup_eager=outcome.speedup_eager if outcome else None,
             hacking=outcome.hacking if outcome else None,
             source=f"run:{run_id}/step:{step_index}/sample:{sample or 0}", model=model))
     return out
-
-
-FEEDBACK_HEADING = "# The Verifier's feedback on it\n"  # as agents/prompts/coder_feedback.j2 lays it out
-
-
-def _feedback_in(prompt: list[dict[str, str]]) -> str:
-    """The Verifier feedback section of a skill-2 prompt: from its heading to the next blank line
-    before the instruction that follows it."""
-    text = prompt[-1]["content"] if prompt else ""
-    at = text.find(FEEDBACK_HEADING)
-    if at < 0:
-        return ""
-    body = text[at + len(FEEDBACK_HEADING):]
-    for end in ("\nIt failed: fix it.", "\nIt is correct but not fast enough"):
-        if end in body:
-            body = body[: body.index(end)]
-    return body.strip()
 
 
 def task_samples(tasks: Iterable[Task], spec: str, tolerance: str = "strict") -> list[SkillSample]:

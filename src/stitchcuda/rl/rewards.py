@@ -52,7 +52,8 @@ class VerificationPool:
         for device in devices:
             verifier = Verifier(base.model_copy(update={"device": device}))
             gate = GpuGate(device, workspace / "gpu-locks")
-            self.slots += [GatedVerifier(verifier, gate) for _ in range(section.runs_per_gpu)]
+            self.slots += [GatedVerifier(verifier, gate, build_first=section.runs_per_gpu > 1)
+                           for _ in range(section.runs_per_gpu)]
         self._next = 0
         self._lock = threading.Lock()
         self.executor = ThreadPoolExecutor(max_workers=len(self.slots))
