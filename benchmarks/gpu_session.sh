@@ -50,13 +50,15 @@ for mode in "$@"; do
       # the offline Coder over the bundled suite (issues 5 and 6): strict then paper, resumable, so
       # several calls finish it (the workspace survives while the machine stays warm)
       for tol in ${SUITE_TOLERANCES:-strict paper}; do
-        ws=.stitchcuda-suite-$tol
+        ws=.stitchcuda/suite-$tol  # ignored, so it stays on a warm machine between calls
         if [[ -f $ws/runs.sqlite ]]; then resume=(--resume last); else resume=(); fi
         timeout ${SUITE_S:-$((585 - SECONDS))} python3 -m stitchcuda.cli bench suite --tolerance "$tol" \
-          --max-steps ${SUITE_STEPS:-3} --workspace "$ws" "${resume[@]}" > "$OUT/suite_$tol.txt" 2>&1
+          --max-steps ${SUITE_STEPS:-3} --runs-per-gpu ${SUITE_RUNS:-8} --workspace "$ws" "${resume[@]}" > "$OUT/suite_$tol.txt" 2>&1
         echo "suite $tol rc=$?"; tail -n 30 "$OUT/suite_$tol.txt"
-        python3 -m stitchcuda.cli report last --workspace "$ws" -o "$OUT/report_$tol" > /dev/null 2>&1
-        python3 -m stitchcuda.cli bench --resume last --workspace "$ws" --json > "$OUT/metrics_$tol.json" 2>/dev/null
+        # $OUT returns at most 8 files: the report folder and the run store travel as one archive
+        python3 -m stitchcuda.cli report last --workspace "$ws" -o "/tmp/report_$tol" > "/tmp/report_$tol.log" 2>&1
+        cp "$ws/runs.sqlite" "/tmp/report_$tol/runs.sqlite"
+        tar -czf "$OUT/suite_$tol.tgz" -C /tmp "report_$tol" "report_$tol.log"
       done
       ;;
     reward)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from stitchcuda.task.operators import TRACE_LOCK
 from stitchcuda.task.record import Task
 
 
@@ -132,9 +133,10 @@ def capture(task: Task) -> OpGraph:
     except Exception as exc:
         raise CaptureError(f"the reference did not build: {type(exc).__name__}: {exc}") from exc
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            fake = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
-        exported = torch.export.export(model, tuple(fake))
+        with TRACE_LOCK:
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                fake = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+            exported = torch.export.export(model, tuple(fake))
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise CaptureError(f"torch.export could not capture the forward ({type(exc).__name__}: {first[:300]}); "

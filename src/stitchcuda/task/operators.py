@@ -8,10 +8,16 @@ with a count. This is what the Planner reads next to the profile.
 
 from __future__ import annotations
 
+import threading
 import types
 from typing import Any
 
 from pydantic import BaseModel
+
+# torch's tracing machinery (torch.export, fx's patcher, the proxy and fake dispatch modes) keeps
+# process-wide state, so two traces in threads of one process (a bench's tasks) corrupt each
+# other: every trace of a reference holds this lock.
+TRACE_LOCK = threading.Lock()
 
 from stitchcuda.task.record import Task
 
@@ -96,7 +102,7 @@ def capture(task: Task, limit: int = 400) -> list[OpNode]:
             return out
 
     try:
-        with torch.no_grad(), Recorder():
+        with TRACE_LOCK, torch.no_grad(), Recorder():
             model(*meta_inputs)
     finally:
         for h in handles:
