@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU sessions of checks, as run on the lent H100/H200 (the issue notes carry the figures):
 #   bash benchmarks/gpu_session.sh MODE...     MODE: tests | bench | ncu | agents | corpus | suite | throughput | reward | grpo
+# suite: SUITE_TOLERANCES (strict paper), SUITE_STEPS (3), SUITE_RUNS (tasks per GPU, 8), SUITE_TASKS
+# (suite, or names separated by commas), SUITE_PRESET (default: with the torch.compile baseline).
 # Modes run in the order given. CORPUS_ONLY=a,b,... limits the corpus run to those candidates,
 # whose builds then start in the background at once, on the CPU, while the GPU does the rest.
 # Logs go to $OUT (default ./gpu-logs). Wheels the image lacks are expected in .whl/.
@@ -52,7 +54,7 @@ for mode in "$@"; do
       for tol in ${SUITE_TOLERANCES:-strict paper}; do
         ws=.stitchcuda/suite-$tol  # ignored, so it stays on a warm machine between calls
         if [[ -f $ws/runs.sqlite ]]; then resume=(--resume last); else resume=(); fi
-        timeout ${SUITE_S:-$((585 - SECONDS))} python3 -m stitchcuda.cli bench suite --tolerance "$tol" \
+        timeout ${SUITE_S:-$((585 - SECONDS))} python3 -m stitchcuda.cli bench "${SUITE_TASKS:-suite}" --tolerance "$tol" --preset "${SUITE_PRESET:-default}" \
           --max-steps ${SUITE_STEPS:-3} --runs-per-gpu ${SUITE_RUNS:-8} --workspace "$ws" "${resume[@]}" > "$OUT/suite_$tol.txt" 2>&1
         echo "suite $tol rc=$?"; tail -n 30 "$OUT/suite_$tol.txt"
         # $OUT returns at most 8 files: the report folder and the run store travel as one archive

@@ -801,6 +801,9 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithmMaxCount(cudnnHandle_t, int*);
 cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t, cudnnTensorDescriptor_t, cudnnFilterDescriptor_t,
                                                      cudnnConvolutionDescriptor_t, cudnnTensorDescriptor_t, int,
                                                      int*, cudnnConvolutionFwdAlgoPerf_t*);
+cudnnStatus_t cudnnFindConvolutionForwardAlgorithm(cudnnHandle_t, cudnnTensorDescriptor_t, cudnnFilterDescriptor_t,
+                                                   cudnnConvolutionDescriptor_t, cudnnTensorDescriptor_t, int, int*,
+                                                   cudnnConvolutionFwdAlgoPerf_t*);
 cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, cudnnTensorDescriptor_t, cudnnFilterDescriptor_t,
                                                       cudnnConvolutionDescriptor_t, cudnnTensorDescriptor_t,
                                                       cudnnConvolutionFwdAlgo_t, size_t*);
@@ -813,6 +816,10 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t, cudnnFi
                                                           cudnnTensorDescriptor_t, cudnnConvolutionDescriptor_t,
                                                           cudnnTensorDescriptor_t, int, int*,
                                                           cudnnConvolutionBwdDataAlgoPerf_t*);
+cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithm(cudnnHandle_t, cudnnFilterDescriptor_t,
+                                                        cudnnTensorDescriptor_t, cudnnConvolutionDescriptor_t,
+                                                        cudnnTensorDescriptor_t, int, int*,
+                                                        cudnnConvolutionBwdDataAlgoPerf_t*);
 cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t, cudnnFilterDescriptor_t,
                                                            cudnnTensorDescriptor_t, cudnnConvolutionDescriptor_t,
                                                            cudnnTensorDescriptor_t, cudnnConvolutionBwdDataAlgo_t,

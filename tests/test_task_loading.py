@@ -124,3 +124,12 @@ def test_bundled_suite_is_resolvable():
     assert len(resolve_tasks("suite")) == len(names)
     with pytest.raises(TaskError, match="neither a file"):
         resolve_tasks("no_such_task")
+
+
+def test_comma_separated_tasks():
+    tasks = resolve_tasks(f"mlp, small_cnn,{CPU / 'tiny_mlp.py'}")
+    assert [t.name for t in tasks] == ["mlp", "small_cnn", "tiny_mlp"]
+    with pytest.raises(TaskError, match="names a task twice"):
+        resolve_tasks("mlp,mlp")
+    with pytest.raises(TaskError, match="neither a file"):
+        resolve_tasks("mlp,no_such_task")

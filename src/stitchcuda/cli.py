@@ -235,8 +235,8 @@ def optimize(
 @app.command()
 def bench(
     suite: Annotated[str, typer.Argument(
-        help="suite (the bundled tasks), a folder of tasks, a parquet file, or a KernelBench checkout "
-             "with --level.")] = "suite",
+        help="suite (the bundled tasks), a folder of tasks, a parquet file, a KernelBench checkout "
+             "with --level, or task names and paths separated by commas.")] = "suite",
     kernelbench: KernelBenchOpt = None,
     level: LevelOpt = None,
     evaluate: Annotated[Path | None, typer.Option(
@@ -251,7 +251,8 @@ def bench(
     llm_timeout: Annotated[float, typer.Option(help="Seconds per LLM call before it is retried.")] = 600.0,
     samples: Annotated[int, typer.Option(min=1, help="Coder samples per step.")] = 1,
     tolerance: Annotated[ToleranceName, typer.Option(help="strict (1e-4 fp32) or paper (1e-2).")] = "strict",
-    preset: Annotated[str, typer.Option(help=f"Verifier defaults: {', '.join(PRESETS)}.")] = "quick",
+    preset: Annotated[str, typer.Option(help=f"Verifier defaults: {', '.join(PRESETS)} (quick has no torch.compile "
+                                             "baseline).")] = "default",
     max_steps: Annotated[int, typer.Option(min=1, help="Budget per task: Coder steps.")] = 24,
     max_wall: Annotated[float | None, typer.Option(help="Budget per task: seconds.")] = None,
     max_cost: Annotated[float | None, typer.Option(help="Budget per task: USD.")] = None,

@@ -1486,7 +1486,7 @@ def conv_members(c: Conv) -> list[str]:
 
 
 def conv_setup(c: Conv, math: str) -> list[str]:
-    """Descriptors and the algorithm (cuDNN's heuristics, the first one that works under the
+    """Descriptors and the algorithm (timed by cuDNN at setup, else its heuristics; the first that works under the
     math mode within the workspace limit), once per Program: nothing here runs inside a capture."""
     i, m = c.index, "made->"
     x_dims, y_dims = (c.n, c.c, c.h, c.w), (c.n, c.k, c.p, c.q)

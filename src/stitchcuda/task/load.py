@@ -109,8 +109,15 @@ def bundled_tasks() -> list[Task]:
 
 def resolve_tasks(spec: str, level: int | None = None, problem: int | None = None) -> list[Task]:
     """Tasks named by ``spec``: a .py file, a .parquet file, a folder, a KernelBench checkout
-    (with ``level``), a bundled task name, or ``suite`` for the whole bundled suite."""
+    (with ``level``), a bundled task name, ``suite`` for the whole bundled suite, or several of
+    these separated by commas (``mlp,small_cnn``)."""
     path = Path(spec).expanduser()
+    if "," in spec and not path.exists():
+        tasks = [t for part in spec.split(",") if part.strip() for t in resolve_tasks(part.strip(), level, problem)]
+        names = [t.name for t in tasks]
+        if len(set(names)) != len(names):
+            raise TaskError(f"{spec!r} names a task twice: {sorted({n for n in names if names.count(n) > 1})}")
+        return tasks
     if path.is_file():
         if path.suffix == ".parquet":
             return load_parquet(path, level, problem)

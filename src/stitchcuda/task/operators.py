@@ -14,12 +14,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from stitchcuda.task.record import Task
+
 # torch's tracing machinery (torch.export, fx's patcher, the proxy and fake dispatch modes) keeps
 # process-wide state, so two traces in threads of one process (a bench's tasks) corrupt each
 # other: every trace of a reference holds this lock.
 TRACE_LOCK = threading.Lock()
-
-from stitchcuda.task.record import Task
 
 # Operators that only describe or move tensors: left out of the graph the Planner reads.
 _QUIET = {"aten.detach", "aten.view", "aten._unsafe_view", "aten.t", "aten.alias", "aten.lift_fresh",
