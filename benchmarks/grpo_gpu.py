@@ -6,7 +6,7 @@ to write known honest programs for the tasks (see ``taught_tiny``), so that its 
 real programs. Prints the run's summary: steps, reward parts, verified candidates per minute per
 GPU, and each step's rewards from the run store.
 
-    python benchmarks/grpo_gpu.py [--steps 4] [--teach-steps 400]
+    python benchmarks/grpo_gpu.py [--steps 4] [--teach-steps 800] [--temperature 0.7]
 
 The GPU image has transformers and peft but not trl or datasets: carry their wheels
 (`../shared/gpu/wheels-for-gpu.sh 'trl>=0.20' 'datasets>=2.20'` into .whl/).
@@ -47,12 +47,12 @@ TAUGHT = {"mlp": "tests/fixtures/candidates/mlp_honest.py",
           "norm_softmax_gate": "tests/fixtures/candidates/norm_softmax_gate_honest.py"}
 
 
-def taught_tiny(folder: Path, data: Path, steps: int = 400) -> str:
-    """A 4-layer Llama (about 5M parameters) with a byte-level BPE tokenizer, taught here by
+def taught_tiny(folder: Path, data: Path, steps: int = 800) -> str:
+    """A 4-layer Llama (about 4M parameters) with a byte-level BPE tokenizer, taught here by
     supervised steps to answer each training prompt with a known honest program for its task.
     The GPU machine reaches no model hub and a carried model must fit in 64 MiB, so no real
-    pretrained coder can run there; this one writes real programs (sampled at temperature 1 they
-    sometimes break), so GRPO's rewards come from real builds and timings and differ within a
+    pretrained coder can run there; this one writes real programs (sampled, they sometimes
+    break), so GRPO's rewards come from real builds and timings and differ within a
     group, which is what the run must show."""
     import pyarrow.parquet as pq
     import torch
@@ -98,7 +98,7 @@ def taught_tiny(folder: Path, data: Path, steps: int = 400) -> str:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if step % 25 == 0 or step == steps - 1:
+        if step % 100 == 0 or step == steps - 1:
             print(f"  teaching step {step}: loss {loss.item():.4f}")
     model.cpu().save_pretrained(folder)
     return str(folder)
@@ -108,7 +108,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--tasks", nargs="+", default=list(TAUGHT))
-    parser.add_argument("--teach-steps", type=int, default=400, help="supervised steps of the taught model")
+    parser.add_argument("--teach-steps", type=int, default=800, help="supervised steps of the taught model")
+    parser.add_argument("--temperature", type=float, default=0.7,
+                        help="sampling temperature: one slip in 3,000 tokens usually breaks the program")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="stitchcuda-grpo-") as tmp:
         root = Path(tmp)
@@ -117,7 +119,8 @@ def main() -> None:
         print(f"model: {model}")
         config = TrainConfig(model=model, dataset=str(root / "data"), output_dir=str(root / "out"),
                              workspace=str(root / "ws"), report_to=["none"],
-                             grpo={"num_generations": 4, "max_completion_length": 4096, "per_device_train_batch_size": 4,
+                             grpo={"num_generations": 4, "max_completion_length": 4096,
+                                   "temperature": args.temperature, "per_device_train_batch_size": 4,
                                    "max_steps": args.steps, "save_steps": args.steps, "logging_steps": 1},
                              verify={"preset": "quick", "gpus": ["cuda:0"], "runs_per_gpu": 2})
         summary = train(config)

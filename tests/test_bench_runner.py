@@ -81,6 +81,7 @@ def test_bench_evaluate_locally_then_resume_redoes_nothing_verified(tmp_path, ca
     # a kill mid-bench: one task still pending; resume verifies it alone
     db.execute("UPDATE bench_tasks SET status = 'pending' WHERE task = 'c_wrong'")
     db.commit()
+    first_wall = json.loads(db.execute("SELECT info FROM benches").fetchone()[0])["wall_s"]
     verdicts = {p.name: p.stat().st_mtime_ns for p in ws.glob("benches/*/verdicts/*.json")}
     resumed = bench("--resume", "last", "--workspace", str(ws), "--json")
     assert resumed.exit_code == 0, resumed.output
@@ -88,6 +89,7 @@ def test_bench_evaluate_locally_then_resume_redoes_nothing_verified(tmp_path, ca
     changed = sorted(n for n in after if after[n] != verdicts.get(n))
     assert changed == ["0002-c_wrong.verdict.json"]
     assert json.loads(resumed.stdout)["overall"]["succeeded"] == 1
+    assert json.loads(db.execute("SELECT info FROM benches").fetchone()[0])["wall_s"] > first_wall > 0  # adds up
 
     page = CliRunner().invoke(app, ["report", "last", "--workspace", str(ws), "-o", str(tmp_path / "report")])
     assert page.exit_code == 0, page.output

@@ -18,6 +18,7 @@ from tests.test_optimize_loop import plan
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
+ROOT = Path(__file__).parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -150,3 +151,28 @@ def test_reward_verifications_on_ray_with_logical_gpus(tmp_path, cache):
         ray.shutdown()
     assert [b.rule.gate for b in found] == ["total hack", "total hack"] and rewards.verifications == 2
     assert all(b.reward == 0.0 for b in found)
+
+
+def test_the_gpu_runs_taught_model_writes_through_its_tokenizer_and_template(tmp_path):
+    """benchmarks/grpo_gpu.py's stand-in for a small coder (no hub on the GPU machine): its
+    tokenizer must give back every byte of the programs it is taught, and its prompts must be
+    rendered with the chat template GRPO uses (two teaching steps here; the GPU run takes 800)."""
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from stitchcuda.rl.dataset import build_dataset
+
+    spec = importlib.util.spec_from_file_location("grpo_gpu", ROOT / "benchmarks" / "grpo_gpu.py")
+    grpo_gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(grpo_gpu)
+    build_dataset(tmp_path, [], tmp_path / "data", list(grpo_gpu.TAUGHT), eval_fraction=0.0)
+    folder = grpo_gpu.taught_tiny(tmp_path / "taught", tmp_path / "data", steps=2)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    for path in grpo_gpu.TAUGHT.values():
+        text = "```python\n" + (ROOT / path).read_text() + "```"
+        assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
+                                           tokenize=False)
+    assert prompt == "<|user|>x<|end|><|assistant|>"
+    assert AutoModelForCausalLM.from_pretrained(folder).config.eos_token_id == tokenizer.eos_token_id

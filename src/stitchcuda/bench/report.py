@@ -177,8 +177,9 @@ def summary_rows(metrics: BenchMetrics, comparison: MetricsComparison | None = N
 
 
 def level_rows(metrics: BenchMetrics) -> list[LevelRow]:
-    """One row per metric, one value per level, in the order of ``metrics.levels``."""
-    if not metrics.levels:
+    """One row per metric, one value per level, in the order of ``metrics.levels``; none for a
+    bench of a single level, whose breakdown would repeat the summary."""
+    if len(metrics.levels) < 2:
         return []
     flats = [flatten(g) for g in metrics.levels]
     return [LevelRow(key=key, label=metric_label(key), values=[format_value(key, f.get(key)) for f in flats])

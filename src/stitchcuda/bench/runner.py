@@ -441,15 +441,23 @@ def run_bench(store: BenchStore, jobs_for: list[tuple[Task, int | None, str | No
                         run_id=run_id, config=config, workspace=workspace))
     info.status = "running"
     store.save_info(info)
-    started = time.time()
+    started, earlier = time.time(), info.wall_s
+
+    def finished(result: TaskResult) -> None:
+        # kept current, so that a bench killed from outside (a timeout's SIGTERM) still has its time
+        info.wall_s = earlier + time.time() - started
+        store.save_info(info)
+        if on_done is not None:
+            on_done(result)
+
     try:
-        (_ray if config.ray else _local)(jobs, config, on_done or (lambda r: None))
+        (_ray if config.ray else _local)(jobs, config, finished)
         info.status = "done"
     except KeyboardInterrupt:
         info.status = "interrupted"
         raise
     finally:
-        info.wall_s += time.time() - started
+        info.wall_s = earlier + time.time() - started
         store.save_info(info)
     return store.result(bench_id)
 
