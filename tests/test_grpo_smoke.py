@@ -156,7 +156,7 @@ def test_reward_verifications_on_ray_with_logical_gpus(tmp_path, cache):
 def test_the_gpu_runs_taught_model_writes_through_its_tokenizer_and_template(tmp_path):
     """benchmarks/grpo_gpu.py's stand-in for a small coder (no hub on the GPU machine): its
     tokenizer must give back every byte of the programs it is taught, and its prompts must be
-    rendered with the chat template GRPO uses (two teaching steps here; the GPU run takes 800)."""
+    rendered with the chat template GRPO uses (two teaching steps here; the GPU run takes 1,000)."""
     import importlib.util
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
