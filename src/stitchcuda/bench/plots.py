@@ -271,6 +271,9 @@ def _draw_attempts(ax: Axes, task: TaskResult) -> None:
     if passing or best_xs:
         _speedup_axis(ax, [v for _, v in passing] + best_ys)
         ax.axhline(1.0, color="black", linewidth=0.6)
+    # from the run's start, so the time to the first attempt shows (one attempt alone would
+    # otherwise sit on an axis a few seconds wide)
+    ax.set_xlim(0, max([a.seconds * 1.08 for a in attempts] + [1.0]))
     ax.set_title(_label(task.task), fontsize=9)
     ax.tick_params(labelsize=7)
     ax.grid(alpha=0.25)
