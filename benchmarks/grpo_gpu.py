@@ -2,8 +2,8 @@
 
 The model is $STITCHCUDA_GRPO_MODEL (a local folder or a cached Hugging Face id) when set, else
 the smallest causal LM in the local Hugging Face cache; with neither, a tiny model is taught here
-to write known honest programs for the tasks (see ``taught_tiny``), so that its completions are
-real programs. Prints the run's summary: steps, reward parts, verified candidates per minute per
+to write known programs for the tasks, honest, hacked and wrong (see ``taught_tiny``), so that its
+completions are real programs whose rewards differ. Prints the run's summary: steps, reward parts, verified candidates per minute per
 GPU, and each step's rewards from the run store.
 
     python benchmarks/grpo_gpu.py [--steps 4] [--teach-steps 1000] [--temperature 0.6]
@@ -42,18 +42,25 @@ def local_model() -> str | None:
     return min(found)[1] if found else None
 
 
-# known honest programs the taught model learns to write, per task
-TAUGHT = {"mlp": "tests/fixtures/candidates/mlp_honest.py",
-          "norm_softmax_gate": "tests/fixtures/candidates/norm_softmax_gate_honest.py"}
+# the programs the taught model learns to write, per task, in equal shares: an honest one beside
+# a partial hack, an incorrect one and a total hack from our corpus, so that a group of samples
+# for one prompt holds different programs whose real rewards differ (a model taught one answer
+# writes it every time: equal rewards, zero advantages, no gradient)
+TAUGHT = {
+    "mlp": ["tests/fixtures/candidates/mlp_honest.py", "tests/hacks/aten_in_cpp_partial_mlp.py",
+            "tests/fixtures/candidates/mlp_wrong.py", "tests/hacks/pure_pytorch_mlp.py"],
+    "norm_softmax_gate": ["tests/fixtures/candidates/norm_softmax_gate_honest.py",
+                          "tests/hacks/pure_pytorch_nsg_aliases.py"],
+}
 
 
 def taught_tiny(folder: Path, data: Path, steps: int = 1000) -> str:
     """A 4-layer Llama (about 4M parameters) with a byte-level BPE tokenizer, taught here by
-    supervised steps to answer each training prompt with a known honest program for its task.
+    supervised steps to answer each training prompt with one of its task's TAUGHT programs.
     The GPU machine reaches no model hub and a carried model must fit in 64 MiB, so no real
-    pretrained coder can run there; this one writes real programs (sampled, they sometimes
-    break), so GRPO's rewards come from real builds and timings and differ within a
-    group, which is what the run must show."""
+    pretrained coder can run there; this one writes real programs (honest, hacked, wrong, and
+    now and then a mix of two that breaks), so GRPO's rewards come from real builds and timings
+    and differ within a group, which is what the run must show."""
     import pyarrow.parquet as pq
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -62,12 +69,12 @@ def taught_tiny(folder: Path, data: Path, steps: int = 1000) -> str:
     from tests.test_grpo_smoke import CHAT_TEMPLATE
 
     rows = [r for r in pq.read_table(data / "train.parquet").to_pylist() if r["task"] in TAUGHT]
-    answers = {t: "```python\n" + (ROOT / f).read_text() + "```" for t, f in TAUGHT.items()}
+    answers = {t: ["```python\n" + (ROOT / f).read_text() + "```" for f in files] for t, files in TAUGHT.items()}
     specials = ["<pad>", "<|end|>", "<|user|>", "<|system|>", "<|assistant|>"]
     raw = Tokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     raw.decoder = decoders.ByteLevel()
-    corpus = [m["content"] for r in rows for m in r["prompt"]] + list(answers.values())
+    corpus = [m["content"] for r in rows for m in r["prompt"]] + [a for texts in answers.values() for a in texts]
     raw.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=2048, special_tokens=specials,
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", eos_token="<|end|>")
@@ -80,24 +87,33 @@ def taught_tiny(folder: Path, data: Path, steps: int = 1000) -> str:
         vocab_size=len(tokenizer), hidden_size=256, intermediate_size=768, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=16384,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)).to(device)
-    examples = []
+    sequences = []
     for r in rows:
         prompt = tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False)
         head = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        tail = tokenizer(answers[r["task"]] + "<|end|>", add_special_tokens=False)["input_ids"]
-        ids = torch.tensor([head + tail], device=device)
-        labels = ids.clone()
-        labels[0, :len(head)] = -100  # learn the answer, not the prompt
-        examples.append((ids, labels))
-    print(f"taught model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, answers of "
-          + ", ".join(f"{e[0].shape[1] - int((e[1] == -100).sum())} tokens" for e in examples))
+        for answer in answers[r["task"]]:
+            tail = tokenizer(answer + "<|end|>", add_special_tokens=False)["input_ids"]
+            sequences.append((head, tail))
+    # one padded batch: every answer of every prompt in each step
+    width = max(len(h) + len(t) for h, t in sequences)
+    ids = torch.full((len(sequences), width), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full_like(ids, -100)  # learn the answers, not the prompts or the padding
+    mask = torch.zeros_like(ids)
+    for row, (head, tail) in enumerate(sequences):
+        n = len(head) + len(tail)
+        ids[row, :n] = torch.tensor(head + tail)
+        labels[row, len(head):n] = torch.tensor(tail)
+        mask[row, :n] = 1
+    ids, labels, mask = ids.to(device), labels.to(device), mask.to(device)
+    print(f"taught model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+          f"{len(sequences)} answers of {min(len(t) for _, t in sequences)}-{max(len(t) for _, t in sequences)} tokens")
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
     # decayed to zero, so that the last steps drive the loss down to where a 3,000-token answer
     # is usually sampled without a slip
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, steps)
     model.train()
     for step in range(steps):
-        loss = sum(model(input_ids=ids, labels=labels).loss for ids, labels in examples) / len(examples)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

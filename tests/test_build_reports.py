@@ -63,3 +63,14 @@ def test_generated_lines_map_back_to_the_candidate_file():
     locate_in_candidate(msgs, candidate, {"cuda.cu": [cuda], "main.cpp": ["not in the file"]})
     assert msgs[0].candidate_line == 5 and candidate.splitlines()[4] == "  oops"
     assert msgs[1].candidate_line is None
+
+
+def test_lines_map_back_without_load_inlines_headers():
+    from stitchcuda.verify.build import locate_in_candidate
+    from stitchcuda.verify.verdict import CompilerMessage
+
+    cuda = "\n__global__ void k() {\n  oops\n}\n"
+    candidate = 'import torch\n\nCUDA = r"""' + cuda + '"""\n'
+    msgs = [CompilerMessage(file="cuda.cu", line=3, message="x")]  # no_implicit_headers: line 3 is line 3
+    locate_in_candidate(msgs, candidate, {"cuda.cu": [cuda]}, implicit_headers=False)
+    assert msgs[0].candidate_line == 5

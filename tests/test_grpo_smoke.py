@@ -79,6 +79,8 @@ def test_grpo_smoke_run_with_verified_rewards(tmp_path, cache):
     logged = {k for m in metrics for k in m}
     for part in ("reward", "rule", "rubric_r", "correct", "total_hack", "speedup", "judge_neutral"):
         assert any(part in k for k in logged), (part, sorted(logged))
+    # every step keeps its rewards, the last too (the trainer's closing summary shares its step)
+    assert len(metrics) == 2 and all("reward" in m for m in metrics) and "train_runtime" in metrics[-1]
     assert db.execute("SELECT status FROM train_runs").fetchone()[0] == "done"
     assert list((tmp_path / "out").rglob("events.out.tfevents.*"))  # TensorBoard got the same metrics
 
@@ -155,7 +157,7 @@ def test_reward_verifications_on_ray_with_logical_gpus(tmp_path, cache):
 
 def test_the_gpu_runs_taught_model_writes_through_its_tokenizer_and_template(tmp_path):
     """benchmarks/grpo_gpu.py's stand-in for a small coder (no hub on the GPU machine): its
-    tokenizer must give back every byte of the programs it is taught, and its prompts must be
+    tokenizer must give back every byte of the programs it is taught (several per task), and its prompts must be
     rendered with the chat template GRPO uses (two teaching steps here; the GPU run takes 1,000)."""
     import importlib.util
 
@@ -169,7 +171,7 @@ def test_the_gpu_runs_taught_model_writes_through_its_tokenizer_and_template(tmp
     build_dataset(tmp_path, [], tmp_path / "data", list(grpo_gpu.TAUGHT), eval_fraction=0.0)
     folder = grpo_gpu.taught_tiny(tmp_path / "taught", tmp_path / "data", steps=2)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    for path in grpo_gpu.TAUGHT.values():
+    for path in (p for paths in grpo_gpu.TAUGHT.values() for p in paths):
         text = "```python\n" + (ROOT / path).read_text() + "```"
         assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,

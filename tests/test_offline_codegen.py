@@ -262,6 +262,26 @@ def get_init_inputs():
     return [64, 96, 40]
 '''
 
+TINY_PAIR = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return torch.relu(h), torch.softmax(h, dim=-1)
+
+def get_inputs():
+    return [torch.randn(4, 32)]
+
+def get_init_inputs():
+    return [32]
+'''
+
 TINY_GATE = '''
 import torch
 import torch.nn as nn
@@ -359,7 +379,9 @@ def test_bundled_programs_are_clean_and_take_the_weights(name, bundled, monkeypa
         assert any(x.startswith(("cublasSgemm", "cublasLtMatmul")) for x in report.libraries)
     stub = extension_stub(graph, groups)
     module = exec_candidate(source, stub, monkeypatch)
-    assert module.build_args["functions"] == ["forward"]
+    # its own binding in the C++ source, no torch/extension.h anywhere
+    assert "functions" not in module.build_args and module.build_args["no_implicit_headers"] is True
+    assert 'm.def("forward"' in module.build_args["cpp_sources"] and "#include <torch/extension.h>" not in source
     assert module.build_args["extra_cuda_cflags"] == ["-O3"]
     assert ("-lcublas" in module.build_args.get("extra_ldflags", [])) == ("cublasSgemm" in source)
     assert ("-lcublasLt" in module.build_args.get("extra_ldflags", [])) == ("cublasLtMatmul(" in source)
@@ -893,6 +915,31 @@ def test_every_bundled_program_compiles_for_sm90(tmp_path):
         graph = capture(task)
         sources.append(cuda_source(generate(task, graph, _fuse()(graph), CodegenOptions())))
     _compile_together(sources, tmp_path, nvcc, cuda_home)
+
+
+@pytest.mark.nvcc
+def test_python_binding_compiles_without_torch_extension_h(tmp_path):
+    """The C++ half load_inline builds beside the CUDA: torch's pybind casters and the entry
+    point's declaration, for one output and for several (a list back in Python)."""
+    import shutil
+
+    from torch.utils.cpp_extension import include_paths
+
+    from stitchcuda.offline.check import cpp_source
+
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    flags = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
+    for name, source in (("mlp", None), ("pair", TINY_PAIR)):
+        task = resolve_tasks(name)[0] if source is None else task_from(name, source)
+        graph = capture(task)
+        unit = tmp_path / f"{name}.cpp"
+        unit.write_text(cpp_source(generate(task, graph, _fuse()(graph), CodegenOptions())))
+        done = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=x", str(unit), *flags],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert "std::vector<at::Tensor> forward(" in unit.read_text()
 
 
 def _fuse():

@@ -159,3 +159,31 @@ def test_thread_target_is_followed():
 def test_alias_reported_with_its_name():
     report = static_findings(HEAD + CASES["assigned_alias"][1])
     assert report.torch_ops_in_forward == ["torch.mm (as _mm)"]
+
+
+def test_own_binding_names_its_exported_functions():
+    source = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+CPP = r"""
+#include <torch/csrc/utils/pybind.h>
+at::Tensor forward(at::Tensor x);
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward, "doc"); m.def("setup", &setup); }
+"""
+CUDA = r"""
+#include <ATen/core/Tensor.h>
+__global__ void k(float* y) { y[threadIdx.x] = 1.0f; }
+at::Tensor forward(at::Tensor x) { k<<<1, 32>>>(x.data_ptr<float>()); return x; }
+"""
+_ext = load_inline(name="x", cpp_sources=CPP, cuda_sources=CUDA, no_implicit_headers=True)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return _ext.forward(x.clone())
+'''
+    report = static_findings(source)
+    assert report.exported == ["forward", "setup"]
+    assert report.kernels == ["k"]

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
-from rich.console import Console
 
 from stitchcuda.task import TaskError, load_candidate, resolve_tasks
 from stitchcuda.task.record import Task
+from stitchcuda.terminal import console
 from stitchcuda.verify.config import PRESETS, ToleranceName
 
 app = typer.Typer(
@@ -37,7 +37,7 @@ KernelBenchOpt = Annotated[
 
 
 def _unusable(message: str) -> typer.Exit:
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(EXIT_UNUSABLE)
 
 
@@ -113,12 +113,12 @@ def verify(
             verifier.require_device()
         except DeviceUnavailable as exc:
             raise _unusable(str(exc)) from None
-        with Console(stderr=True).status("starting the worker") as status:
+        with console(stderr=True).status("starting the worker") as status:
             verdict = verifier.verify(tasks[0], cand, on_phase=lambda p: status.update(f"verifying: {p}"))
     if json_out:
         print(verdict.model_dump_json(indent=1))
     else:
-        Console().print(verdict_view(verdict))
+        console().print(verdict_view(verdict))
     if verdict.reference_error:
         raise typer.Exit(EXIT_UNUSABLE)
     if static_only:  # nothing ran: success means no total hack was found
@@ -148,7 +148,7 @@ def profile(
         verifier.require_device()
     except DeviceUnavailable as exc:
         raise _unusable(str(exc)) from None
-    with Console(stderr=True).status(f"profiling {tasks[0].name}"):
+    with console(stderr=True).status(f"profiling {tasks[0].name}"):
         result = verifier.profile(tasks[0])
     if result.reference_error or result.crash or result.reference_profile is None:
         why = result.reference_error or (result.crash.message if result.crash else "; ".join(result.errors))
@@ -156,7 +156,7 @@ def profile(
     if json_out:
         print(result.reference_profile.model_dump_json(indent=1))
     else:
-        Console().print(profile_view(tasks[0].name, result.reference_profile))
+        console().print(profile_view(tasks[0].name, result.reference_profile))
 
 
 Provider = Literal["openai", "anthropic", "hf"]
@@ -226,7 +226,7 @@ def optimize(
 
         print(json.dumps(summary, indent=1))
     else:
-        Console().print(optimize_summary_view(summary))
+        console().print(optimize_summary_view(summary))
     if summary["status"] == "unverified":  # written (and compile-checked) without a GPU: said, not verified
         raise typer.Exit(EXIT_FAILED if summary["compile_check"]["status"] == "failed" else EXIT_PASSED)
     raise typer.Exit(EXIT_PASSED if summary.get("best") else EXIT_FAILED)
@@ -306,17 +306,17 @@ def bench(
                 raise _unusable(f"--evaluate {evaluate}: not a folder")
             rows, unmatched = match_solutions(found, evaluate)
             if unmatched:
-                Console(stderr=True).print(f"[yellow]{len(unmatched)} file(s) in {evaluate} match no task[/]: "
+                console(stderr=True).print(f"[yellow]{len(unmatched)} file(s) in {evaluate} match no task[/]: "
                                            + ", ".join(unmatched[:8]), highlight=False)
             jobs = [(t, t.level, path or str(evaluate.resolve() / f"{t.name}.py")) for t, path in rows]
         else:
             jobs = [(t, t.level, None) for t in found]
-    console = Console(stderr=True)
+    progress = console(stderr=True)
 
     def on_done(result) -> None:
         if not json_out:
             best = result.speedup.get("eager")
-            console.print(f"{result.task}: {result.status}" + (f", {best:.2f}x vs eager" if best else "")
+            progress.print(f"{result.task}: {result.status}" + (f", {best:.2f}x vs eager" if best else "")
                           + (f", hacking {result.hacking}" if result.hacking else "")
                           + (f" ({result.error[:120]})" if result.error and not result.passed else ""),
                           highlight=False, soft_wrap=True)
@@ -329,8 +329,8 @@ def bench(
     if json_out:
         print(metrics.model_dump_json(indent=1))
     else:
-        Console().print(bench_view(result, metrics))
-        Console().print(f"report: stitchcuda report {result.info.id} --workspace {workspace}", highlight=False)
+        console().print(bench_view(result, metrics))
+        console().print(f"report: stitchcuda report {result.info.id} --workspace {workspace}", highlight=False)
 
 
 @app.command()
@@ -355,7 +355,7 @@ def report(
         raise _unusable(f"no such bench: {exc.args[0]}") from None
     target = out or store.bench_dir(first.info.id) / "report"
     files = write_report(first, target, compare=other)
-    Console().print(f"wrote {files.html}\nwrote {files.markdown}", highlight=False)
+    console().print(f"wrote {files.html}\nwrote {files.markdown}", highlight=False)
 
 
 @app.command()
@@ -400,7 +400,7 @@ def reward(
             except DeviceUnavailable as exc:
                 raise DeviceUnavailable(f"{exc} For the reward alone, pass --verdict FILE from an earlier "
                                         "verification (stitchcuda verify ... --json > FILE).") from None
-            with Console(stderr=True).status(f"verifying {candidate.name}"):
+            with console(stderr=True).status(f"verifying {candidate.name}"):
                 verdict = verifier.verify(tasks[0], program)
         judge = None
         if judge_model:
@@ -417,7 +417,7 @@ def reward(
         return
     from stitchcuda.console import reward_view
 
-    Console().print(reward_view(breakdown))
+    console().print(reward_view(breakdown))
 
 
 dataset_app = typer.Typer(help="Skill datasets for training the Coder.", no_args_is_help=True)
@@ -456,7 +456,7 @@ def dataset_build(
     if json_out:
         print(manifest.model_dump_json(indent=1))
     else:
-        Console().print(f"train: {manifest.samples['train']} samples ({len(manifest.tasks['train'])} tasks), "
+        console().print(f"train: {manifest.samples['train']} samples ({len(manifest.tasks['train'])} tasks), "
                         f"eval: {manifest.samples['eval']} ({len(manifest.tasks['eval'])} tasks), "
                         f"{manifest.duplicates_dropped} duplicates dropped -> {out}", highlight=False)
 
@@ -488,7 +488,7 @@ def train(
     if json_out:
         print(json.dumps(summary, indent=1, default=str))
     else:
-        Console().print(summary)
+        console().print(summary)
     raise typer.Exit(EXIT_PASSED if summary["status"] == "done" else EXIT_FAILED)
 
 
@@ -513,7 +513,7 @@ def runs(
         if json_out:
             print(json.dumps([r.model_dump() for r in found], indent=1))
         else:
-            Console().print(runs_view(found))
+            console().print(runs_view(found))
         return
     try:
         run_id = store.resolve(run)
@@ -525,7 +525,7 @@ def runs(
                           "steps": [s.model_dump() for s in steps], "llm_calls": store.llm_calls(run_id)},
                          indent=1, default=str))
     else:
-        Console().print(run_view(state, plans, steps))
+        console().print(run_view(state, plans, steps))
 
 
 @app.command()
@@ -537,12 +537,12 @@ def doctor(
     from stitchcuda.console import doctor_view
     from stitchcuda.doctor import diagnose
 
-    with Console(stderr=True).status("checking the machine"):
+    with console(stderr=True).status("checking the machine"):
         report = diagnose(probe_ncu=not no_ncu_probe)
     if json_out:
         print(report.model_dump_json(indent=1))
     else:
-        Console().print(doctor_view(report))
+        console().print(doctor_view(report))
     raise typer.Exit(EXIT_PASSED if report.ok else EXIT_FAILED)
 
 
@@ -575,7 +575,7 @@ def tasks(
                 for t in found]
         print(json.dumps(rows, indent=1))
     else:
-        Console().print(tasks_view(found, problems if check else None))
+        console().print(tasks_view(found, problems if check else None))
     raise typer.Exit(EXIT_UNUSABLE if problems else EXIT_PASSED)
 
 

@@ -24,12 +24,20 @@ class CompileCheck(BaseModel):
 
 def cuda_source(program: str) -> str:
     """The CUDA text a generated program hands to load_inline (its ``CUDA_SRC`` constant)."""
+    return _string_constant(program, "CUDA_SRC")
+
+
+def cpp_source(program: str) -> str:
+    """The C++ text (the Python binding) a generated program hands to load_inline (``CPP_SRC``)."""
+    return _string_constant(program, "CPP_SRC")
+
+
+def _string_constant(program: str, name: str) -> str:
     for node in ast.parse(program).body:
-        named = isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CUDA_SRC"
-                                                     for t in node.targets)
+        named = isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
         if named and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
             return node.value.value
-    raise ValueError("the program has no CUDA_SRC string")
+    raise ValueError(f"the program has no {name} string")
 
 
 def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> CompileCheck:
@@ -47,19 +55,26 @@ def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> 
     if "cublas" in program and not (cuda_include / "cublas_v2.h").exists():
         return CompileCheck(status="skipped", detail=f"the CUDA toolkit at {cuda_include.parent} has no cuBLAS "
                                                      "headers (cublas_v2.h)")
+    flags = [*(f"-I{p}" for p in includes), f"-I{sysconfig.get_paths()['include']}"]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="stitchcuda-nvcc-") as tmp:
-        unit = Path(tmp) / "program.cu"
+        unit, binding = Path(tmp) / "program.cu", Path(tmp) / "binding.cpp"
         unit.write_text(cuda_source(program))
-        cmd = [nvcc, "-std=c++17", f"-arch={arch}", "-O3", "-c", str(unit), "-o", str(Path(tmp) / "program.o"),
-               *(f"-I{p}" for p in includes), f"-I{sysconfig.get_paths()['include']}"]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return CompileCheck(status="failed", detail=f"nvcc ran past {timeout_s:g} s",
-                                seconds=time.perf_counter() - started)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        errors = [line for line in done.stderr.splitlines() if "error" in line][:5]
-        return CompileCheck(status="failed", detail="\n".join(errors) or done.stderr[-1500:], seconds=seconds)
-    return CompileCheck(status="compiled", detail=f"nvcc compiled the program's CUDA for {arch}", seconds=seconds)
+        binding.write_text(cpp_source(program))
+        steps = [("nvcc", [nvcc, "-std=c++17", f"-arch={arch}", "-O3", "-c", str(unit), "-o",
+                           str(Path(tmp) / "program.o"), *flags])]
+        if cxx := shutil.which("c++") or shutil.which("g++"):
+            steps.append(("the C++ compiler", [cxx, "-std=c++17", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=check",
+                                               str(binding), *flags]))
+        for tool, cmd in steps:
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                return CompileCheck(status="failed", detail=f"{tool} ran past {timeout_s:g} s",
+                                    seconds=time.perf_counter() - started)
+            if done.returncode != 0:
+                errors = [line for line in done.stderr.splitlines() if "error" in line][:5]
+                return CompileCheck(status="failed", detail="\n".join(errors) or done.stderr[-1500:],
+                                    seconds=time.perf_counter() - started)
+    what = "the program's CUDA" + (" and its Python binding" if len(steps) > 1 else "")
+    return CompileCheck(status="compiled", detail=f"{what} compiled for {arch}", seconds=time.perf_counter() - started)

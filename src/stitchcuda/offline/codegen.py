@@ -92,7 +92,7 @@ CONVS = {"aten.conv2d", "aten.conv_transpose2d", "aten.convolution"}
 CELLS = {"aten.lstm_cell": 4, "aten.gru_cell": 3}  # recurrent cells -> gates per hidden unit
 ZEROS = {"aten.new_zeros", "aten.zeros", "aten.zeros_like"}  # initial states
 C_TYPES = {"float32": "float", "bool": "bool", "int64": "int64_t", "int32": "int32_t"}
-TORCH_TYPES = {"float": "torch::kFloat", "bool": "torch::kBool", "int64_t": "torch::kLong", "int32_t": "torch::kInt"}
+TORCH_TYPES = {"float": "at::kFloat", "bool": "at::kBool", "int64_t": "at::kLong", "int32_t": "at::kInt"}
 RESHAPES = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.flatten", "aten.unsqueeze", "aten.squeeze"}
 ENTRY_MARK = "// ---- stitchcuda entry point ----"
 MAX_ROW = 32768
@@ -1732,9 +1732,11 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         dnn_setup=[line for c in low.convs for line in conv_setup(c, dnn_math)],
         launches=launches, args=inputs, intermediates=low.intermediates, outputs=low.outputs,
         entry_mark=ENTRY_MARK, prelude=emitter.env.get_template("prelude.cu.j2").render())
-    ret = "torch::Tensor" if len(low.outputs) == 1 else "std::vector<torch::Tensor>"
-    cpp_src = ("#include <torch/extension.h>\n#include <vector>\n"
-               f"{ret} forward({', '.join(f'torch::Tensor {i}' for _, i, _, _ in inputs)});\n")
+    ret = "at::Tensor" if len(low.outputs) == 1 else "std::vector<at::Tensor>"
+    # torch's pybind casters instead of torch/extension.h: the binding compiles in seconds
+    cpp_src = ("#include <torch/csrc/utils/pybind.h>\n#include <vector>\n"
+               f"{ret} forward({', '.join(f'at::Tensor {i}' for _, i, _, _ in inputs)});\n"
+               'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward, "the whole forward pass"); }\n')
     name = "stitchcuda_offline_" + hashlib.sha256((cuda_src + cpp_src).encode()).hexdigest()[:16]
     init_args = _signature(task, "__init__")
     fwd_args = _signature(task, "forward")

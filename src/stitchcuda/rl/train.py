@@ -79,9 +79,15 @@ def _metrics_callback(db: sqlite3.Connection, run_id: str) -> Any:
         """Every logged step's metrics into the run store, beside TensorBoard's copy."""
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
-            if logs:
-                db.execute("INSERT OR REPLACE INTO train_metrics VALUES (?, ?, ?, ?)",
-                           (run_id, state.global_step, json.dumps(logs, default=float), time.time()))
+            if not logs:
+                return
+            # the trainer's closing summary is logged at the last step too: merged, so that it
+            # does not replace that step's rewards
+            row = db.execute("SELECT metrics FROM train_metrics WHERE run_id = ? AND step = ?",
+                             (run_id, state.global_step)).fetchone()
+            merged = {**json.loads(row[0]), **logs} if row else logs
+            db.execute("INSERT OR REPLACE INTO train_metrics VALUES (?, ?, ?, ?)",
+                       (run_id, state.global_step, json.dumps(merged, default=float), time.time()))
 
     return MetricsToStore()
 

@@ -285,7 +285,8 @@ class ExtensionBuilder:
             else:
                 record.messages = parse_compiler_messages(log, build_dir)
                 if self.candidate_source:
-                    locate_in_candidate(record.messages, self.candidate_source, {"cuda.cu": cuda, "main.cpp": cpp})
+                    locate_in_candidate(record.messages, self.candidate_source, {"cuda.cu": cuda, "main.cpp": cpp},
+                                        implicit_headers=not options.get("no_implicit_headers", False))
                 if not any(m.severity == "error" for m in record.messages):
                     record.messages.insert(0, CompilerMessage(file="load_inline", message=_one_line(error)))
                 record.log_tail = (log + f"\n{type(error).__name__}: {error}")[-_LOG_TAIL_CHARS:]
@@ -299,7 +300,8 @@ class ExtensionBuilder:
 _PREAMBLE_LINES = {"cuda.cu": 3, "main.cpp": 1}
 
 
-def locate_in_candidate(messages: list[CompilerMessage], candidate: str, sources: dict[str, list[str]]) -> None:
+def locate_in_candidate(messages: list[CompilerMessage], candidate: str, sources: dict[str, list[str]],
+                        implicit_headers: bool = True) -> None:
     """Map a line of a generated file (cuda.cu, main.cpp) to the line of the candidate's .py
     file it came from, when the source string appears there verbatim (as raw strings do)."""
     for msg in messages:
@@ -308,7 +310,7 @@ def locate_in_candidate(messages: list[CompilerMessage], candidate: str, sources
             continue
         joined = "\n".join(parts)
         position = candidate.find(joined)
-        line_in_source = msg.line - _PREAMBLE_LINES[msg.file]
+        line_in_source = msg.line - (_PREAMBLE_LINES[msg.file] if implicit_headers else 0)
         if position < 0 or not 0 < line_in_source <= joined.count("\n") + 1:
             continue
         msg.candidate_line = candidate.count("\n", 0, position) + line_in_source

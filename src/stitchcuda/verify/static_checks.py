@@ -719,6 +719,8 @@ def check_cpp(sources: list[str], report: StaticReport) -> None:
         return
     kernels = list(dict.fromkeys(_KERNEL_DEF.findall(code)))
     report.kernels = kernels
+    if "PYBIND11_MODULE" in code:  # a binding of its own (load_inline without functions=)
+        report.exported += [f for f in re.findall(r'\.def\(\s*"(\w+)"', code) if f not in report.exported]
     launched = [k for k in kernels if re.search(rf"\b{k}\s*(?:<[^<>;]*(?:<[^<>;]*>[^<>;]*)*>)?\s*<<<", code)
                 or re.search(rf"cudaLaunch\w*\s*\(\s*\(?\s*(?:const\s+)?(?:void\s*\*\s*\)?)?\s*&?\s*{k}\b", code)]
     libraries = sorted({m.split("(")[0] for m in _LIBRARY_CALL.findall(code)})
