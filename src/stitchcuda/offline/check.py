@@ -74,7 +74,7 @@ def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> 
                                     seconds=time.perf_counter() - started)
             if done.returncode != 0:
                 errors = [line for line in done.stderr.splitlines() if "error" in line][:5]
-                return CompileCheck(status="failed", detail="\n".join(errors) or done.stderr[-1500:],
+                return CompileCheck(status="failed", detail=f"{tool} failed:\n" + ("\n".join(errors) or done.stderr[-1500:]),
                                     seconds=time.perf_counter() - started)
     what = "the program's CUDA" + (" and its Python binding" if len(steps) > 1 else "")
     return CompileCheck(status="compiled", detail=f"{what} compiled for {arch}", seconds=time.perf_counter() - started)
