@@ -112,6 +112,19 @@ def test_totals_and_policy():
     assert (m.tolerance, m.gpu, m.bench_wall_s) == ("paper", "NVIDIA H200", 120.0)
 
 
+def test_machinery_rates_from_the_bench_wall_time_and_gpus():
+    tasks = hand_made_tasks()
+    tasks[0] = tasks[0].model_copy(update={"verifications": 6, "build_s": 300.0, "gpu_s": 90.0, "gpu_wait_s": 40.0})
+    tasks[1] = tasks[1].model_copy(update={"verifications": 3, "build_s": 150.0, "gpu_s": 54.0})
+    two_gpus = info().model_copy(update={"gpus": ["cuda:0", "cuda:1"]})  # 120 s of wall on 2 GPUs
+    t = bench_metrics(tasks, two_gpus).totals
+    assert (t.verifications, t.build_s, t.gpu_s, t.gpu_wait_s) == (9, 450.0, 144.0, 40.0)
+    assert t.verified_per_gpu_hour == pytest.approx(9 / (240 / 3600))  # 135 per GPU-hour
+    assert t.gpu_busy == pytest.approx(144 / 240)
+    # no wall time yet (a bench still running): no rates, not a division by zero
+    assert bench_metrics(tasks, info().model_copy(update={"wall_s": 0.0})).totals.gpu_busy is None
+
+
 def test_empty_bench_has_no_rates():
     m = group_metrics([TaskResult(task="p", status="pending")])
     assert m.tasks == 0 and m.success_rate is None and m.fast("eager", 1.0).fraction is None

@@ -302,6 +302,12 @@ def bench_view(result, metrics) -> Group:
                                                                    ("eager", "torch_compile", "best")) if s),
              "fast_1.0 / 1.05 / 2.0 vs eager: " + " / ".join(
                  f"{o.fast('eager', p).count}" for p in (1.0, 1.05, 2.0))]
+    m = metrics.totals
+    if m.verifications:
+        lines.append(f"machinery: {m.verifications} verified, builds {m.build_s:,.0f} s (CPU), GPU held "
+                     f"{m.gpu_s:,.0f} s, built and waiting for the GPU {m.gpu_wait_s:,.0f} s"
+                     + (f"; {m.verified_per_gpu_hour:.0f} verified per GPU-hour, GPU held {m.gpu_busy:.0%} of the time"
+                        if m.verified_per_gpu_hour is not None else ""))
     return Group(table, Text("\n".join(lines)))
 
 

@@ -94,6 +94,14 @@ class Totals(BaseModel):
     cost_usd: float = 0.0
     wall_s: float = Field(0.0, description="sum of per-task wall time; more than the bench's wall time when tasks ran in parallel")
     llm_calls: int = 0
+    # the machinery: is the GPU kept busy, or does it wait for nvcc?
+    verifications: int = 0
+    build_s: float = Field(0.0, description="building candidates with the GPU hidden, summed (CPU time)")
+    gpu_s: float = Field(0.0, description="verifications holding a GPU, summed")
+    gpu_wait_s: float = Field(0.0, description="built candidates waiting for a GPU, summed")
+    verified_per_gpu_hour: float | None = Field(None, description="verifications per hour of the bench's wall time "
+                                                                  "and GPU; None before a wall time is known")
+    gpu_busy: float | None = Field(None, description="share of the bench's wall time x GPUs that verifications held")
 
 
 class BenchMetrics(BaseModel):
@@ -205,13 +213,23 @@ def level_groups(tasks: list[TaskResult]) -> list[GroupMetrics]:
     return [group_metrics([t for t in tasks if t.level == lv], level_name(lv)) for lv in levels]
 
 
-def totals(tasks: list[TaskResult]) -> Totals:
-    return Totals(
+def totals(tasks: list[TaskResult], wall_s: float = 0.0, gpus: int = 1) -> Totals:
+    """Sums over the tasks; with the bench's own wall time and GPU count, the machinery's rates."""
+    made = Totals(
         tokens=sum(t.tokens for t in tasks),
         cost_usd=sum(t.cost_usd for t in tasks),
         wall_s=sum(t.wall_s for t in tasks),
         llm_calls=sum(t.llm_calls for t in tasks),
+        verifications=sum(t.verifications for t in tasks),
+        build_s=sum(t.build_s for t in tasks),
+        gpu_s=sum(t.gpu_s for t in tasks),
+        gpu_wait_s=sum(t.gpu_wait_s for t in tasks),
     )
+    if wall_s > 0:
+        gpu_hours = wall_s * max(gpus, 1) / 3600
+        made.verified_per_gpu_hour = made.verifications / gpu_hours
+        made.gpu_busy = made.gpu_s / (gpu_hours * 3600)
+    return made
 
 
 def bench_metrics(tasks: list[TaskResult], info: BenchInfo) -> BenchMetrics:
@@ -223,7 +241,7 @@ def bench_metrics(tasks: list[TaskResult], info: BenchInfo) -> BenchMetrics:
         gpu=info.gpu,
         overall=group_metrics(tasks),
         levels=level_groups(tasks),
-        totals=totals(tasks),
+        totals=totals(tasks, info.wall_s, len(info.gpus)),
         bench_wall_s=info.wall_s,
     )
 

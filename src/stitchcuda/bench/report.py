@@ -88,7 +88,8 @@ def _kind(key: str) -> str:
         return "rate"
     if key.startswith("speedup."):
         return "speedup"
-    return {"totals.cost_usd": "usd", "totals.wall_s": "seconds"}.get(key, "count")
+    seconds = ("totals.wall_s", "totals.build_s", "totals.gpu_s", "totals.gpu_wait_s")
+    return {"totals.cost_usd": "usd", "totals.gpu_busy": "rate", **dict.fromkeys(seconds, "seconds")}.get(key, "count")
 
 
 def format_value(key: str, value: float | None) -> str:
@@ -136,6 +137,12 @@ def metric_label(key: str) -> str:
         "totals.cost_usd": "cost",
         "totals.wall_s": "wall time, summed over tasks",
         "totals.llm_calls": "LLM calls",
+        "totals.verifications": "candidates verified",
+        "totals.build_s": "building, summed (CPU, GPU hidden)",
+        "totals.gpu_s": "verifying, summed (GPU held)",
+        "totals.gpu_wait_s": "built and waiting for the GPU, summed",
+        "totals.verified_per_gpu_hour": "verified candidates per GPU-hour",
+        "totals.gpu_busy": "GPU held by verifications (share of bench wall time x GPUs)",
     }
     if key in fixed:
         return fixed[key]
