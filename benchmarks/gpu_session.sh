@@ -3,6 +3,7 @@
 #   bash benchmarks/gpu_session.sh MODE...     MODE: tests | bench | ncu | agents | corpus | suite | throughput | reward | grpo
 # suite: SUITE_TOLERANCES (strict paper), SUITE_STEPS (3), SUITE_RUNS (tasks per GPU, 8), SUITE_TASKS
 # (suite, or names separated by commas), SUITE_PRESET (default: with the torch.compile baseline).
+# tests: TESTS_K (a pytest -k expression, e.g. offline), TESTS_S (seconds, 480).
 # Modes run in the order given. CORPUS_ONLY=a,b,... limits the corpus run to those candidates,
 # whose builds then start in the background at once, on the CPU, while the GPU does the rest.
 # Logs go to $OUT (default ./gpu-logs). Wheels the image lacks are expected in .whl/.
@@ -26,7 +27,8 @@ for mode in "$@"; do
   case "$mode" in
     tests)
       python3 -m stitchcuda.cli doctor > "$OUT/doctor.txt" 2>&1; echo "doctor rc=$?"
-      timeout 480 python3 -m pytest -m gpu -v -s -rA tests/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1; echo "pytest rc=$?"
+      timeout ${TESTS_S:-480} python3 -m pytest -m gpu -v -s -rA tests/test_gpu.py ${TESTS_K:+-k "$TESTS_K"} \
+        > "$OUT/pytest_gpu.txt" 2>&1; echo "pytest rc=$?"
       grep -E "PASS|FAIL|ERROR|speedups|profile|passed|failed" "$OUT/pytest_gpu.txt" | tail -n 40; cat "$OUT/doctor.txt"
       ;;
     bench)
