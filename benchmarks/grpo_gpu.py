@@ -3,8 +3,8 @@
 The model is $STITCHCUDA_GRPO_MODEL (a local folder or a cached Hugging Face id) when set, else
 the smallest causal LM in the local Hugging Face cache; with neither, a tiny model is taught here
 to write known programs for the tasks, honest, hacked and wrong (see ``taught_tiny``), so that its
-completions are real programs whose rewards differ. Prints the run's summary: steps, reward parts, verified candidates per minute per
-GPU, and each step's rewards from the run store.
+completions are real programs whose rewards differ. Prints each step's rewards from the run store
+and the run's summary (steps, verified candidates per minute per GPU).
 
     python benchmarks/grpo_gpu.py [--steps 4] [--teach-steps 1000] [--temperature 0.6]
 
@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import sys
 import tempfile
 from pathlib import Path
 
 from stitchcuda.rl.config import TrainConfig
 from stitchcuda.rl.dataset import build_dataset
-from stitchcuda.rl.train import train
+from stitchcuda.rl.train import step_metrics, train
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))  # the smoke test's chat template
@@ -146,9 +145,7 @@ def main() -> None:
                                    "bf16": real is not None},  # the taught model samples its programs in fp32
                              verify={"preset": "quick", "gpus": ["cuda:0"], "runs_per_gpu": 2})
         summary = train(config)
-        db = sqlite3.connect(root / "ws" / "runs.sqlite")
-        for step, metrics in db.execute("SELECT step, metrics FROM train_metrics ORDER BY step"):
-            m = json.loads(metrics)
+        for step, m in step_metrics(root / "ws", summary["run"]):
             print(f"step {step}: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(m.items())
                                                if isinstance(v, (int, float)) and ("reward" in k or "correct" in k
                                                                                    or "speedup" in k or "hack" in k)))

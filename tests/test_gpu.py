@@ -156,7 +156,7 @@ def test_ncu_counters_label_the_top_kernels(gpu_cache, config):
 @pytest.mark.parametrize("task", ["mlp", "norm_softmax_gate", "small_cnn", "causal_attention"])
 def test_offline_coder_produces_a_verified_program(task, tmp_path, gpu_cache, monkeypatch):
     """cuBLASLt epilogues, our own row kernels, cuDNN convolutions, batched GEMMs with softmax: two
-    variants each (a build is about a minute; the whole suite is benchmarks' job)."""
+    variants each (the whole suite is benchmarks' job)."""
     import json
 
     from typer.testing import CliRunner

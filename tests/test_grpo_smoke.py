@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from stitchcuda.cli import app
+from stitchcuda.rl.train import step_metrics
 from tests.llm_server import ScriptedOpenAIServer
 from tests.test_optimize_loop import plan
 
@@ -75,7 +76,7 @@ def test_grpo_smoke_run_with_verified_rewards(tmp_path, cache):
     assert (Path(summary["adapter"]) / "adapter_config.json").exists()
     assert (tmp_path / "out" / "checkpoint-2").is_dir()
     db = sqlite3.connect(tmp_path / "ws" / "runs.sqlite")
-    metrics = [json.loads(m) for (m,) in db.execute("SELECT metrics FROM train_metrics ORDER BY step")]
+    metrics = [m for _, m in step_metrics(tmp_path / "ws")]
     logged = {k for m in metrics for k in m}
     for part in ("reward", "rule", "rubric_r", "correct", "total_hack", "speedup", "judge_neutral"):
         assert any(part in k for k in logged), (part, sorted(logged))

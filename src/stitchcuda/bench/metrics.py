@@ -226,9 +226,9 @@ def totals(tasks: list[TaskResult], wall_s: float = 0.0, gpus: int = 1) -> Total
         gpu_wait_s=sum(t.gpu_wait_s for t in tasks),
     )
     if wall_s > 0:
-        gpu_hours = wall_s * max(gpus, 1) / 3600
-        made.verified_per_gpu_hour = made.verifications / gpu_hours
-        made.gpu_busy = made.gpu_s / (gpu_hours * 3600)
+        gpu_seconds = wall_s * max(gpus, 1)
+        made.verified_per_gpu_hour = made.verifications * 3600 / gpu_seconds
+        made.gpu_busy = made.gpu_s / gpu_seconds
     return made
 
 

@@ -92,6 +92,21 @@ def _metrics_callback(db: sqlite3.Connection, run_id: str) -> Any:
     return MetricsToStore()
 
 
+def step_metrics(workspace: Path, run_id: str | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """The logged metrics of a training run (the latest when ``run_id`` is None), step by step."""
+    db = sqlite3.connect(Path(workspace) / "runs.sqlite")
+    try:
+        if run_id is None:
+            row = db.execute("SELECT id FROM train_runs ORDER BY created DESC LIMIT 1").fetchone()
+            if row is None:
+                return []
+            run_id = row[0]
+        rows = db.execute("SELECT step, metrics FROM train_metrics WHERE run_id = ? ORDER BY step", (run_id,))
+        return [(step, json.loads(metrics)) for step, metrics in rows]
+    finally:
+        db.close()
+
+
 def _last_checkpoint(output_dir: Path) -> str | None:
     found = sorted(output_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
     return str(found[-1]) if found else None
