@@ -248,3 +248,28 @@ def test_offline_coder_picks_the_next_variant_from_the_feedback():
     assert choose_next(opts, list(range(len(opts))), "") == len(opts) - 1  # used up: the last again
     paper = variants("paper")
     assert paper[0]["tf32"] and not variants("strict")[0]["tf32"]
+
+
+def test_offline_coder_searches_from_the_fastest_verified_variant():
+    """After cuBLAS beat cuBLASLt, the next variant keeps cuBLAS and changes one other option (a
+    GPU run went back to cuBLASLt with scalar kernels, two changes at once, and lost 17%)."""
+    from stitchcuda.agents.coder import feedback_prompt
+    from stitchcuda.offline.agents import OfflineCoder, choose_next, variant_of, variants
+
+    opts = variants("strict")
+    library = "Correct. 0.830 ms, 1.32x vs eager.\nTop kernel: sm80_xmma_gemm_f32f32 (library) takes 63% of GPU time"
+    nxt = choose_next(opts, [0, 1], library, base=1)
+    assert not opts[nxt]["cublaslt"] and sum(opts[nxt][k] != v for k, v in opts[1].items()) == 1
+    assert len({tuple(sorted(o.items())) for o in opts}) == len(opts) == 24  # every option on every other
+
+    task = TASKS["mlp"]
+    coder = OfflineCoder(task, "strict")
+    answers = [coder.complete([]) for _ in range(3)]  # no program in the prompt: a walk from the last
+    assert [variant_of(a.text, coder.variants) for a in answers] == [0, 1, 3]
+    assert coder.variants[3] == {**coder.variants[1], "vector_width": 1}
+    # the loop kept variant 1 as the fastest, so the prompt carries it: the search goes on from 1, not 3
+    program = answers[1].text.split("```python\n", 1)[1].rsplit("```", 1)[0]
+    own = "Correct. 0.800 ms, 1.37x vs eager.\nTop kernel: mlp_g1_gelu (own) takes 40% of GPU time"
+    prompt = feedback_prompt(task, planned("mlp")[1].subtasks[0], program, own, "optimize", "", "strict")
+    chosen = coder.variants[variant_of(coder.complete(prompt).text, coder.variants)]
+    assert chosen == {**coder.variants[1], "block": 128}  # our kernel on top: another block size

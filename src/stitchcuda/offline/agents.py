@@ -1,15 +1,17 @@
 """The offline Planner and Coder behind the agents' interfaces, so the same loop, Verifier and
 routing drive them: the Planner answers with the fusion plan, the Coder with generated programs.
 
-The Coder walks a list of variants (precision, cuBLASLt or cuBLAS, CUDA graph on or off, block
-size, vector width): the first step gets the first; every fix or optimize step gets the one the
-Verifier's feedback on the last points to (:func:`choose_next`), and the Verifier's timings
-decide which one the run keeps. When the variants are used up it answers with the last one
-again, which the loop sees as stagnation.
+The Coder walks a grid of variants (precision, cuBLASLt or cuBLAS, CUDA graph on or off, block
+size, vector width) as a local search: the first step gets the first; every later step starts from
+the variant of the program its prompt carries, which the loop keeps as the fastest verified one
+(or the failing one, when it asks for a fix), and changes as few options of it as it can, the ones
+the Verifier's feedback points to first (:func:`choose_next`). When the variants are used up it
+answers with the last one again, which the loop sees as stagnation.
 """
 
 from __future__ import annotations
 
+import ast
 import itertools
 import re
 import threading
@@ -30,11 +32,11 @@ def variants(tolerance: str = "strict") -> list[dict]:
     from stitchcuda.offline.codegen import CodegenOptions
 
     precisions = (True, False) if tolerance == "paper" else (False,)
-    grid = itertools.product(precisions, (True, False), (256, 128, 512), (4, 1))
-    found = [CodegenOptions(tf32=p, graph=g, block=b, vector_width=v) for p, g, b, v in grid]
-    # second: the same as the first with plain cuBLAS SGEMMs + epilogue kernels instead of cuBLASLt epilogues
-    found.insert(1, found[0].model_copy(update={"cublaslt": False}))
-    return [o.model_dump() for o in found]
+    # cuBLAS or cuBLASLt innermost: the second variant is the first with plain cuBLAS SGEMMs and
+    # epilogue kernels, the choice that matters most for GEMM-heavy models
+    grid = itertools.product(precisions, (True, False), (256, 128, 512), (4, 1), (True, False))
+    return [CodegenOptions(tf32=p, graph=g, block=b, vector_width=v, cublaslt=lt).model_dump()
+            for p, g, b, v, lt in grid]
 
 
 class OfflinePlannerAgent:
@@ -56,18 +58,36 @@ LAUNCH_BOUND = re.compile(r"Launch-bound: the GPU is idle (\d+)%")
 TOP_KERNEL = re.compile(r"Top kernel: .* \((own|library|pytorch)\) takes (\d+)%")
 
 
-def choose_next(options: list[dict], tried: list[int], feedback: str) -> int:
-    """The next variant to try, read from the Verifier's feedback on the last one: a failure
-    rules out the feature it names (cuBLASLt, graph capture, float4 paths); a launch-bound
-    profile asks for the CUDA graph; a library kernel on top asks for the other GEMM path or
-    precision, one of our own kernels for another block size or vector width. Otherwise the next
-    untried variant in order."""
-    left = [i for i in range(len(options)) if i not in tried]
+OPTIONS_LINE = re.compile(r"^\s*Options (\{[^}\n]*\})", re.M)
+
+
+def variant_of(program: str, options: list[dict]) -> int | None:
+    """Which of ``options`` generated ``program`` (its docstring names them), if any."""
+    found = OPTIONS_LINE.search(program)
+    if not found:
+        return None
+    try:
+        named = ast.literal_eval(found[1])
+    except (ValueError, SyntaxError):
+        return None
+    return next((i for i, o in enumerate(options) if o == named), None)
+
+
+def choose_next(options: list[dict], tried: list[int], feedback: str, base: int | None = None) -> int:
+    """The next variant to try: the untried one nearest ``base`` (the fewest options changed), and
+    among those the one the Verifier's feedback on ``base`` points to. ``base`` is the variant of
+    the program the prompt carries, the fastest verified one (or the last tried when unknown).
+    A failure rules out the feature it names (cuBLASLt, graph capture, float4 paths); a
+    launch-bound profile asks for the CUDA graph; a library kernel on top asks for the other GEMM
+    path or precision, one of our own kernels for another block size or vector width."""
+    left = [i for i in range(len(options)) if i not in tried and i != base]
     if not left:
         return tried[-1] if tried else 0
-    if not tried:
-        return left[0]
-    last = options[tried[-1]]
+    if base is None:
+        if not tried:
+            return left[0]
+        base = tried[-1]
+    ref = options[base]
     text = feedback.lower()
     banned: list[tuple[str, object]] = []
     if "cublaslt" in text and ("failed" in text or "error" in text):
@@ -78,23 +98,25 @@ def choose_next(options: list[dict], tried: list[int], feedback: str) -> int:
         banned.append(("vector_width", 4))
     allowed = [i for i in left if not any(options[i].get(k) == v for k, v in banned)] or left
 
-    def differs(i: int, keys: tuple[str, ...]) -> bool:
-        return any(options[i].get(k) != last.get(k) for k in keys)
-
     wants: list[tuple[str, ...]] = []
     idle = LAUNCH_BOUND.search(feedback)
-    if idle and int(idle[1]) >= 20 and not last.get("graph"):
+    if idle and int(idle[1]) >= 20 and not ref.get("graph"):
         wants.append(("graph",))
     top = TOP_KERNEL.search(feedback)
     if top and top[1] == "library":
         wants.append(("cublaslt", "tf32"))
     elif top and top[1] == "own":
         wants.append(("block", "vector_width"))
-    for keys in wants:
-        matching = [i for i in allowed if differs(i, keys) and (keys != ("graph",) or options[i].get("graph"))]
-        if matching:
-            return matching[0]
-    return allowed[0]
+
+    def distance(i: int) -> int:
+        return sum(options[i].get(k) != v for k, v in ref.items())
+
+    def want_rank(i: int) -> int:
+        return next((r for r, keys in enumerate(wants) if any(options[i].get(k) != ref.get(k) for k in keys)
+                     and (keys != ("graph",) or options[i].get("graph"))), len(wants))
+
+    # a local search: a variant two options away is a guess about both; one away says what one option is worth
+    return min(allowed, key=lambda i: (distance(i), want_rank(i), i))
 
 
 class OfflineCoder:
@@ -118,7 +140,9 @@ class OfflineCoder:
         from stitchcuda.offline.codegen import CodegenOptions, generate
 
         with self._lock:
-            index = choose_next(self.variants, self.tried, feedback_in_prompt(messages[-1].content) if messages else "")
+            prompt = messages[-1].content if messages else ""
+            index = choose_next(self.variants, self.tried, feedback_in_prompt(prompt),
+                                base=variant_of(prompt, self.variants))
             self.tried.append(index)
             options = CodegenOptions.model_validate(self.variants[index])
         started = time.perf_counter()
