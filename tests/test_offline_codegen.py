@@ -22,6 +22,7 @@ from stitchcuda.offline.graph import OpGraph, capture
 from stitchcuda.task.load import bundled_task_names, resolve_tasks
 from stitchcuda.task.record import Task
 from stitchcuda.verify.judge import hacking_level
+from stitchcuda.verify.precision import source_hints
 from stitchcuda.verify.static_checks import static_findings
 
 GEMM = {"aten.linear", "aten.mm", "aten.matmul", "aten.bmm", "aten.addmm"}
@@ -547,7 +548,10 @@ def test_convolution_programs_compute_the_reference_on_cpu(case):
     assert hacking_level(static_findings(source).findings) == "none"
     cuda = cuda_source(source)
     assert "cudnnConvolution" in cuda and "CUDNN_FMA_MATH" in cuda  # true fp32 unless asked otherwise
-    assert "CUDNN_TENSOR_OP_MATH" in cuda_source(generate(task, graph, groups, CodegenOptions(tf32=True)))
+    tf32 = generate(task, graph, groups, CodegenOptions(tf32=True))
+    assert "CUDNN_TENSOR_OP_MATH" in cuda_source(tf32)
+    # the verdict's precision line: a true-fp32 program names no TF32 (its comments say "no TF32")
+    assert source_hints(source) == [] and source_hints(tf32) == ["tf32"]
 
 
 TINY_LSTM = (SUITE / "lstm_sequence.py").read_text().replace("seq_len = 128", "seq_len = 3").replace(

@@ -126,3 +126,69 @@ def test_nvcc_error_has_file_and_line(verifier, task):
     # CUDA_SRC, line 9 of cuda.cu (load_inline prepends 3 include lines), line 11 of the .py
     assert errors[0].line == 9 and errors[0].source_line == "}" and errors[0].candidate_line == 11
     assert "cuda.cu:9 (candidate line 11)" in v.errors[0]
+
+
+def test_quiet_cores_one_per_gpu(monkeypatch):
+    from stitchcuda import machine
+
+    h200 = machine.Gpu(index=0, name="NVIDIA H200", compute_capability="9.0")
+    monkeypatch.setattr(machine, "gpus", lambda: (h200, h200.model_copy(update={"index": 1})))
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    split = machine.cpu_split()
+    assert split is not None and split.timing == {0: 15, 1: 14} and split.builds == list(range(14))
+    monkeypatch.setenv("STITCHCUDA_QUIET_CORES", "0")
+    assert machine.cpu_split() is None
+    monkeypatch.delenv("STITCHCUDA_QUIET_CORES")
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5, 6}, raising=False)
+    assert machine.cpu_split() is None  # under four cores a GPU: builds keep every core
+    monkeypatch.setattr(machine, "gpus", lambda: ())
+    assert machine.cpu_split() is None
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs two cores to tell them apart")
+def test_timing_runs_pinned_after_the_warm_up():
+    import os
+
+    from stitchcuda.verify.timing import Contender, Timer, pinned
+
+    everywhere = os.sched_getaffinity(0)
+    core = max(everywhere)
+    seen: list[set[int]] = []
+    contender = Contender("c", lambda: seen.append(os.sched_getaffinity(0)))
+    Timer(__import__("torch").device("cpu")).run([contender], warmup=2, min_rounds=3, max_rounds=3, budget_s=0.01,
+                                                 measuring=pinned(core))
+    assert seen[:3] == [everywhere] * 3  # the warm-up (which may compile) on every core
+    assert seen[3:] == [{core}] * 3 and len(contender.samples) == 3
+    assert os.sched_getaffinity(0) == everywhere  # put back
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs two cores to tell them apart")
+def test_build_workers_stay_off_the_timing_cores(cache, tmp_path, monkeypatch):
+    """The runner tells a build worker its cores; the worker binds itself before it builds, so
+    the compilers it starts inherit them."""
+    import os
+
+    from stitchcuda import machine
+    from stitchcuda.task.record import Candidate
+
+    builds = [min(os.sched_getaffinity(0))]
+    monkeypatch.setattr(machine, "cpu_split", lambda: machine.CpuSplit(builds=builds, timing={}))
+    out = tmp_path / "affinity.json"
+    monkeypatch.setenv("AFFINITY_OUT", str(out))
+    source = ("import json, os\n"
+              "open(os.environ['AFFINITY_OUT'], 'w').write(json.dumps(sorted(os.sched_getaffinity(0))))\n"
+              "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n")
+    Verifier(PRESETS["quick"].model_copy(update={"device": "cpu"})).build(Candidate(name="probe", source=source))
+    assert __import__("json").loads(out.read_text()) == builds
+
+
+def test_gpu_workers_are_told_their_quiet_core(monkeypatch):
+    from stitchcuda import machine
+
+    split = machine.CpuSplit(builds=list(range(14)), timing={0: 15, 1: 14})
+    monkeypatch.setattr(machine, "cpu_split", lambda: split)
+    verifier = Verifier(PRESETS["quick"].model_copy(update={"device": "cpu"}))
+    verifier.gpu = machine.Gpu(index=1, name="NVIDIA H200", compute_capability="9.0")  # as on cuda:1
+    gpu_env, build_env = verifier._env(hide_gpu=False), verifier._env(hide_gpu=True)
+    assert gpu_env["STITCHCUDA_TIMING_CPU"] == "14" and "STITCHCUDA_BUILD_CPUS" not in gpu_env
+    assert build_env["STITCHCUDA_BUILD_CPUS"] == ",".join(map(str, range(14))) and "STITCHCUDA_TIMING_CPU" not in build_env

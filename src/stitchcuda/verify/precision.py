@@ -19,13 +19,19 @@ _SOURCE_HINTS: list[tuple[str, str]] = [
     (r"__nv_bfloat16|at::BFloat16|torch\.bfloat16|\.bfloat16\(\)", "bf16"),
     (r"__nv_fp8|float8_e4m3|float8_e5m2", "fp8"),
     (r"\bwmma::|mma\.sync|\bwgmma\b|\bmma_sync\b", "tensor-core mma"),
-    (r"tf32|TF32|CUBLAS_COMPUTE_32F_FAST|CUBLAS_TF32_TENSOR_OP_MATH", "tf32"),
+    # what turns TF32 on, not the word: a strict program's comment saying "no TF32" is no disclosure
+    (r"CUBLAS_COMPUTE_32F_FAST_TF32|CUBLAS_TF32_TENSOR_OP_MATH|CUDNN_TENSOR_OP_MATH|allow_tf32\s*=\s*True|"
+     r"float32_matmul_precision\(\s*['\"](?:high|medium)|__float_to_tf32|precision::tf32|\.tf32\b", "tf32"),
     (r"\bautocast\b", "autocast"),
 ]
 
 
+_C_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
 def source_hints(source: str) -> list[str]:
-    return [hint for pattern, hint in _SOURCE_HINTS if re.search(pattern, source)]
+    code = _C_COMMENTS.sub("", source)
+    return [hint for pattern, hint in _SOURCE_HINTS if re.search(pattern, code)]
 
 
 def error_suggests(rel_l2: float | None) -> str | None:

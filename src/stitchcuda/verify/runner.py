@@ -151,8 +151,14 @@ class Verifier:
         elif hide_gpu:
             env["CUDA_VISIBLE_DEVICES"] = ""
         env.setdefault("TORCH_CUDA_ARCH_LIST", os.environ.get("STITCHCUDA_DEFAULT_ARCH", "9.0"))
+        split = machine.cpu_split()
+        cores = len(split.builds) if split else (os.cpu_count() or 2)
         # Builds run inside the worker: bound ninja's parallelism when several build at once.
-        env.setdefault("MAX_JOBS", str(max(1, (os.cpu_count() or 2) // max(1, self._build_jobs()))))
+        env.setdefault("MAX_JOBS", str(max(1, cores // max(1, self._build_jobs()))))
+        if split is not None and hide_gpu:  # a build: off the cores the GPU workers time on
+            env["STITCHCUDA_BUILD_CPUS"] = ",".join(map(str, split.builds))
+        elif split is not None and self.gpu is not None and self.gpu.index in split.timing:
+            env["STITCHCUDA_TIMING_CPU"] = str(split.timing[self.gpu.index])
         return env
 
     def _build_jobs(self) -> int:

@@ -8,9 +8,11 @@ few microseconds that every contender pays alike.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -81,8 +83,9 @@ class Timer:
         return start.elapsed_time(end)
 
     def run(self, contenders: list[Contender], warmup: int, min_rounds: int, max_rounds: int,
-            budget_s: float) -> int:
-        """Warm up, then time every contender once per round, rotating the order. Returns rounds."""
+            budget_s: float, measuring: AbstractContextManager | None = None) -> int:
+        """Warm up, then time every contender once per round, rotating the order, inside
+        ``measuring`` (entered after the warm-up, which may compile). Returns rounds."""
         per_round_ms = 0.0
         for c in contenders:
             c.before()
@@ -95,15 +98,35 @@ class Timer:
                 c.after()
         rounds = int(budget_s * 1e3 / max(per_round_ms, 1e-3))
         rounds = max(min_rounds, min(max_rounds, rounds))
-        for r in range(rounds):
-            shift = r % len(contenders)
-            for c in contenders[shift:] + contenders[:shift]:
-                c.before()
-                try:
-                    c.samples.append(self.time_once(c.call))
-                finally:
-                    c.after()
+        with measuring or nullcontext():
+            for r in range(rounds):
+                shift = r % len(contenders)
+                for c in contenders[shift:] + contenders[:shift]:
+                    c.before()
+                    try:
+                        c.samples.append(self.time_once(c.call))
+                    finally:
+                        c.after()
         return rounds
+
+
+@contextmanager
+def pinned(core: int | None) -> Iterator[int | None]:
+    """Run this thread on ``core`` (kept free of builds: see ``machine.cpu_split``), then put
+    it back; yields the core it runs on, None where it could not pin."""
+    if core is None or not hasattr(os, "sched_setaffinity"):
+        yield None
+        return
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {core})
+    except OSError:
+        yield None
+        return
+    try:
+        yield core
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def cuda_graph_call(model: torch.nn.Module, inputs: list[object], warmup: int = 3) -> Call:

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from stitchcuda import machine
 from stitchcuda.verify.protocol import WorkerRequest, WorkerResult
 from stitchcuda.verify.verdict import (
     BaselineTiming,
@@ -92,6 +93,7 @@ class CandidateFailed(Exception):
 def main(request_path: str) -> None:
     faulthandler.enable()  # a segfault still prints the Python stack to our log
     request = WorkerRequest.model_validate_json(Path(request_path).read_text())
+    machine.confine(os.environ.get("STITCHCUDA_BUILD_CPUS"))  # before ninja starts: nvcc inherits it
     result = WorkerResult(started_at=time.time())
     progress = Progress(request.phase_path, result, request.result_path + ".partial")
     try:
@@ -572,7 +574,7 @@ def _correctness(request, result, reference, ref_model, new_model, device, audit
 def _timing(request, result, reference, ref_model, new_model, device) -> None:
 
     from stitchcuda.verify.correctness import make_trial_inputs
-    from stitchcuda.verify.timing import Contender, Timer, summarize
+    from stitchcuda.verify.timing import Contender, Timer, pinned, summarize
     from stitchcuda.verify.torch_state import set_tf32
 
     config = request.config
@@ -596,9 +598,12 @@ def _timing(request, result, reference, ref_model, new_model, device) -> None:
             except Exception as exc:
                 baselines[name] = BaselineTiming(name=name, error=f"{type(exc).__name__}: {exc}"[:300], measured_at=now)
                 set_tf32(False)
+    named = os.environ.get("STITCHCUDA_TIMING_CPU", "")
+    core = int(named) if named.isdigit() and int(named) in os.sched_getaffinity(0) else None
+    quiet = pinned(core)
     try:
         rounds = timer.run(contenders, config.warmup, config.min_timing_trials, config.max_timing_trials,
-                           config.timing_budget_s)
+                           config.timing_budget_s, measuring=quiet)
     except BaseException as exc:
         _fail(result, exc, "timing")
     accuracy = _baseline_accuracy(ref_model, inputs, contenders[2:])
@@ -609,7 +614,8 @@ def _timing(request, result, reference, ref_model, new_model, device) -> None:
             result.measured_baselines[c.name] = baselines[c.name]
     result.timing = TimingReport(
         method=("cuda events + device synchronize, L2 flushed, interleaved rounds" if timer.cuda
-                else "wall clock (CPU device): not comparable to GPU timings"),
+                else "wall clock (CPU device): not comparable to GPU timings")
+        + (f"; timed from CPU core {core}, kept free of builds" if core is not None else ""),
         candidate=summarize(contenders[0].samples),
         baselines=dict(sorted(baselines.items())),
         l2_flush_bytes=timer.flush_bytes,
