@@ -273,3 +273,23 @@ def test_offline_coder_searches_from_the_fastest_verified_variant():
     prompt = feedback_prompt(task, planned("mlp")[1].subtasks[0], program, own, "optimize", "", "strict")
     chosen = coder.variants[variant_of(coder.complete(prompt).text, coder.variants)]
     assert chosen == {**coder.variants[1], "block": 128}  # our kernel on top: another block size
+
+
+def test_offline_coder_goes_on_from_the_fastest_it_was_shown():
+    """Moving to the next subtask, the loop carries the last program even when it was slower;
+    the Coder remembers the times the prompts gave and searches from the fastest."""
+    from stitchcuda.agents.coder import scratch_prompt
+    from stitchcuda.offline.agents import OfflineCoder, variant_of
+
+    task = TASKS["mlp"]
+    plan = planned("mlp")[1]
+    coder = OfflineCoder(task, "strict")
+    programs = [coder.complete([]).text.split("```python\n", 1)[1].rsplit("```", 1)[0] for _ in range(2)]
+
+    def carrying(i: int, status: str):
+        return scratch_prompt(task, plan, plan.subtasks[0], programs[i], status, "", "strict")
+
+    coder.complete(carrying(0, "Correct. 2.116 ms, 2.34x vs eager."))  # the first, timed
+    chosen = variant_of(coder.complete(carrying(1, "Correct. 2.218 ms, 2.27x vs eager.")).text, coder.variants)
+    assert coder.verified_ms == {0: 2.116, 1: 2.218}
+    assert chosen is not None and coder.variants[chosen]["cublaslt"]  # a neighbour of 0 (cuBLASLt), not of 1

@@ -3,10 +3,10 @@ routing drive them: the Planner answers with the fusion plan, the Coder with gen
 
 The Coder walks a grid of variants (precision, cuBLASLt or cuBLAS, CUDA graph on or off, block
 size, vector width) as a local search: the first step gets the first; every later step starts from
-the variant of the program its prompt carries, which the loop keeps as the fastest verified one
-(or the failing one, when it asks for a fix), and changes as few options of it as it can, the ones
-the Verifier's feedback points to first (:func:`choose_next`). When the variants are used up it
-answers with the last one again, which the loop sees as stagnation.
+the fastest verified variant that the prompts have shown (the program a prompt carries and its
+time), and changes as few options of it as it can, the ones the Verifier's feedback points to
+first (:func:`choose_next`). When the variants are used up it answers with the last one again,
+which the loop sees as stagnation.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ LAUNCH_BOUND = re.compile(r"Launch-bound: the GPU is idle (\d+)%")
 TOP_KERNEL = re.compile(r"Top kernel: .* \((own|library|pytorch)\) takes (\d+)%")
 
 
+CARRIED_TIME = re.compile(r"Correct\. (\d+(?:\.\d+)?) ms")
 OPTIONS_LINE = re.compile(r"^\s*Options (\{[^}\n]*\})", re.M)
 
 
@@ -75,8 +76,8 @@ def variant_of(program: str, options: list[dict]) -> int | None:
 
 def choose_next(options: list[dict], tried: list[int], feedback: str, base: int | None = None) -> int:
     """The next variant to try: the untried one nearest ``base`` (the fewest options changed), and
-    among those the one the Verifier's feedback on ``base`` points to. ``base`` is the variant of
-    the program the prompt carries, the fastest verified one (or the last tried when unknown).
+    among those the one the Verifier's feedback points to. ``base`` is the fastest verified
+    variant so far (the last tried when none is known).
     A failure rules out the feature it names (cuBLASLt, graph capture, float4 paths); a
     launch-bound profile asks for the CUDA graph; a library kernel on top asks for the other GEMM
     path or precision, one of our own kernels for another block size or vector width."""
@@ -133,6 +134,7 @@ class OfflineCoder:
         self.groups = fuse(self.graph)
         self.variants = variants(tolerance)
         self.tried: list[int] = []
+        self.verified_ms: dict[int, float] = {}  # variant -> its time, as the prompts carrying it said
         self._lock = threading.Lock()
 
     def complete(self, messages: list[Message], *, max_tokens: int | None = None,
@@ -141,8 +143,13 @@ class OfflineCoder:
 
         with self._lock:
             prompt = messages[-1].content if messages else ""
-            index = choose_next(self.variants, self.tried, feedback_in_prompt(prompt),
-                                base=variant_of(prompt, self.variants))
+            carried, timed = variant_of(prompt, self.variants), CARRIED_TIME.search(prompt)
+            if carried is not None and timed:
+                self.verified_ms[carried] = min(float(timed[1]), self.verified_ms.get(carried, float("inf")))
+            # From the fastest program seen, by its own time: the loop carries the last program
+            # into a new subtask even when it was slower, and eager's time (so the speedup) is noisy.
+            base = min(self.verified_ms, key=self.verified_ms.__getitem__) if self.verified_ms else carried
+            index = choose_next(self.variants, self.tried, feedback_in_prompt(prompt), base=base)
             self.tried.append(index)
             options = CodegenOptions.model_validate(self.variants[index])
         started = time.perf_counter()
