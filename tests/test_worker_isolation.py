@@ -192,3 +192,16 @@ def test_gpu_workers_are_told_their_quiet_core(monkeypatch):
     gpu_env, build_env = verifier._env(hide_gpu=False), verifier._env(hide_gpu=True)
     assert gpu_env["STITCHCUDA_TIMING_CPU"] == "14" and "STITCHCUDA_BUILD_CPUS" not in gpu_env
     assert build_env["STITCHCUDA_BUILD_CPUS"] == ",".join(map(str, range(14))) and "STITCHCUDA_TIMING_CPU" not in build_env
+
+
+def test_the_verdict_names_the_core_it_timed_on(verifier, task, monkeypatch):
+    """What the runner hands a GPU worker, end to end through a real worker (on the CPU device)."""
+    import os
+
+    core = max(os.sched_getaffinity(0))
+    monkeypatch.setenv("STITCHCUDA_TIMING_CPU", str(core))
+    v = run(verifier, task, "pure_torch")
+    assert v.timing is not None and v.timing.method.endswith(f"timed from CPU core {core}, kept free of builds")
+    monkeypatch.setenv("STITCHCUDA_TIMING_CPU", "4096")  # not a core of this machine: timed where it runs
+    v = run(verifier, task, "pure_torch")
+    assert v.timing is not None and "core" not in v.timing.method
