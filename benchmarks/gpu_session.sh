@@ -2,7 +2,9 @@
 # GPU sessions of checks, as run on the lent H100/H200 (the issue notes carry the figures):
 #   bash benchmarks/gpu_session.sh MODE...     MODE: tests | bench | ncu | agents | corpus | suite | throughput | reward | grpo
 # suite: SUITE_TOLERANCES (strict paper), SUITE_STEPS (3), SUITE_RUNS (tasks per GPU, 8), SUITE_TASKS
-# (suite, or names separated by commas), SUITE_PRESET (default: with the torch.compile baseline).
+# (suite, or names separated by commas), SUITE_PRESET (default: with the torch.compile baseline),
+# SUITE_FRESH=1 (a new bench, not a resume of the last one on a warm machine: e.g. the second half
+# of the suite in a second call).
 # tests: TESTS_K (a pytest -k expression, e.g. offline), TESTS_S (seconds, 480).
 # Modes run in the order given. CORPUS_ONLY=a,b,... limits the corpus run to those candidates,
 # whose builds then start in the background at once, on the CPU, while the GPU does the rest.
@@ -55,6 +57,7 @@ for mode in "$@"; do
       # several calls finish it (the workspace survives while the machine stays warm)
       for tol in ${SUITE_TOLERANCES:-strict paper}; do
         ws=.stitchcuda/suite-$tol  # ignored, so it stays on a warm machine between calls
+        [[ "${SUITE_FRESH:-0}" == 1 ]] && rm -rf "$ws"
         if [[ -f $ws/runs.sqlite ]]; then resume=(--resume last); else resume=(); fi
         timeout ${SUITE_S:-$((585 - SECONDS))} python3 -m stitchcuda.cli bench "${SUITE_TASKS:-suite}" --tolerance "$tol" --preset "${SUITE_PRESET:-default}" \
           --max-steps ${SUITE_STEPS:-3} --runs-per-gpu ${SUITE_RUNS:-8} --workspace "$ws" "${resume[@]}" > "$OUT/suite_$tol.txt" 2>&1
