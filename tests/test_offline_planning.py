@@ -254,6 +254,7 @@ def test_offline_coder_searches_from_the_fastest_verified_variant():
     """After cuBLAS beat cuBLASLt, the next variant keeps cuBLAS and changes one other option (a
     GPU run went back to cuBLASLt with scalar kernels, two changes at once, and lost 17%)."""
     from stitchcuda.agents.coder import feedback_prompt
+    from stitchcuda.agents.extract import extract_program
     from stitchcuda.offline.agents import OfflineCoder, choose_next, variant_of, variants
 
     opts = variants("strict")
@@ -268,7 +269,7 @@ def test_offline_coder_searches_from_the_fastest_verified_variant():
     assert [variant_of(a.text, coder.variants) for a in answers] == [0, 1, 3]
     assert coder.variants[3] == {**coder.variants[1], "vector_width": 1}
     # the loop kept variant 1 as the fastest, so the prompt carries it: the search goes on from 1, not 3
-    program = answers[1].text.split("```python\n", 1)[1].rsplit("```", 1)[0]
+    program = extract_program(answers[1].text)
     own = "Correct. 0.800 ms, 1.37x vs eager.\nTop kernel: mlp_g1_gelu (own) takes 40% of GPU time"
     prompt = feedback_prompt(task, planned("mlp")[1].subtasks[0], program, own, "optimize", "", "strict")
     chosen = coder.variants[variant_of(coder.complete(prompt).text, coder.variants)]
@@ -279,12 +280,13 @@ def test_offline_coder_goes_on_from_the_fastest_it_was_shown():
     """Moving to the next subtask, the loop carries the last program even when it was slower;
     the Coder remembers the times the prompts gave and searches from the fastest."""
     from stitchcuda.agents.coder import scratch_prompt
+    from stitchcuda.agents.extract import extract_program
     from stitchcuda.offline.agents import OfflineCoder, variant_of
 
     task = TASKS["mlp"]
     plan = planned("mlp")[1]
     coder = OfflineCoder(task, "strict")
-    programs = [coder.complete([]).text.split("```python\n", 1)[1].rsplit("```", 1)[0] for _ in range(2)]
+    programs = [extract_program(coder.complete([]).text) for _ in range(2)]
 
     def carrying(i: int, status: str):
         return scratch_prompt(task, plan, plan.subtasks[0], programs[i], status, "", "strict")

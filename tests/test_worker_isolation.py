@@ -3,7 +3,11 @@ whatever it does (crash, hang, abort, lie) ends in a verdict, never in the calle
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
+import torch
 
 from stitchcuda.task import load_candidate, load_task_file
 from stitchcuda.verify import PRESETS, Verifier
@@ -145,29 +149,25 @@ def test_quiet_cores_one_per_gpu(monkeypatch):
     assert machine.cpu_split() is None
 
 
-@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs two cores to tell them apart")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to tell them apart")
 def test_timing_runs_pinned_after_the_warm_up():
-    import os
-
     from stitchcuda.verify.timing import Contender, Timer, pinned
 
     everywhere = os.sched_getaffinity(0)
     core = max(everywhere)
     seen: list[set[int]] = []
     contender = Contender("c", lambda: seen.append(os.sched_getaffinity(0)))
-    Timer(__import__("torch").device("cpu")).run([contender], warmup=2, min_rounds=3, max_rounds=3, budget_s=0.01,
+    Timer(torch.device("cpu")).run([contender], warmup=2, min_rounds=3, max_rounds=3, budget_s=0.01,
                                                  measuring=pinned(core))
     assert seen[:3] == [everywhere] * 3  # the warm-up (which may compile) on every core
     assert seen[3:] == [{core}] * 3 and len(contender.samples) == 3
     assert os.sched_getaffinity(0) == everywhere  # put back
 
 
-@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="needs two cores to tell them apart")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to tell them apart")
 def test_build_workers_stay_off_the_timing_cores(cache, tmp_path, monkeypatch):
     """The runner tells a build worker its cores; the worker binds itself before it builds, so
     the compilers it starts inherit them."""
-    import os
-
     from stitchcuda import machine
     from stitchcuda.task.record import Candidate
 
@@ -179,7 +179,7 @@ def test_build_workers_stay_off_the_timing_cores(cache, tmp_path, monkeypatch):
               "open(os.environ['AFFINITY_OUT'], 'w').write(json.dumps(sorted(os.sched_getaffinity(0))))\n"
               "import torch\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n")
     Verifier(PRESETS["quick"].model_copy(update={"device": "cpu"})).build(Candidate(name="probe", source=source))
-    assert __import__("json").loads(out.read_text()) == builds
+    assert json.loads(out.read_text()) == builds
 
 
 def test_gpu_workers_are_told_their_quiet_core(monkeypatch):
@@ -196,8 +196,6 @@ def test_gpu_workers_are_told_their_quiet_core(monkeypatch):
 
 def test_the_verdict_names_the_core_it_timed_on(verifier, task, monkeypatch):
     """What the runner hands a GPU worker, end to end through a real worker (on the CPU device)."""
-    import os
-
     core = max(os.sched_getaffinity(0))
     monkeypatch.setenv("STITCHCUDA_TIMING_CPU", str(core))
     v = run(verifier, task, "pure_torch")
