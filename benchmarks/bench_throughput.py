@@ -21,10 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from stitchcuda.bench.runner import GatedVerifier, GpuGate
-from stitchcuda.offline.agents import variants
-from stitchcuda.offline.codegen import CodegenOptions, generate
-from stitchcuda.offline.fusion import fuse
-from stitchcuda.offline.graph import capture
+from stitchcuda.agents.offline import variants
+from stitchcuda.compiler.codegen import CodegenOptions, generate
+from stitchcuda.compiler.fusion import fuse
+from stitchcuda.compiler.graph import capture
 from stitchcuda.task import resolve_tasks
 from stitchcuda.task.record import Candidate
 from stitchcuda.verify import Verifier

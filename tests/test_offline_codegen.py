@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from stitchcuda.offline.codegen import CodegenOptions, Unsupported, generate, lower, split_cuda, supported
-from stitchcuda.offline.expr import evaluate, numel
-from stitchcuda.offline.fusion import FusionGroup
-from stitchcuda.offline.graph import OpGraph, capture
+from stitchcuda.compiler.codegen import CodegenOptions, Unsupported, generate, lower, split_cuda, supported
+from stitchcuda.compiler.expr import evaluate, numel
+from stitchcuda.compiler.fusion import FusionGroup
+from stitchcuda.compiler.graph import OpGraph, capture
 from stitchcuda.task.load import bundled_task_names, resolve_tasks
 from stitchcuda.task.record import Task
 from stitchcuda.verify.judge import hacking_level
@@ -129,7 +129,7 @@ def sgemm_colmajor(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, batch=1, sa=0, sb=0,
 def simulate_lt(g, flat: dict[str, torch.Tensor]) -> None:
     """What the emitted cublasLtMatmul computes, from the layouts (rows, cols, ld) and transposes
     its descriptors are made from: D = op(A) op(B) in column-major, + bias per row, activation."""
-    from stitchcuda.offline.codegen import _lt_operands
+    from stitchcuda.compiler.codegen import _lt_operands
 
     def buf(text):
         name, *off = text.split(" + ")
@@ -176,7 +176,7 @@ def simulate_conv(c, flat: dict[str, torch.Tensor]) -> None:
 def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None):
     """Run the lowered program on the CPU: GEMMs through an emulation of the emitted cuBLAS
     calls, kernels through the IR evaluator; returns (outputs, reference outputs)."""
-    from stitchcuda.offline.codegen import _Emitter
+    from stitchcuda.compiler.codegen import _Emitter
 
     low = lower(graph, groups, options)
     emitter = _Emitter(low, options or CodegenOptions(), "t")
@@ -929,7 +929,7 @@ def test_python_binding_compiles_without_torch_extension_h(tmp_path):
 
     from torch.utils.cpp_extension import include_paths
 
-    from stitchcuda.offline.check import cpp_source
+    from stitchcuda.compiler.check import cpp_source
 
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is None:
@@ -947,11 +947,11 @@ def test_python_binding_compiles_without_torch_extension_h(tmp_path):
 
 
 def _fuse():
-    from stitchcuda.offline import fusion
+    from stitchcuda.compiler import fusion
 
     fuse = getattr(fusion, "fuse", None)
     if fuse is None:
-        pytest.skip("stitchcuda.offline.fusion.fuse is not written yet")
+        pytest.skip("stitchcuda.compiler.fusion.fuse is not written yet")
     return fuse
 
 

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from stitchcuda.offline.fusion import FusionGroup, fuse
-from stitchcuda.offline.graph import OpGraph, capture
-from stitchcuda.offline.planner import OfflinePlanner, describe
+from stitchcuda.compiler.fusion import FusionGroup, fuse
+from stitchcuda.compiler.graph import OpGraph, capture
+from stitchcuda.agents.offline_planner import OfflinePlanner, describe
 from stitchcuda.task import resolve_tasks
 from stitchcuda.task.record import Task
 from stitchcuda.verify.verdict import OpStat, ProgramProfile
@@ -211,7 +211,7 @@ def test_optimize_offline_without_a_gpu_writes_the_program_and_says_so(tmp_path,
 
     from stitchcuda import machine
     from stitchcuda.cli import app
-    from stitchcuda.offline import check
+    from stitchcuda.compiler import check
     from stitchcuda.verify.judge import hacking_level
     from stitchcuda.verify.static_checks import static_findings
 
@@ -230,7 +230,7 @@ def test_optimize_offline_without_a_gpu_writes_the_program_and_says_so(tmp_path,
 
 
 def test_offline_coder_picks_the_next_variant_from_the_feedback():
-    from stitchcuda.offline.agents import choose_next, variants
+    from stitchcuda.agents.offline import choose_next, variants
 
     opts = variants("strict")
     assert opts[0]["cublaslt"] and not opts[1]["cublaslt"] and opts[0]["graph"]
@@ -255,7 +255,7 @@ def test_offline_coder_searches_from_the_fastest_verified_variant():
     GPU run went back to cuBLASLt with scalar kernels, two changes at once, and lost 17%)."""
     from stitchcuda.agents.coder import feedback_prompt
     from stitchcuda.agents.extract import extract_program
-    from stitchcuda.offline.agents import OfflineCoder, choose_next, variant_of, variants
+    from stitchcuda.agents.offline import OfflineCoder, choose_next, variant_of, variants
 
     opts = variants("strict")
     library = "Correct. 0.830 ms, 1.32x vs eager.\nTop kernel: sm80_xmma_gemm_f32f32 (library) takes 63% of GPU time"
@@ -281,7 +281,7 @@ def test_offline_coder_goes_on_from_the_fastest_it_was_shown():
     the Coder remembers the times the prompts gave and searches from the fastest."""
     from stitchcuda.agents.coder import scratch_prompt
     from stitchcuda.agents.extract import extract_program
-    from stitchcuda.offline.agents import OfflineCoder, variant_of
+    from stitchcuda.agents.offline import OfflineCoder, variant_of
 
     task = TASKS["mlp"]
     plan = planned("mlp")[1]

@@ -49,7 +49,7 @@ def build_config(*, model: str | None, coder: str | None, provider: str, base_ur
     budget = Budget(max_steps=max_steps, max_llm_calls=max_llm_calls, max_tokens=max_tokens, max_cost_usd=max_cost,
                     max_wall_s=max_wall)
     if coder == "offline" or (coder is None and not named):
-        from stitchcuda.offline.agents import OFFLINE
+        from stitchcuda.agents.offline import OFFLINE
 
         return OptimizeConfig(planner=OFFLINE, coder=OFFLINE, verify=verify, samples=samples, routing=routing,
                               budget=budget, max_subtasks=max_subtasks, knowledge=False)
@@ -66,8 +66,8 @@ def build_config(*, model: str | None, coder: str | None, provider: str, base_ur
 
 def _generate_without_gpu(task: Task, coder, out: Path | None, why: str) -> dict:
     """No GPU: the offline Coder still writes the program and nvcc compile-checks it; nothing is verified."""
-    from stitchcuda.offline.check import compile_check
-    from stitchcuda.offline.codegen import Unsupported, generate
+    from stitchcuda.compiler.check import compile_check
+    from stitchcuda.compiler.codegen import Unsupported, generate
 
     try:
         program = generate(task, coder.graph, coder.groups)
@@ -107,9 +107,9 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
         task = _task(reference, kernelbench, level, problem)
         config = build_config(**options)
     if config.coder.provider == "offline":
-        from stitchcuda.offline.agents import OfflineCoder, OfflinePlannerAgent
-        from stitchcuda.offline.codegen import supported
-        from stitchcuda.offline.graph import CaptureError
+        from stitchcuda.agents.offline import OfflineCoder, OfflinePlannerAgent
+        from stitchcuda.compiler.codegen import supported
+        from stitchcuda.compiler.graph import CaptureError
 
         try:
             planner_llm, coder_llm = OfflinePlannerAgent(task), OfflineCoder(task, config.verify.tolerance)

@@ -234,9 +234,9 @@ def _evaluate(job: Job, verifier: GatedVerifier) -> TaskResult:
 def _agents(task: Task, config: OptimizeConfig) -> tuple[Any, Any] | str:
     """(planner, coder) for the task, or why the offline Coder cannot take it."""
     if config.coder.provider == "offline":
-        from stitchcuda.offline.agents import OfflineCoder, OfflinePlannerAgent
-        from stitchcuda.offline.codegen import supported
-        from stitchcuda.offline.graph import CaptureError
+        from stitchcuda.agents.offline import OfflineCoder, OfflinePlannerAgent
+        from stitchcuda.compiler.codegen import supported
+        from stitchcuda.compiler.graph import CaptureError
 
         try:
             coder = OfflineCoder(task, tolerance=config.verify.tolerance)

@@ -14,7 +14,7 @@ import re
 from collections import Counter
 
 from stitchcuda.agents.records import Plan, Subtask
-from stitchcuda.offline.fusion import (
+from stitchcuda.compiler.fusion import (
     CONV_OPS,
     GEMM_OPS,
     RECURRENT_OPS,
@@ -25,7 +25,7 @@ from stitchcuda.offline.fusion import (
     op_role,
     short,
 )
-from stitchcuda.offline.graph import Node, OpGraph, TensorMeta
+from stitchcuda.compiler.graph import Node, OpGraph, TensorMeta
 from stitchcuda.task.record import Task
 from stitchcuda.verify.verdict import ProgramProfile
 
@@ -300,7 +300,7 @@ class OfflinePlanner:
         """(the Plan, the fusion groups it is made of); raises CaptureError when the graph cannot
         be captured."""
         if graph is None:
-            from stitchcuda.offline.graph import capture
+            from stitchcuda.compiler.graph import capture
 
             graph = capture(task)
         groups = fuse(graph)

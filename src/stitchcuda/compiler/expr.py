@@ -270,7 +270,7 @@ def is_pointwise(op_name: str) -> bool:
     return op_name in POINTWISE_UNARY or op_name in IDENTITY or op_name in {
         "aten.add", "aten.sub", "aten.rsub", "aten.mul", "aten.div", "aten.gelu", "aten.pow", "aten.maximum",
         "aten.minimum", "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.leaky_relu",
-        "aten.dropout", "aten.batch_norm"} or op_name in MASK_OPS
+        "aten.dropout", "aten.batch_norm", "aten.scalar_tensor"} or op_name in MASK_OPS
 
 
 Operand = Callable[[Any], Expr]  # graph arg ('%name' or a number) -> Expr
@@ -288,6 +288,8 @@ def pointwise_expr(node: Any, arg: Operand) -> Expr:
     where = f"{node.name} ({name}.{node.overload})"
     if name in IDENTITY:
         return arg(a[0])
+    if name == "aten.scalar_tensor":  # core ATen's masked_fill value: where(mask, scalar_tensor(v), x)
+        return const(_scalar(a[0], where))
     if name == "aten.dropout":
         if len(a) > 2 and a[2]:
             raise Unsupported(f"{where}: dropout in training mode")

@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from stitchcuda.offline.graph import Node, OpGraph
+from stitchcuda.compiler.graph import Node, OpGraph
 
 GroupKind = Literal["gemm", "conv", "row_reduce", "elementwise", "recurrent", "attention", "data_movement", "other"]
 
@@ -109,12 +109,55 @@ COPY_OPS = {"aten.cat", "aten.concat", "aten.stack", "aten.clone", "aten.contigu
             "aten.index_select", "aten.gather", "aten.embedding", "aten.repeat", "aten.roll", "aten.flip",
             "aten.constant_pad_nd", "aten.pad", "aten.tril", "aten.triu", "aten.scatter", "aten.index_put"}
 
+# What the fused lowerings of codegen take (a family lowering takes the rest, and the cases of
+# these they cannot: see row_lowerable).
+KNOWN_FUSED = (GEMM_OPS | {"aten.conv2d", "aten.conv_transpose2d", "aten.convolution"} | RECURRENT_OPS
+               | RECURRENT_SEQUENCE_OPS | SDPA_OPS | SOFTMAX_OPS | NORM_OPS | SUM_OPS | ELEMENTWISE_OPS | VIEW_OPS
+               | CONST_OPS | {"aten.max_pool2d", "aten.avg_pool2d", "aten.cat", "aten.stack", "aten.embedding",
+                              "aten.gather", "aten.index", "aten.clone", "aten.contiguous"})
+
 Role = Literal["gemm", "conv", "attention", "reduce", "recurrent", "elementwise", "view", "const", "copy", "other"]
 
 
-def op_role(node: Node, fold_batch_norm: bool = True) -> Role:
-    """What kind of work a node is, for fusion."""
+MAX_ROW = 32768  # the longest row the fused row kernel keeps in registers
+
+
+def row_lowerable(node: Node, in_shape: list[int] | None) -> bool:
+    """Whether the fused row kernel takes this reduction: over trailing dims, rows of at most
+    ``MAX_ROW`` elements. Anything else goes to its family lowering (any dims, any length)."""
+    if in_shape is None:
+        return True
+    geo = reduce_geometry(node, in_shape)
+    if geo is None:
+        return True
+    shape, dims, extra = geo
+    rank = len(shape)
+    if node.op == "aten.group_norm":
+        groups = int(node.args[1]) if len(node.args) > 1 else 1
+        return rank >= 2 and shape[1] % groups == 0 and _numel(shape[1:]) // groups <= MAX_ROW
+    if extra:
+        return True
+    if not dims:
+        return True
+    if list(dims) != list(range(rank - len(dims), rank)):
+        return False
+    return _numel([shape[d] for d in dims]) <= MAX_ROW
+
+
+def _numel(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def op_role(node: Node, fold_batch_norm: bool = True, in_shape: list[int] | None = None) -> Role:
+    """What kind of work a node is, for fusion (``in_shape``: its first input's shape, when known)."""
+    from stitchcuda.compiler.families import FAMILIES
+
     op = node.op
+    if op in FAMILIES and (op not in KNOWN_FUSED or not row_lowerable(node, in_shape)):
+        return "other"  # its family lowering, one group of its own
     if op in GEMM_OPS:
         return "gemm"
     if op in CONV_OPS:
@@ -261,12 +304,17 @@ class _Fuser:
                 self.consumers.setdefault(v, []).append(n.name)
         self.preds = {n.name: sorted({self.producer[v] for v in self.reads[n.name] if v in self.producer},
                                      key=self.index.__getitem__) for n in graph.nodes}
-        self.role = {n.name: op_role(n, fold_batch_norm) for n in graph.nodes}
+        self.role = {n.name: op_role(n, fold_batch_norm, self._first_shape(n)) for n in graph.nodes}
         self.strides = self._strides()
         self.owner: dict[str, int] = {}
         self.groups: dict[int, _Group] = {}
 
     # -- values and shapes
+
+    def _first_shape(self, n: Node) -> list[int] | None:
+        first = next(iter(n.inputs()), None)
+        meta = self.meta.get(first) if first else None
+        return list(meta.shape) if meta is not None else None
 
     def shape(self, value: str) -> list[int] | None:
         meta = self.meta.get(value)

@@ -29,7 +29,7 @@ OFFLINE = LLMConfig(provider="offline", model="stitchcuda-offline")
 def variants(tolerance: str = "strict") -> list[dict]:
     """Tuning variants, the likeliest best first. TF32 only where the tolerance policy allows it
     (``paper``, 1e-2): there it comes first; the Verifier discloses it in every verdict."""
-    from stitchcuda.offline.codegen import CodegenOptions
+    from stitchcuda.compiler.codegen import CodegenOptions
 
     precisions = (True, False) if tolerance == "paper" else (False,)
     # cuBLAS or cuBLASLt innermost: the second variant is the first with plain cuBLAS SGEMMs and
@@ -47,7 +47,7 @@ class OfflinePlannerAgent:
 
     def plan(self, ctx: PlanContext, on_call: CallHook, previous: Plan | None = None, why: str = "",
              failures: list[str] | None = None, best: Best | None = None) -> tuple[Plan, str | None]:
-        from stitchcuda.offline.planner import OfflinePlanner
+        from stitchcuda.agents.offline_planner import OfflinePlanner
 
         plan, _ = OfflinePlanner().plan(self.task, profile=ctx.profile)
         plan.version = (previous.version + 1) if previous else 1
@@ -126,8 +126,8 @@ class OfflineCoder:
     config = OFFLINE
 
     def __init__(self, task: Task, tolerance: str = "strict"):
-        from stitchcuda.offline.fusion import fuse
-        from stitchcuda.offline.graph import capture
+        from stitchcuda.compiler.fusion import fuse
+        from stitchcuda.compiler.graph import capture
 
         self.task = task
         self.graph = capture(task)  # CaptureError says why the offline Coder cannot work on it
@@ -139,7 +139,7 @@ class OfflineCoder:
 
     def complete(self, messages: list[Message], *, max_tokens: int | None = None,
                  temperature: float | None = None) -> Completion:
-        from stitchcuda.offline.codegen import CodegenOptions, generate
+        from stitchcuda.compiler.codegen import CodegenOptions, generate
 
         with self._lock:
             prompt = messages[-1].content if messages else ""

@@ -1,6 +1,6 @@
 """The offline Coder: (task, OpGraph, fusion groups) -> one complete candidate program.
 
-Each fusion group is lowered to the IR of :mod:`stitchcuda.offline.expr` and then to CUDA:
+Each fusion group is lowered to the IR of :mod:`stitchcuda.compiler.expr` and then to CUDA:
 
 - ``gemm`` (anchor ``aten.linear`` / ``mm`` / ``matmul`` / ``bmm`` / ``addmm``): a true-fp32
   ``cublasSgemm`` / ``cublasSgemmStridedBatched`` (``CUBLAS_DEFAULT_MATH``, no TF32) with the
@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from stitchcuda.offline.expr import (
+from stitchcuda.compiler.expr import (
     DATA_OPS,
     GATHER_OPS,
     IDENTITY,
@@ -79,8 +79,9 @@ from stitchcuda.offline.expr import (
     row_steps,
     view_expr,
 )
-from stitchcuda.offline.fusion import FusionGroup
-from stitchcuda.offline.graph import Node, OpGraph
+from stitchcuda.compiler.families import FAMILIES, KernelCall, Strided, register_all
+from stitchcuda.compiler.fusion import FusionGroup
+from stitchcuda.compiler.graph import Node, OpGraph
 from stitchcuda.task.record import Task
 
 __all__ = ["CodegenOptions", "Unsupported", "generate", "lower", "supported", "split_cuda"]
@@ -90,7 +91,7 @@ GEMM_OPS = {"aten.linear", "aten.mm", "aten.matmul", "aten.bmm", "aten.addmm"}
 SPLITS = {"aten.split", "aten.split_with_sizes", "aten.chunk", "aten.unbind"}  # multi-output views
 CONVS = {"aten.conv2d", "aten.conv_transpose2d", "aten.convolution"}
 CELLS = {"aten.lstm_cell": 4, "aten.gru_cell": 3}  # recurrent cells -> gates per hidden unit
-ZEROS = {"aten.new_zeros", "aten.zeros", "aten.zeros_like"}  # initial states
+ZEROS = {"aten.new_zeros", "aten.zeros", "aten.zeros_like", "aten.full"}  # initial states
 C_TYPES = {"float32": "float", "bool": "bool", "int64": "int64_t", "int32": "int32_t"}
 TORCH_TYPES = {"float": "at::kFloat", "bool": "at::kBool", "int64_t": "at::kLong", "int32_t": "at::kInt"}
 RESHAPES = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.flatten", "aten.unsqueeze", "aten.squeeze"}
@@ -167,8 +168,9 @@ class Conv:
 @dataclass
 class Lowered:
     group: FusionGroup
-    kind: Literal["gemm", "conv", "pointwise", "row", "alias", "sequence"]
+    kind: Literal["gemm", "conv", "pointwise", "row", "alias", "sequence", "kernel"]
     program: Program | None = None
+    call: KernelCall | None = None  # a family lowering's kernels and launch
     gemm: Gemm | None = None
     conv: Conv | None = None
     describe: str = ""
@@ -191,6 +193,7 @@ class Lowering:
     storage: dict[str, str] = field(default_factory=dict)  # graph value -> buffer identifier
     groups: list[Lowered] = field(default_factory=list)
     uses_blas: bool = False
+    uses_dnn: bool = False  # a family lowering calls cuDNN
     convs: list[Conv] = field(default_factory=list)
     lt_gemms: list[Gemm] = field(default_factory=list)
 
@@ -255,6 +258,9 @@ class _Lowerer:
         self.users = graph.users()
         self.problems: list[str] = []
         self.order, self.owner = _group_order(graph, groups)
+        for value in graph.mutations:  # written back into a module buffer after the forward
+            self.users.setdefault(graph.getitems.get(value, (value, 0))[0], []).append("<buffer write-back>")
+            self.users.setdefault(value, []).append("<buffer write-back>")
         self._check_placeholders()
 
     # values -----------------------------------------------------------------
@@ -278,6 +284,8 @@ class _Lowerer:
                 self.out.ctypes[ident] = C_TYPES[p.meta.dtype]
         known = GEMM_OPS | CONVS | ROW_OPS | {"aten.group_norm"} | VIEWS | SPLITS | set(CELLS) | ZEROS | DATA_OPS
         for n in self.graph.nodes:
+            if n.op in FAMILIES:
+                continue  # a family lowering reads and writes any dtype it knows and names what it does not
             if len(n.out) != 1 and n.op not in SPLITS | set(CELLS):
                 raise Unsupported(f"{n.name} ({n.op}) has {len(n.out)} outputs; only single-output operators and "
                                   "splits are supported")
@@ -295,7 +303,7 @@ class _Lowerer:
                 raise Unsupported(f"{n.name} ({n.op}) computes {n.out[0].dtype}; only float32 values and bool "
                                   "masks are supported")
         for name, (src, _) in self.graph.getitems.items():
-            if self.nodes[src].op not in SPLITS | set(CELLS):
+            if self.nodes[src].op not in SPLITS | set(CELLS) | set(FAMILIES):
                 raise Unsupported(f"multi-output operator {src} ({self.nodes[src].op}) read through {name}")
         for o in self.graph.outputs:
             if o not in self.nodes:
@@ -425,10 +433,38 @@ class _Lowerer:
                 self.problems.append(f"group {g.id} ({g.kind}: {ops}): {exc}")
                 for v in self._outputs_of(g):  # keep going so that every problem is listed
                     self._buffer(v)
+        self._write_back()
         return self.out
+
+    def _write_back(self) -> None:
+        """Buffers the forward mutates (BatchNorm's running statistics) get their new values last."""
+        from stitchcuda.compiler.families.state import write_back
+
+        for value, buffer in self.graph.mutations.items():
+            if buffer not in self.out.storage or value not in self.out.storage:
+                self.problems.append(f"buffer {buffer}: its new value {value} is not computed")
+                continue
+            meta, bmeta = self.graph.meta(value), self.graph.meta(buffer)
+            if meta is None or bmeta is None:
+                self.problems.append(f"buffer {buffer}: no tensor metadata")
+                continue
+            ctype, shape = C_TYPES.get(meta.dtype, "?"), tuple(meta.shape)
+            src = Strided(f"a.{self.out.storage[value]}", ctype, shape, contiguous_strides(shape))
+            dst = Strided(f"a.{self.out.storage[buffer]}", C_TYPES.get(bmeta.dtype, "?"), tuple(bmeta.shape),
+                          contiguous_strides(tuple(bmeta.shape)))
+            try:
+                call = write_back(src, dst, buffer)
+            except Unsupported as exc:
+                self.problems.append(str(exc))
+                continue
+            self.out.groups.append(Lowered(FusionGroup(id=-1, kind="other", nodes=[]), "kernel", call=call,
+                                           describe=call.describe))
 
     def _lower_group(self, g: FusionGroup) -> Lowered:
         nodes = [self.nodes[n] for n in g.nodes]
+        family = [n for n in nodes if n.op in FAMILIES]
+        if g.kind == "other" and len(family) == 1 and all(n is family[0] or n.op in VIEWS | SPLITS for n in nodes):
+            return self._lower_family(g, nodes, family[0])
         for n in nodes:
             if not (n.op in GEMM_OPS or n.op in CONVS or n.op in ROW_OPS or n.op == "aten.group_norm" or n.op in VIEWS or n.op in SPLITS or is_pointwise(n.op)
                     or n.op in CELLS or n.op in DATA_OPS or (n.op in ZEROS and g.kind == "recurrent")):
@@ -448,6 +484,21 @@ class _Lowerer:
         if any(n.op in ROW_OPS for n in nodes):
             return self._lower_row(g, nodes)
         return self._lower_pointwise(g, nodes)
+
+    def _lower_family(self, g: FusionGroup, nodes: list[Node], node: Node) -> Lowered:
+        """One operator through its family lowering; the views before it are folded into its reads."""
+        env: dict[str, Expr] = {}
+        for n in nodes:
+            if n is node:
+                continue
+            if n.op in SPLITS:
+                self._split(n, env)
+            else:
+                env[n.name] = view_expr(n, self._arg(env, f"{n.name} ({n.op})")(n.args[0]))
+        call = FAMILIES[node.op](_FamilyContext(self, env, node), node)
+        if call.library == "cudnn":
+            self.out.uses_dnn = True
+        return Lowered(g, "kernel", call=call, describe=call.describe or short_op(node))
 
     def _lower_pointwise(self, g: FusionGroup, nodes: list[Node], env: dict[str, Expr] | None = None,
                          program: Program | None = None) -> Lowered:
@@ -787,7 +838,8 @@ class _Lowerer:
             if n is cell:
                 break
             if n.op in ZEROS:
-                env[n.name] = Expr("const", const=0.0, shape=self.shape(n.name))
+                value = float(n.args[1]) if n.op == "aten.full" else 0.0
+                env[n.name] = Expr("const", const=value, shape=self.shape(n.name))
             elif n.op in SPLITS:
                 self._split(n, env)
             elif n.op in VIEWS:
@@ -949,6 +1001,9 @@ class _Lowerer:
         # P.V: the views after it, inverted, give its output strides in the group output's buffer
         chain, prev = [], pv.name
         for n in after:
+            if n.op in IDENTITY and n.args[0] == "%" + prev:
+                prev = n.name  # core ATen's clone before a reshape: P.V writes the layout the views give
+                continue
             if n.op not in VIEWS or n.args[0] != "%" + prev:
                 raise Unsupported(f"{n.name} ({n.op}) after P.V (only a chain of views may follow it)")
             chain.append(n)
@@ -1198,6 +1253,53 @@ class _Lowerer:
         return Lowered(g, "row", program=prog, describe=f"row kernel over {numel(shape) // n_col} rows of {n_col}")
 
 
+def short_op(node: Node) -> str:
+    return node.op.split(".", 1)[-1]
+
+
+class _FamilyContext:
+    """The lowerer as a family lowering sees it (:class:`stitchcuda.compiler.families.FamilyContext`)."""
+
+    def __init__(self, lowerer: _Lowerer, env: dict[str, Expr], node: Node):
+        self._low, self._env, self._node = lowerer, env, node
+        self.block = lowerer.options.block
+
+    def read(self, arg: Any) -> Strided:
+        where = f"{self._node.name} ({self._node.op})"
+        e = self._low._arg(self._env, where)(arg)
+        if e.op != "leaf" or e.leaf is None or e.leaf.gather is not None:  # type: ignore[union-attr]
+            raise Unsupported(f"{where}: operand {arg!r} is not a tensor in memory")
+        lf = e.leaf
+        store = self._low.out.storage
+        ident = store[lf.value]
+        meta = self._low.graph.meta(lf.value)
+        ctype = C_TYPES.get(meta.dtype if meta else "float32")
+        if ctype is None:
+            raise Unsupported(f"{where}: operand {arg!r} has dtype {meta.dtype if meta else '?'}")
+        return Strided(f"a.{ident}", ctype, tuple(lf.shape), tuple(lf.strides), lf.offset)
+
+    def write(self, value: str, dtype: str = "float32") -> Strided:
+        if dtype not in C_TYPES:
+            raise Unsupported(f"{self._node.name} ({self._node.op}) computes {dtype}")
+        ident = self._low._buffer(value)
+        if dtype != "float32":
+            self._low.out.ctypes[ident] = C_TYPES[dtype]
+        shape = self._low.shape(value)
+        return Strided(f"a.{ident}", C_TYPES[dtype], shape, contiguous_strides(shape))
+
+    def outputs(self, node: Node) -> list[str | None]:
+        if len(node.out) == 1 and not any(src == node.name for src, _ in self._low.graph.getitems.values()):
+            return [node.name]
+        found: list[str | None] = [None] * len(node.out)
+        for name, (src, index) in self._low.graph.getitems.items():
+            if src == node.name:
+                found[index] = name
+        return found
+
+    def kernel_name(self, node: Node, what: str) -> str:
+        return f"k_{_ident(node.name)}_{what}"  # the program's namespace keeps it apart from others
+
+
 def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None) -> Lowering:
     """Lower every group, raising :class:`Unsupported` with all the problems found."""
     lowerer = _Lowerer(graph, groups, options or CodegenOptions())
@@ -1283,7 +1385,7 @@ def _code(e: Expr, leafs: dict[Leaf, str], refs: dict[str, str]) -> str:
         return c_float(e.const)
     if e.op == "ref":
         return refs[e.ref]
-    from stitchcuda.offline.expr import OPS
+    from stitchcuda.compiler.expr import OPS
 
     return OPS[e.op][0].format(*(_code(a, leafs, refs) for a in e.args))
 
@@ -1701,6 +1803,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     prefix = f"sc{digest}"
     emitter = _Emitter(low, options, prefix)
     kernels, launches = [], []
+    emitted_family: set[str] = set()
     for lg in low.groups:
         head = f"// group {lg.group.id} ({lg.group.kind}): {lg.describe}"
         if lg.kind == "alias":
@@ -1708,6 +1811,13 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
             continue
         text = [head]
         for part in lg.launches():
+            if part.call is not None:
+                for kname, ksource in part.call.kernels.items():
+                    if kname not in emitted_family:
+                        emitted_family.add(kname)
+                        kernels.append(ksource)
+                text.append(part.call.launch)
+                continue
             if part.gemm is not None:
                 text.append(emitter.gemm(part.gemm))
             if part.conv is not None:
@@ -1725,7 +1835,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     cuda_src = emitter.env.get_template("program.cu.j2").render(
         ns=prefix, task=task.name, torch_types=TORCH_TYPES, options=options.model_dump(), blas=low.uses_blas,
         blas_math="CUBLAS_TF32_TENSOR_OP_MATH" if options.tf32 else "CUBLAS_DEFAULT_MATH", kernels=kernels,
-        dnn=bool(low.convs), dnn_math=dnn_math, dnn_members=[m for c in low.convs for m in conv_members(c)],
+        dnn=bool(low.convs) or low.uses_dnn, dnn_math=dnn_math, ctypes=low.ctypes, dnn_members=[m for c in low.convs for m in conv_members(c)],
         lt=bool(low.lt_gemms), lt_members=[m for g in low.lt_gemms for m in lt_members(g)],
         lt_setup=[line for g in low.lt_gemms for line in lt_setup(
             g, "CUBLAS_COMPUTE_32F_FAST_TF32" if options.tf32 else "CUBLAS_COMPUTE_32F")],
@@ -1754,7 +1864,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         raise Unsupported("generated CUDA contains a triple quote")
     return emitter.env.get_template("module.py.j2").render(
         task=task.name, options=options.model_dump(), name=name, cuda_src=cuda_src, cpp_src=cpp_src,
-        blas=low.uses_blas, lt=bool(low.lt_gemms), dnn=bool(low.convs), init_args=ast.unparse(init_args) if init_args is not None else "self, *args, **kwargs",
+        blas=low.uses_blas, lt=bool(low.lt_gemms), dnn=bool(low.convs) or low.uses_dnn, init_args=ast.unparse(init_args) if init_args is not None else "self, *args, **kwargs",
         fwd_args=", ".join(["self", *fwd_names]), init_lines=_module_lines(task, graph, entry), call_args=call_args,
         multi=len(low.outputs) > 1, groups=[f"group {lg.group.id} ({lg.group.kind}): {lg.describe}"
                                             for lg in low.groups])

@@ -1,0 +1,281 @@
+"""The reference's operator graph, captured with torch.export on fake tensors (no compute, no GPU).
+
+The graph is ATen-level (after export's default decompositions), every value carries its shape
+and dtype, parameters and buffers keep their ``state_dict`` names (so generated programs can
+take the reference's weights), and each node remembers the module it ran in. Loops over time
+steps (RNNs) are unrolled by the trace. Capture failures raise :class:`CaptureError` saying why.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from stitchcuda.task.operators import TRACE_LOCK
+from stitchcuda.task.record import Task
+
+
+class CaptureError(RuntimeError):
+    """The reference's graph could not be captured; the message says why."""
+
+
+class TensorMeta(BaseModel):
+    shape: list[int]
+    dtype: str  # "float32", "int64", ...
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+Arg = str | int | float | bool | None | list  # a value name ("%name"), a constant, or a list of them
+
+
+class Node(BaseModel):
+    name: str
+    op: str = Field(description="ATen overload packet, e.g. aten.addmm, aten.gelu")
+    overload: str = Field("default", description="e.g. default, Tensor, Scalar, dim_IntList")
+    args: list[Any] = Field([], description="'%name' for graph values, constants otherwise")
+    kwargs: dict[str, Any] = {}
+    out: list[TensorMeta] = Field(description="one entry per tensor output (several for e.g. layer_norm)")
+    module: str = Field("", description="the nn.Module path the op ran in ('' at top level)")
+
+    def inputs(self) -> list[str]:
+        """Names of the graph values this node reads."""
+        found: list[str] = []
+
+        def walk(value: Any) -> None:
+            if isinstance(value, str) and value.startswith("%"):
+                found.append(value[1:])
+            elif isinstance(value, (list, tuple)):
+                for v in value:
+                    walk(v)
+
+        walk(self.args)
+        walk(list(self.kwargs.values()))
+        return found
+
+
+class Placeholder(BaseModel):
+    name: str
+    kind: Literal["input", "parameter", "buffer", "constant"]
+    target: str = Field("", description="state_dict key for parameters and buffers; input index as text")
+    meta: TensorMeta | None = None
+
+
+class OpGraph(BaseModel):
+    task: str
+    placeholders: list[Placeholder]
+    nodes: list[Node]
+    outputs: list[str] = Field(description="names of the values the forward returns, in order")
+    mutations: dict[str, str] = Field({}, description="value -> the buffer placeholder it is written back to "
+                                                      "(BatchNorm's running statistics in training mode)")
+    getitems: dict[str, tuple[str, int]] = Field({}, description="name -> (multi-output node, index)")
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def meta(self, name: str) -> TensorMeta | None:
+        for p in self.placeholders:
+            if p.name == name:
+                return p.meta
+        if name in self.getitems:
+            src, index = self.getitems[name]
+            return self.node(src).out[index]
+        node = self.node(name)
+        return node.out[0] if node.out else None
+
+    def users(self) -> dict[str, list[str]]:
+        found: dict[str, list[str]] = {}
+        for n in self.nodes:
+            for i in n.inputs():
+                found.setdefault(self.getitems.get(i, (i, 0))[0], []).append(n.name)
+        return found
+
+
+def _meta(value: Any) -> TensorMeta | None:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return TensorMeta(shape=[int(d) for d in value.shape], dtype=str(value.dtype).replace("torch.", ""))
+    return None
+
+
+def _arg(value: Any) -> Any:
+    import torch.fx
+
+    if isinstance(value, torch.fx.Node):
+        return "%" + value.name
+    if isinstance(value, (list, tuple)):
+        return [_arg(v) for v in value]
+    if isinstance(value, (int, float, bool, str)) or value is None:
+        return value
+    return repr(value)  # dtypes, devices, memory formats: kept as text
+
+
+# Operators kept whole through the core-ATen decomposition: the compiler lowers them better than
+# their decomposition (a library call, one fused row kernel, a recurrent layer instead of thousands
+# of nodes). ``capture(decompose=...)`` decomposes any of them after all, when a lowering cannot take
+# a particular instance (a softmax over a non-trailing dim, a group norm too large for one row).
+KEEP = ("linear.default", "matmul.default", "conv1d.default", "conv2d.default", "conv3d.default",
+        "conv1d.padding", "conv2d.padding", "conv3d.padding",
+        "conv_transpose1d.default", "conv_transpose2d.input", "conv_transpose3d.input",
+        "layer_norm.default", "group_norm.default", "instance_norm.default", "rms_norm.default",
+        "softmax.int", "log_softmax.int", "scaled_dot_product_attention.default",
+        "max_pool1d.default", "max_pool2d.default", "max_pool3d.default",
+        "avg_pool1d.default", "adaptive_avg_pool1d.default", "adaptive_avg_pool2d.default",
+        "adaptive_avg_pool3d.default", "adaptive_max_pool1d.default",
+        "embedding.default", "lstm.input", "gru.input", "rnn_tanh.input", "rnn_relu.input",
+        "lstm_cell.default", "gru_cell.default", "rnn_tanh_cell.default", "rnn_relu_cell.default")
+
+# A forward that draws random numbers cannot be matched by any program (KernelBench compares outputs).
+RANDOM_OPS = {"aten.native_dropout", "aten.bernoulli", "aten.rand", "aten.randn", "aten.rand_like",
+              "aten.randn_like", "aten.randint", "aten.randint_like", "aten.randperm", "aten.normal",
+              "aten.uniform", "aten.exponential", "aten.multinomial", "aten.poisson", "aten.geometric",
+              "aten.cauchy", "aten.log_normal", "aten.rrelu_with_noise"}
+
+
+def _instantiate(task: Task) -> tuple[Any, list[Any]]:
+    """The reference model and its inputs, on the meta device when its code allows (no memory, no
+    compute: a 4096 x 393216 input costs nothing), else on the CPU. The model stays in the mode its
+    constructor leaves it in: KernelBench never calls ``.eval()``."""
+    import torch
+
+    module = types.ModuleType(f"stitchcuda_capture_{task.sha256[:8]}")
+    try:
+        exec(compile(task.source, task.path or task.name, "exec"), module.__dict__)  # the user's own reference
+    except Exception as exc:
+        raise CaptureError(f"the reference does not run: {type(exc).__name__}: {exc}") from exc
+    for name in ("Model", "get_inputs", "get_init_inputs"):
+        if not callable(getattr(module, name, None)):
+            raise CaptureError(f"the reference defines no {name}")
+    failure: Exception | None = None
+    for device in ("meta", "cpu"):
+        try:
+            with torch.device(device):
+                torch.manual_seed(0)
+                model = module.Model(*module.get_init_inputs())
+                inputs = list(module.get_inputs())
+            return model, inputs
+        except Exception as exc:
+            failure = exc
+    raise CaptureError(f"the reference did not build: {type(failure).__name__}: {failure}") from failure
+
+
+def keep_table(decompose: frozenset[str] = frozenset()) -> dict[Any, Any]:
+    """torch.export's core-ATen decomposition table less the operators the compiler keeps whole
+    (less those named in ``decompose``, overload packets such as ``"aten.softmax"``)."""
+    import torch
+
+    table = torch.export.default_decompositions()
+    for name in KEEP:
+        packet, overload = name.split(".")
+        if f"aten.{packet}" in decompose:
+            continue
+        op = getattr(getattr(torch.ops.aten, packet, None), overload, None)
+        if op is not None and op in table:
+            del table[op]
+    return table
+
+
+def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
+    """Export the reference's forward, in the mode the task leaves it, lower it to core ATen (in-place
+    ops functionalised, the operators of ``KEEP`` whole) and describe it as an :class:`OpGraph`."""
+    import torch
+
+    model, inputs = _instantiate(task)
+    try:
+        with TRACE_LOCK:
+            exported = torch.export.export(model, tuple(inputs))
+            exported = exported.run_decompositions(keep_table(decompose))
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CaptureError(f"torch.export could not capture the forward ({type(exc).__name__}: {first[:300]}); "
+                           "the offline Coder needs a graph without data-dependent control flow") from exc
+    graph = _describe(task.name, exported)
+    random = sorted({n.op for n in graph.nodes if n.op in RANDOM_OPS})
+    if random:
+        raise CaptureError(f"the forward draws random numbers ({', '.join(random)}): its output differs on every "
+                           "call, so no program can be checked against it")
+    return graph
+
+
+def _describe(name: str, exported: Any) -> OpGraph:
+    import operator
+
+    sig = exported.graph_signature
+    kinds: dict[str, tuple[str, str]] = {}
+    for spec in sig.input_specs:
+        kind = spec.kind.name.lower()  # user_input, parameter, buffer, constant_tensor, ...
+        label = {"user_input": "input", "parameter": "parameter", "buffer": "buffer"}.get(kind, "constant")
+        kinds[spec.arg.name] = (label, spec.target or "")
+    placeholders, nodes, outputs, getitems = [], [], [], {}
+    user_outputs = [spec.arg.name for spec in sig.output_specs if spec.kind.name == "USER_OUTPUT"]
+    buffer_of = {spec.target: spec.arg.name for spec in sig.input_specs if spec.kind.name == "BUFFER"}
+    mutations = {spec.arg.name: buffer_of[spec.target] for spec in sig.output_specs
+                 if spec.kind.name == "BUFFER_MUTATION" and spec.target in buffer_of}
+    inputs_seen = 0
+    for node in exported.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder":
+            kind, target = kinds.get(node.name, ("input", ""))
+            if kind == "input":
+                target, inputs_seen = str(inputs_seen), inputs_seen + 1
+            placeholders.append(Placeholder(name=node.name, kind=kind, target=target, meta=_meta(val)))  # type: ignore[arg-type]
+        elif node.op == "call_function" and node.target is operator.getitem:
+            getitems[node.name] = (node.args[0].name, int(node.args[1]))
+        elif node.op == "call_function":
+            target = node.target
+            packet = getattr(target, "_overloadpacket", None)
+            op = f"aten.{packet.__name__}" if packet is not None else str(target)
+            overload = getattr(target, "_overloadname", "default")
+            outs = [m for m in ((_meta(v) for v in val) if isinstance(val, (list, tuple)) else [_meta(val)]) if m]
+            stack = node.meta.get("nn_module_stack") or {}
+            path = list(stack.values())[-1][0] if stack else ""
+            nodes.append(Node(name=node.name, op=op, overload=overload, args=[_arg(a) for a in node.args],
+                              kwargs={k: _arg(v) for k, v in node.kwargs.items()}, out=outs,
+                              module=path.replace("L['self'].", "").replace("L__self___", "")))
+        elif node.op == "output":
+            flat = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+            outputs = [a.name for a in flat if hasattr(a, "name") and a.name in user_outputs]
+    for n in nodes:  # BatchNorm's num_batches_tracked += 1: integer arithmetic the float kernels do not do
+        if n.op in ("aten.add", "aten.sub") and n.out and n.out[0].dtype in ("int64", "int32") and len(n.args) == 2 \
+                and isinstance(n.args[1], int) and not isinstance(n.args[1], bool):
+            step = n.args[1] if n.op == "aten.add" else -n.args[1]
+            n.op, n.overload, n.args = "stitchcuda.int_add", "default", [n.args[0], step]
+    graph = OpGraph(task=name, placeholders=placeholders, nodes=nodes, outputs=outputs, getitems=getitems,
+                    mutations=mutations)
+    for n in nodes:  # eval-mode BatchNorm as the one operator the conv/GEMM epilogues fold
+        if n.op == "aten._native_batch_norm_legit_no_training":
+            x, w, b, mean, var, momentum, eps = n.args
+            n.op, n.args, n.out = "aten.batch_norm", [x, w, b, mean, var, False, momentum, eps, True], n.out[:1]
+            _single_output(graph, n.name)
+    return graph
+
+
+def _single_output(graph: OpGraph, name: str) -> None:
+    """Make ``name`` a one-output node: readers of its first output read the node itself."""
+    alias = {"%" + g: "%" + name for g, (src, i) in graph.getitems.items() if src == name and i == 0}
+    if any(src == name and i != 0 for src, i in graph.getitems.values()):
+        raise CaptureError(f"{name}: a second output of it is read")
+
+    def sub(value: Any) -> Any:
+        if isinstance(value, str):
+            return alias.get(value, value)
+        if isinstance(value, list):
+            return [sub(v) for v in value]
+        return value
+
+    for n in graph.nodes:
+        n.args = sub(n.args)
+        n.kwargs = {k: sub(v) for k, v in n.kwargs.items()}
+    graph.outputs = [alias.get("%" + o, "%" + o)[1:] for o in graph.outputs]
+    graph.getitems = {g: v for g, v in graph.getitems.items() if "%" + g not in alias}
