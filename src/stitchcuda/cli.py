@@ -308,7 +308,7 @@ def bench(
             if unmatched:
                 console(stderr=True).print(f"[yellow]{len(unmatched)} file(s) in {evaluate} match no task[/]: "
                                            + ", ".join(unmatched[:8]), highlight=False)
-            jobs = [(t, t.level, path or str(evaluate.resolve() / f"{t.name}.py")) for t, path in rows]
+            jobs = [(t, t.level, path or str(evaluate.resolve() / f"{t.file_stem}.py")) for t, path in rows]
         else:
             jobs = [(t, t.level, None) for t in found]
     progress = console(stderr=True)

@@ -20,6 +20,7 @@ import time
 from stitchcuda.agents.coder import feedback_in_prompt
 from stitchcuda.agents.planner import CallHook, PlanContext
 from stitchcuda.agents.records import Best, Plan
+from stitchcuda.compiler import Compiled, compile_task
 from stitchcuda.llm.base import Completion, LLMConfig, Message, Usage
 from stitchcuda.task.record import Task
 
@@ -42,14 +43,18 @@ def variants(tolerance: str = "strict") -> list[dict]:
 class OfflinePlannerAgent:
     """Same ``plan`` signature as :class:`stitchcuda.agents.planner.Planner`; no LLM."""
 
-    def __init__(self, task: Task):
+    def __init__(self, task: Task, compiled: Compiled | None = None):
         self.task = task
+        self.compiled = compiled  # the Coder's capture, so that both agents read one graph
 
     def plan(self, ctx: PlanContext, on_call: CallHook, previous: Plan | None = None, why: str = "",
              failures: list[str] | None = None, best: Best | None = None) -> tuple[Plan, str | None]:
         from stitchcuda.agents.offline_planner import OfflinePlanner
 
-        plan, _ = OfflinePlanner().plan(self.task, profile=ctx.profile)
+        if self.compiled is None:
+            self.compiled = compile_task(self.task)
+        plan, _ = OfflinePlanner().plan(self.task, graph=self.compiled.graph, groups=self.compiled.groups,
+                                        profile=ctx.profile)
         plan.version = (previous.version + 1) if previous else 1
         return plan, None
 
@@ -126,12 +131,10 @@ class OfflineCoder:
     config = OFFLINE
 
     def __init__(self, task: Task, tolerance: str = "strict"):
-        from stitchcuda.compiler.fusion import fuse
-        from stitchcuda.compiler.graph import capture
-
         self.task = task
-        self.graph = capture(task)  # CaptureError says why the offline Coder cannot work on it
-        self.groups = fuse(self.graph)
+        # CaptureError or Unsupported says why the compiler cannot work on it
+        self.compiled = compile_task(task)
+        self.graph, self.groups = self.compiled.graph, self.compiled.groups
         self.variants = variants(tolerance)
         self.tried: list[int] = []
         self.verified_ms: dict[int, float] = {}  # variant -> its time, as the prompts carrying it said

@@ -295,15 +295,15 @@ class OfflinePlanner:
     def __init__(self, max_subtasks: int = 6):
         self.max_subtasks = max(1, max_subtasks)
 
-    def plan(self, task: Task, graph: OpGraph | None = None,
-             profile: ProgramProfile | None = None) -> tuple[Plan, list[FusionGroup]]:
+    def plan(self, task: Task, graph: OpGraph | None = None, profile: ProgramProfile | None = None,
+             groups: list[FusionGroup] | None = None) -> tuple[Plan, list[FusionGroup]]:
         """(the Plan, the fusion groups it is made of); raises CaptureError when the graph cannot
         be captured."""
         if graph is None:
             from stitchcuda.compiler.graph import capture
 
             graph = capture(task)
-        groups = fuse(graph)
+        groups = groups if groups is not None else fuse(graph)
         costs = Costs(graph)
         times, source = node_times(graph, costs, profile)
         total = sum(times.values()) or 1.0

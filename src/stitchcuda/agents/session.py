@@ -73,13 +73,13 @@ def _generate_without_gpu(task: Task, coder, out: Path | None, why: str) -> dict
         program = generate(task, coder.graph, coder.groups)
     except Unsupported as exc:
         raise SessionError(f"the offline Coder does not support {task.name} yet: {exc}") from None
-    target = out or Path(f"{task.name}_stitchcuda.py")
+    target = out or Path(f"{task.file_stem}_stitchcuda.py")
     target.write_text(program)
     check = compile_check(program)
     return {"run": None, "task": task.name, "status": "unverified", "stop_reason": "no CUDA GPU here: " + why,
             "output": str(target), "compile_check": check.model_dump(), "best": None,
             "note": "runtime verification (correctness, timing, hacking checks at run time) needs a CUDA GPU: "
-                    f"run `stitchcuda verify {task.name} {target}` on one"}
+                    f"run `stitchcuda verify {task.path or task.name} {target}` on one"}
 
 
 def run_session(*, reference: str | None, kernelbench: Path | None, level: int | None, problem: int | None,
@@ -108,17 +108,17 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
         config = build_config(**options)
     if config.coder.provider == "offline":
         from stitchcuda.agents.offline import OfflineCoder, OfflinePlannerAgent
-        from stitchcuda.compiler.codegen import supported
+        from stitchcuda.compiler.codegen import Unsupported
         from stitchcuda.compiler.graph import CaptureError
 
         try:
-            planner_llm, coder_llm = OfflinePlannerAgent(task), OfflineCoder(task, config.verify.tolerance)
+            coder_llm = OfflineCoder(task, config.verify.tolerance)
         except CaptureError as exc:
             raise SessionError(f"the offline Coder cannot work on {task.name}: {exc}") from None
-        problems = supported(coder_llm.graph, coder_llm.groups)
-        if problems:
-            raise SessionError(f"the offline Coder does not support {task.name} yet: " + "; ".join(problems[:4])
-                               + " (an LLM can: --model NAME)")
+        except Unsupported as exc:
+            raise SessionError(f"the offline Coder does not support {task.name} yet: {str(exc)[:600]} "
+                               "(an LLM can: --model NAME)") from None
+        planner_llm = OfflinePlannerAgent(task, coder_llm.compiled)
     else:
         try:
             price_table = PriceTable.load(prices) if prices else PriceTable.from_env()
@@ -142,7 +142,7 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
     summary = summarize(state)
     summary["workspace"] = str(workspace)
     if state.best is not None:
-        target = out or Path(f"{task.name}_stitchcuda.py")
+        target = out or Path(f"{task.file_stem}_stitchcuda.py")
         shutil.copyfile(store.run_dir(state.run_id) / "best.py", target)
         summary["output"] = str(target)
     return summary

@@ -224,7 +224,7 @@ def _evaluate(job: Job, verifier: GatedVerifier) -> TaskResult:
     verdict = verifier.verify(job.task, candidate)
     out = Path(job.workspace) / "benches" / job.bench_id / "verdicts"
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{job.idx:04d}-{job.task.name}.verdict.json"
+    path = out / f"{job.idx:04d}-{job.task.file_stem}.verdict.json"
     path.write_text(verdict.model_dump_json(indent=1))
     result = result_from_verdict(job.task.name, job.level, verdict, job.candidate)
     result.verdict = str(path)
@@ -235,17 +235,16 @@ def _agents(task: Task, config: OptimizeConfig) -> tuple[Any, Any] | str:
     """(planner, coder) for the task, or why the offline Coder cannot take it."""
     if config.coder.provider == "offline":
         from stitchcuda.agents.offline import OfflineCoder, OfflinePlannerAgent
-        from stitchcuda.compiler.codegen import supported
+        from stitchcuda.compiler.codegen import Unsupported
         from stitchcuda.compiler.graph import CaptureError
 
         try:
             coder = OfflineCoder(task, tolerance=config.verify.tolerance)
         except CaptureError as exc:
             return f"graph capture failed: {exc}"
-        problems = supported(coder.graph, coder.groups)
-        if problems:
-            return "; ".join(problems[:3])
-        return OfflinePlannerAgent(task), coder
+        except Unsupported as exc:
+            return str(exc)[:600]
+        return OfflinePlannerAgent(task, coder.compiled), coder
     from stitchcuda.llm import PriceTable, make_client
 
     prices = PriceTable.from_env()
@@ -428,7 +427,7 @@ def run_bench(store: BenchStore, jobs_for: list[tuple[Task, int | None, str | No
         store.create(info, config.model_dump_json(), rows)
         for i, (t, _, _) in enumerate(jobs_for):
             (store.bench_dir(bench_id) / "tasks").mkdir(exist_ok=True)
-            (store.bench_dir(bench_id) / "tasks" / f"{i:04d}-{t.name}.py").write_text(t.source)
+            (store.bench_dir(bench_id) / "tasks" / f"{i:04d}-{t.file_stem}.py").write_text(t.source)
     else:
         bench_id = store.resolve(resume)
         info = store.info(bench_id)

@@ -23,7 +23,7 @@ KERNELBENCH_NAME = re.compile(r"level_(\d+)_problem_(\d+)_sample_(\d+)(?:_kernel
 def match_solutions(tasks: list[Task], folder: Path) -> tuple[list[tuple[Task, str | None]], list[str]]:
     """([(task, solution path or None)], files that match no task)."""
     files = sorted(p for p in folder.glob("*.py") if p.is_file())
-    by_name = {t.name: t for t in tasks}
+    by_name = {t.name: t for t in tasks} | {t.file_stem: t for t in tasks}
     by_problem = {(t.level, t.problem_id): t for t in tasks if t.level is not None and t.problem_id is not None}
     found: dict[str, list[tuple[int, Path]]] = {}
     unmatched = []

@@ -73,15 +73,17 @@ from stitchcuda.compiler.expr import (
     pick_steps,
     pointwise_expr,
     pool_expr,
+    pool_fusable,
     ref,
     reshape_strides,
     row_scalar_leaf,
     row_steps,
     view_expr,
 )
-from stitchcuda.compiler.families import FAMILIES, KernelCall, Strided, register_all
+from stitchcuda.compiler.families import FAMILIES, KernelCall, Strided
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node, OpGraph
+from stitchcuda.compiler.pymodule import REFERENCE_CLASS, reference_init_source
 from stitchcuda.task.record import Task
 
 __all__ = ["CodegenOptions", "Unsupported", "generate", "lower", "supported", "split_cuda"]
@@ -462,7 +464,8 @@ class _Lowerer:
 
     def _lower_group(self, g: FusionGroup) -> Lowered:
         nodes = [self.nodes[n] for n in g.nodes]
-        family = [n for n in nodes if n.op in FAMILIES]
+        family = [n for n in nodes if n.op in FAMILIES  # a pooling pool_expr takes stays a strided-read kernel
+                  and not (n.op in POOL_OPS and pool_fusable(n, self.shape(n.args[0][1:])))]
         if g.kind == "other" and len(family) == 1 and all(n is family[0] or n.op in VIEWS | SPLITS for n in nodes):
             return self._lower_family(g, nodes, family[0])
         for n in nodes:
@@ -1267,7 +1270,7 @@ class _FamilyContext:
     def read(self, arg: Any) -> Strided:
         where = f"{self._node.name} ({self._node.op})"
         e = self._low._arg(self._env, where)(arg)
-        if e.op != "leaf" or e.leaf is None or e.leaf.gather is not None:  # type: ignore[union-attr]
+        if e.op != "leaf" or e.leaf is None or not e.leaf.plain:  # type: ignore[union-attr]
             raise Unsupported(f"{where}: operand {arg!r} is not a tensor in memory")
         lf = e.leaf
         store = self._low.out.storage
@@ -1714,87 +1717,6 @@ def _access(key: str, kind: str) -> str:
     return f"self.get_{'parameter' if kind == 'parameter' else 'buffer'}({key!r})"
 
 
-def _reference_buffers(task: Task) -> tuple[set[str], dict[str, Any]]:
-    """(the state_dict keys, the non-persistent buffers by name) of the reference built as the
-    Verifier builds it; only called for graphs with buffers."""
-    import types as _types
-
-    import torch
-
-    module = _types.ModuleType("stitchcuda_offline_reference")
-    try:
-        exec(compile(task.source, task.path or task.name, "exec"), module.__dict__)  # the user's own reference
-        torch.manual_seed(0)
-        model = module.Model(*module.get_init_inputs())
-    except Exception as exc:
-        raise Unsupported(f"the reference did not build: {type(exc).__name__}: {exc}") from exc
-    keys = set(model.state_dict())
-    return keys, {k: v for k, v in model.named_buffers() if k not in keys}
-
-
-def _size(shape: Any) -> str:
-    return "(" + "".join(f"{d}, " for d in shape).rstrip() + ")"
-
-
-def _recipe(value: Any) -> str | None:
-    """Python that recreates a non-persistent buffer (not in the state_dict, so never copied):
-    a constant fill, a (broadcast) triangle of ones such as a causal mask, or a short literal."""
-    import torch
-
-    dtype = "torch." + str(value.dtype).replace("torch.", "")
-    shape = _size(value.shape)
-    flat = value.detach().cpu().reshape(-1)
-    if flat.numel() and bool((flat == flat[0]).all()):
-        return f"torch.full({shape}, {flat[0].item()!r}, dtype={dtype})"
-    if value.dim() >= 2:
-        r, c = value.shape[-2:]
-        mats = value.detach().cpu().reshape(-1, r, c)
-        ones = torch.ones(r, c, dtype=value.dtype)
-        for diag in range(-r, c + 1):
-            for tri in ("tril", "triu"):
-                if bool((mats == getattr(torch, tri)(ones, diag)).all()):
-                    return f"torch.ones({r}, {c}, dtype={dtype}).{tri}({diag}).expand({shape}).contiguous()"
-    if flat.numel() <= 256:
-        return f"torch.tensor({flat.tolist()!r}, dtype={dtype}).reshape({shape})"
-    return None
-
-
-def _module_lines(task: Task, graph: OpGraph, entry: set[str]) -> list[str]:
-    """__init__ statements that rebuild the reference's parameter and buffer tree (same
-    state_dict keys, shapes and dtypes, so the reference's weights load into it). A non-persistent
-    buffer is not in the state_dict: where the program reads it, its value is recreated."""
-    lines, made = [], {""}
-    persistent: set[str] = set()
-    loose: dict[str, Any] = {}
-    if any(p.kind == "buffer" for p in graph.placeholders):
-        persistent, loose = _reference_buffers(task)
-    for p in graph.placeholders:
-        if p.kind not in ("parameter", "buffer"):
-            continue
-        *path, leaf_name = p.target.split(".")
-        for i in range(len(path)):
-            sub = ".".join(path[: i + 1])
-            if sub not in made:
-                parent = ".".join(path[:i])
-                owner = f"self.get_submodule({parent!r})" if parent else "self"
-                lines.append(f"{owner}.add_module({path[i]!r}, nn.Module())")
-                made.add(sub)
-        owner = f"self.get_submodule({'.'.join(path)!r})" if path else "self"
-        shape = _size(p.meta.shape)  # type: ignore[union-attr]
-        dtype = "" if p.meta.dtype == "float32" else f", dtype=torch.{p.meta.dtype}"  # type: ignore[union-attr]
-        if p.kind == "parameter":
-            lines.append(f"{owner}.register_parameter({leaf_name!r}, nn.Parameter(torch.zeros({shape}{dtype})))")
-        elif p.target in loose and p.name in entry:
-            recipe = _recipe(loose[p.target])
-            if recipe is None:
-                raise Unsupported(f"non-persistent buffer {p.target}: its value cannot be recreated")
-            lines.append(f"{owner}.register_buffer({leaf_name!r}, {recipe}, persistent=False)")
-        else:
-            tail = ", persistent=False" if p.target in loose else ""
-            lines.append(f"{owner}.register_buffer({leaf_name!r}, torch.zeros({shape}{dtype}){tail})")
-    return lines
-
-
 def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None) -> str:
     """The candidate program (Python source) for ``task``; raises :class:`Unsupported` saying why not."""
     options = options or CodegenOptions()
@@ -1848,7 +1770,6 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
                f"{ret} forward({', '.join(f'at::Tensor {i}' for _, i, _, _ in inputs)});\n"
                'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward, "the whole forward pass"); }\n')
     name = "stitchcuda_offline_" + hashlib.sha256((cuda_src + cpp_src).encode()).hexdigest()[:16]
-    init_args = _signature(task, "__init__")
     fwd_args = _signature(task, "forward")
     entry_inputs = [p for p in graph.placeholders if p.kind == "input"]
     fwd_names = [a.arg for a in fwd_args.args[1:]] if fwd_args is not None and not fwd_args.vararg else []
@@ -1864,7 +1785,8 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         raise Unsupported("generated CUDA contains a triple quote")
     return emitter.env.get_template("module.py.j2").render(
         task=task.name, options=options.model_dump(), name=name, cuda_src=cuda_src, cpp_src=cpp_src,
-        blas=low.uses_blas, lt=bool(low.lt_gemms), dnn=bool(low.convs) or low.uses_dnn, init_args=ast.unparse(init_args) if init_args is not None else "self, *args, **kwargs",
-        fwd_args=", ".join(["self", *fwd_names]), init_lines=_module_lines(task, graph, entry), call_args=call_args,
+        blas=low.uses_blas, lt=bool(low.lt_gemms), dnn=bool(low.convs) or low.uses_dnn,
+        reference_init=reference_init_source(task), reference_class=REFERENCE_CLASS,
+        fwd_args=", ".join(["self", *fwd_names]), call_args=call_args,
         multi=len(low.outputs) > 1, groups=[f"group {lg.group.id} ({lg.group.kind}): {lg.describe}"
                                             for lg in low.groups])

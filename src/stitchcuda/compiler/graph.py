@@ -1,14 +1,18 @@
-"""The reference's operator graph, captured with torch.export on fake tensors (no compute, no GPU).
+"""The reference's operator graph: one torch.export capture on the meta device (no compute, no
+GPU), lowered to core ATen with torch's own decomposition table.
 
-The graph is ATen-level (after export's default decompositions), every value carries its shape
-and dtype, parameters and buffers keep their ``state_dict`` names (so generated programs can
-take the reference's weights), and each node remembers the module it ran in. Loops over time
-steps (RNNs) are unrolled by the trace. Capture failures raise :class:`CaptureError` saying why.
+The model is captured in the mode its constructor leaves it in (KernelBench never calls
+``.eval()``: BatchNorm then uses batch statistics and updates its running statistics, which the
+graph returns as buffer mutations). Functionalisation removes in-place ops. The operators of
+``KEEP`` stay whole because the compiler lowers them better than their decomposition. Every
+value carries its shape and dtype, parameters and buffers keep their ``state_dict`` names, and
+each node remembers the module it ran in. Capture failures raise :class:`CaptureError`.
 """
 
 from __future__ import annotations
 
 import types
+import warnings
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -193,7 +197,8 @@ def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
 
     model, inputs = _instantiate(task)
     try:
-        with TRACE_LOCK:
+        with TRACE_LOCK, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's deprecation notes are not the user's business
             exported = torch.export.export(model, tuple(inputs))
             exported = exported.run_decompositions(keep_table(decompose))
     except Exception as exc:

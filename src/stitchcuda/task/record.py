@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -21,6 +22,17 @@ class Task(BaseModel):
     @property
     def sha256(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()
+
+    @property
+    def file_stem(self) -> str:
+        """The name as one file name: KernelBench's ``L1/3_Batched_matrix`` becomes ``L1_3_Batched_matrix``."""
+        return file_stem(self.name)
+
+
+def file_stem(name: str) -> str:
+    """A task or solution name made safe for one path component (no separators, no leading dot)."""
+    stem = re.sub(r"[^\w.#+-]", "_", name).lstrip(".")
+    return stem or "task"
 
 
 class Candidate(BaseModel):

@@ -1,0 +1,48 @@
+"""The compiler's front door: capture, fuse and check that every group lowers, decomposing a kept
+operator after all where its whole-operator lowering refuses an instance of it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from stitchcuda.compiler.codegen import CodegenOptions, Unsupported, generate, lower
+from stitchcuda.compiler.fusion import FusionGroup, fuse
+from stitchcuda.compiler.graph import KEEP, OpGraph, capture
+from stitchcuda.task.record import Task
+
+_KEPT = {f"aten.{name.split('.')[0]}" for name in KEEP}
+_GROUP_OPS = re.compile(r"group -?\d+ \(\w+: ([^)]*)\)")
+
+
+@dataclass
+class Compiled:
+    """A task the compiler can write programs for: its graph and fusion groups."""
+
+    task: Task
+    graph: OpGraph
+    groups: list[FusionGroup]
+    decomposed: frozenset[str] = frozenset()  # kept operators decomposed for this task
+
+    def program(self, options: CodegenOptions | None = None) -> str:
+        return generate(self.task, self.graph, self.groups, options)
+
+
+def compile_task(task: Task, max_rounds: int = 3) -> Compiled:
+    """Capture ``task`` and make sure every group lowers. A kept operator (softmax, group norm, a
+    pooling, ...) in a group that fails is decomposed into core ATen and the task captured again,
+    up to ``max_rounds`` times. Raises CaptureError or Unsupported (naming every problem)."""
+    decompose: frozenset[str] = frozenset()
+    while True:
+        graph = capture(task, decompose)
+        groups = fuse(graph)
+        try:
+            lower(graph, groups, CodegenOptions())
+        except Unsupported as exc:
+            failing = {op.strip() for found in _GROUP_OPS.findall(str(exc)) for op in found.split(",")}
+            more = (failing & _KEPT) - decompose
+            if not more or max_rounds <= 0:
+                raise
+            decompose, max_rounds = decompose | more, max_rounds - 1
+            continue
+        return Compiled(task, graph, groups, decompose)
