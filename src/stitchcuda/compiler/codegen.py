@@ -48,6 +48,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from stitchcuda.compiler.expr import (
+    COMPARISONS,
     DATA_OPS,
     GATHER_OPS,
     IDENTITY,
@@ -295,20 +296,22 @@ class _Lowerer:
                 continue  # the group lowering names the operator
             for i in n.inputs():
                 meta = self.graph.meta(i)
-                if meta is not None and meta.dtype != "float32" and n.op not in MASK_OPS | VIEWS | GATHER_OPS and not (
+                if meta is not None and meta.dtype != "float32" and n.op not in MASK_OPS | VIEWS | GATHER_OPS \
+                        and not (meta.dtype == "bool" and (n.op in COMPARISONS or n.op == "aten.mul")) and not (
                         n.op == "aten.alias" or n.op == "aten.clone"):
                     raise Unsupported(f"{n.name} ({n.op}) reads {i} of dtype {meta.dtype}; only masks may be "
                                       "other than float32")
             if n.op not in VIEWS | {"aten.alias", "aten.clone"} and (
                     any(o.dtype not in ("float32", "bool") for o in n.out)
-                    or (n.out[0].dtype == "bool" and n.op not in ("aten.bitwise_not", "aten.logical_not"))):
+                    or (n.out[0].dtype == "bool" and n.op not in ("aten.bitwise_not", "aten.logical_not")
+                        and n.op not in COMPARISONS and n.op != "aten.isnan")):
                 raise Unsupported(f"{n.name} ({n.op}) computes {n.out[0].dtype}; only float32 values and bool "
                                   "masks are supported")
         for name, (src, _) in self.graph.getitems.items():
             if self.nodes[src].op not in SPLITS | set(CELLS) | set(FAMILIES):
                 raise Unsupported(f"multi-output operator {src} ({self.nodes[src].op}) read through {name}")
         for o in self.graph.outputs:
-            if o not in self.nodes:
+            if o not in self.nodes and o not in self.graph.getitems:  # a multi-output family op's output
                 raise Unsupported(f"the forward returns {o}, an argument, not a computed value")
 
     def shape(self, value: str) -> tuple[int, ...]:

@@ -11,7 +11,13 @@ from stitchcuda.compiler.fusion import FusionGroup, fuse
 from stitchcuda.compiler.graph import KEEP, OpGraph, capture
 from stitchcuda.task.record import Task
 
-_KEPT = {f"aten.{name.split('.')[0]}" for name in KEEP}
+# Kept operators whose decomposition the general lowerings take when a fused lowering refuses an
+# instance (a softmax over a non-trailing dim, a group norm with huge groups). Library operators
+# (convolutions, GEMMs) and pointwise formulas are never decomposed: that would only lose them.
+_DECOMPOSABLE = {"aten.softmax", "aten.log_softmax", "aten.layer_norm", "aten.group_norm", "aten.instance_norm",
+                 "aten.rms_norm", "aten.adaptive_avg_pool1d", "aten.adaptive_avg_pool2d",
+                 "aten.adaptive_avg_pool3d", "aten.matmul", "aten.embedding"}
+_KEPT = {f"aten.{name.split('.')[0]}" for name in KEEP} & _DECOMPOSABLE
 _GROUP_OPS = re.compile(r"group -?\d+ \(\w+: ([^)]*)\)")
 
 

@@ -192,6 +192,24 @@ OPS: dict[str, tuple[str, Callable[..., Any]]] = {
     "max": ("fmaxf({0}, {1})", lambda a, b: _t().maximum(a, b)),
     "min": ("fminf({0}, {1})", lambda a, b: _t().minimum(a, b)),
     "leaky_relu": ("sc_leaky_relu({0}, {1})", lambda a, s: _t().where(a < 0, a * s, a)),
+    "log1p": ("log1pf({0})", lambda a: _t().log1p(a)),
+    "expm1": ("expm1f({0})", lambda a: _t().expm1(a)),
+    "sin": ("sinf({0})", lambda a: _t().sin(a)),
+    "cos": ("cosf({0})", lambda a: _t().cos(a)),
+    "floor": ("floorf({0})", lambda a: _t().floor(a)),
+    "ceil": ("ceilf({0})", lambda a: _t().ceil(a)),
+    "round": ("rintf({0})", lambda a: _t().round(a)),
+    "sign": ("(({0} > 0.0f) - ({0} < 0.0f) + 0.0f)", lambda a: _t().sign(a)),
+    "isnan": ("({0} != {0} ? 1.0f : 0.0f)", lambda a: _t().isnan(a).float()),
+    # comparisons give masks: 1.0f / 0.0f
+    "gt": ("({0} > {1} ? 1.0f : 0.0f)", lambda a, b: (a > b).float()),
+    "ge": ("({0} >= {1} ? 1.0f : 0.0f)", lambda a, b: (a >= b).float()),
+    "lt": ("({0} < {1} ? 1.0f : 0.0f)", lambda a, b: (a < b).float()),
+    "le": ("({0} <= {1} ? 1.0f : 0.0f)", lambda a, b: (a <= b).float()),
+    "eq": ("({0} == {1} ? 1.0f : 0.0f)", lambda a, b: (a == b).float()),
+    "ne": ("({0} != {1} ? 1.0f : 0.0f)", lambda a, b: (a != b).float()),
+    "and": ("(({0} != 0.0f && {1} != 0.0f) ? 1.0f : 0.0f)", lambda a, b: ((a != 0) & (b != 0)).float()),
+    "or": ("(({0} != 0.0f || {1} != 0.0f) ? 1.0f : 0.0f)", lambda a, b: ((a != 0) | (b != 0)).float()),
     # masks: a bool (or integer) operand is read as 0.0f / 1.0f, so "true" is "!= 0"
     "not": ("({0} == 0.0f ? 1.0f : 0.0f)", lambda a: (a == 0).float()),
     "where": ("({0} != 0.0f ? {1} : {2})", lambda c, a, b: _t().where(c != 0, a, b)),
@@ -256,7 +274,15 @@ POINTWISE_UNARY = {
     "aten.neg": "neg", "aten.exp": "exp", "aten.log": "log", "aten.sqrt": "sqrt", "aten.rsqrt": "rsqrt",
     "aten.abs": "abs", "aten.erf": "erf", "aten.tanh": "tanh", "aten.reciprocal": "reciprocal",
     "aten.sigmoid": "sigmoid", "aten.silu": "silu", "aten.relu": "relu", "aten.square": "square",
+    "aten.log1p": "log1p", "aten.expm1": "expm1", "aten.sin": "sin", "aten.cos": "cos", "aten.floor": "floor",
+    "aten.ceil": "ceil", "aten.round": "round", "aten.sign": "sign", "aten.isnan": "isnan",
 }
+COMPARISONS = {"aten.gt": "gt", "aten.ge": "ge", "aten.lt": "lt", "aten.le": "le", "aten.eq": "eq", "aten.ne": "ne",
+               "aten.logical_and": "and", "aten.logical_or": "or", "aten.bitwise_and": "and",
+               "aten.bitwise_or": "or"}
+# activations with parameters, as compositions of the operators above
+ACTIVATIONS = {"aten.elu", "aten.selu", "aten.celu", "aten.softplus", "aten.mish", "aten.hardswish",
+               "aten.hardsigmoid", "aten.logsigmoid"}
 IDENTITY = {"aten.clone", "aten.alias", "aten.detach", "aten.contiguous", "aten.lift_fresh_copy"}
 VIEWS = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.flatten", "aten.unsqueeze", "aten.squeeze",
          "aten.transpose", "aten.permute", "aten.t", "aten.expand", "aten.select", "aten.slice"}
@@ -270,7 +296,8 @@ def is_pointwise(op_name: str) -> bool:
     return op_name in POINTWISE_UNARY or op_name in IDENTITY or op_name in {
         "aten.add", "aten.sub", "aten.rsub", "aten.mul", "aten.div", "aten.gelu", "aten.pow", "aten.maximum",
         "aten.minimum", "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.leaky_relu",
-        "aten.dropout", "aten.batch_norm", "aten.scalar_tensor"} or op_name in MASK_OPS
+        "aten.dropout", "aten.batch_norm", "aten.scalar_tensor"} or op_name in MASK_OPS or op_name in COMPARISONS \
+        or op_name in ACTIVATIONS
 
 
 Operand = Callable[[Any], Expr]  # graph arg ('%name' or a number) -> Expr
@@ -296,6 +323,10 @@ def pointwise_expr(node: Any, arg: Operand) -> Expr:
         return arg(a[0])
     if name in POINTWISE_UNARY:
         return op(POINTWISE_UNARY[name], arg(a[0]))
+    if name in COMPARISONS:
+        return op(COMPARISONS[name], arg(a[0]), arg(a[1]))
+    if name in ACTIVATIONS:
+        return _activation(name, a, kw, arg, where)
     if name in ("aten.add", "aten.sub", "aten.rsub"):
         alpha = kw.get("alpha", a[2] if len(a) > 2 else 1)
         x, y = arg(a[0]), arg(a[1])
@@ -353,6 +384,43 @@ def pointwise_expr(node: Any, arg: Operand) -> Expr:
             raise Unsupported(f"{where}: where with {len(a)} arguments")
         return op("where", arg(a[0]), arg(a[1]), arg(a[2]))
     raise Unsupported(f"{where} is not a supported elementwise operator")
+
+
+def _softplus(x: Expr, beta: float, threshold: float) -> Expr:
+    bx = op("mul", x, const(beta)) if beta != 1.0 else x
+    soft = op("log1p", op("exp", bx))
+    soft = op("div", soft, const(beta)) if beta != 1.0 else soft
+    return op("where", op("gt", bx, const(threshold)), x, soft)
+
+
+def _activation(name: str, a: list, kw: dict, arg: Operand, where: str) -> Expr:
+    """PyTorch's formulas of the parametrised activations (thresholds and constants as its kernels)."""
+    x = arg(a[0])
+
+    def param(i: int, key: str, default: float) -> float:
+        return _scalar(kw.get(key, a[i] if len(a) > i else default), where)
+
+    def elu(alpha: float, scale: float, input_scale: float) -> Expr:
+        neg = op("mul", const(alpha * scale), op("expm1", op("mul", x, const(input_scale))))
+        return op("where", op("gt", x, const(0.0)), op("mul", x, const(scale)), neg)
+
+    if name == "aten.elu":
+        return elu(param(1, "alpha", 1.0), param(2, "scale", 1.0), param(3, "input_scale", 1.0))
+    if name == "aten.selu":
+        return elu(1.6732632423543772848170429916717, 1.0507009873554804934193349852946, 1.0)
+    if name == "aten.celu":
+        alpha = param(1, "alpha", 1.0)
+        return elu(alpha, 1.0, 1.0 / alpha)
+    if name == "aten.softplus":
+        return _softplus(x, param(1, "beta", 1.0), param(2, "threshold", 20.0))
+    if name == "aten.mish":
+        return op("mul", x, op("tanh", _softplus(x, 1.0, 20.0)))
+    if name == "aten.logsigmoid":
+        return op("neg", _softplus(op("neg", x), 1.0, 20.0))
+    relu6 = op("min", op("max", op("add", x, const(3.0)), const(0.0)), const(6.0))
+    if name == "aten.hardswish":
+        return op("div", op("mul", x, relu6), const(6.0))
+    return op("div", relu6, const(6.0))  # hardsigmoid
 
 
 def _batch_norm(node: Any, arg: Operand, where: str) -> Expr:
@@ -524,16 +592,14 @@ def gather_expr(node: Any, arg: Operand) -> Expr:
     return Expr("leaf", leaf=lf, shape=out)
 
 
-def pool_expr(node: Any, arg: Operand) -> Expr:
-    """Unpadded 2-d max / average pooling of a buffer read: the window's k x k elements are k x k
-    strided reads of the input through the output shape (offsets i * dilation along each axis,
-    strides times the pooling stride), combined with max or summed and scaled."""
+def _pool2d_geometry(node: Any, in_shape: Sequence[int]) -> tuple[tuple[int, int], tuple[int, int],
+                                                                   tuple[int, int]]:
+    """(kernel, stride, dilation) of a pooling :func:`pool_expr` takes: 2-d over a 3-d or 4-d input,
+    unpadded, floor mode, no divisor override, the output the usual size; raises Unsupported else."""
     name, a = node.op, list(node.args)
     where = f"{node.name} ({name}.{node.overload})"
-    x = _read(arg(a[0]), where, "the input")
-    if len(x.shape) not in (3, 4):
-        raise Unsupported(f"{where}: input of shape {list(x.shape)}")
-    out = tuple(node.out[0].shape)
+    if name not in POOL_OPS or len(in_shape) not in (3, 4):
+        raise Unsupported(f"{where}: input of shape {list(in_shape)}")
 
     def pair(v: Any, default: Any, what: str) -> tuple[int, int]:
         v = default if v is None or v == [] else v
@@ -555,12 +621,35 @@ def pool_expr(node: Any, arg: Operand) -> Expr:
             raise Unsupported(f"{where}: a divisor override")
     if padding != (0, 0) or ceil:
         raise Unsupported(f"{where}: padded or ceil-mode pooling")
-    lead_shape, lead_strides = x.shape[:-2], x.strides[:-2]
-    (sh, sw), (h, w) = x.strides[-2:], x.shape[-2:]
-    expect = ((h - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1,
+    h, w = in_shape[-2:]
+    expect = (*in_shape[:-2], (h - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1,
               (w - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1)
-    if out != lead_shape + expect:
-        raise Unsupported(f"{where}: output {list(out)} is not {list(lead_shape + expect)}")
+    if tuple(node.out[0].shape) != expect:
+        raise Unsupported(f"{where}: output {list(node.out[0].shape)} is not {list(expect)}")
+    return kernel, stride, dilation
+
+
+def pool_fusable(node: Any, in_shape: Sequence[int] | None) -> bool:
+    """Whether :func:`pool_expr` takes this pooling (else the pooling family lowers it)."""
+    if node.op not in POOL_OPS or in_shape is None:
+        return False
+    try:
+        _pool2d_geometry(node, in_shape)
+    except Unsupported:
+        return False
+    return True
+
+
+def pool_expr(node: Any, arg: Operand) -> Expr:
+    """Unpadded 2-d max / average pooling of a buffer read: the window's k x k elements are k x k
+    strided reads of the input through the output shape (offsets i * dilation along each axis,
+    strides times the pooling stride), combined with max or summed and scaled."""
+    name = node.op
+    x = _read(arg(node.args[0]), f"{node.name} ({name}.{node.overload})", "the input")
+    kernel, stride, dilation = _pool2d_geometry(node, x.shape)
+    out = tuple(node.out[0].shape)
+    lead_strides = x.strides[:-2]
+    sh, sw = x.strides[-2:]
     reads = [Expr("leaf", leaf=Leaf(x.value, out, lead_strides + (sh * stride[0], sw * stride[1]),
                                     x.offset + i * dilation[0] * sh + j * dilation[1] * sw), shape=out)
              for i in range(kernel[0]) for j in range(kernel[1])]

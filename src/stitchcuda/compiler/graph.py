@@ -138,7 +138,13 @@ KEEP = ("linear.default", "matmul.default", "conv1d.default", "conv2d.default", 
         "avg_pool1d.default", "adaptive_avg_pool1d.default", "adaptive_avg_pool2d.default",
         "adaptive_avg_pool3d.default", "adaptive_max_pool1d.default",
         "embedding.default", "lstm.input", "gru.input", "rnn_tanh.input", "rnn_relu.input",
-        "lstm_cell.default", "gru_cell.default", "rnn_tanh_cell.default", "rnn_relu_cell.default")
+        "lstm_cell.default", "gru_cell.default", "rnn_tanh_cell.default", "rnn_relu_cell.default",
+        # one pointwise formula each in the fused kernels, not a chain of exp/log1p/where nodes
+        "mish.default", "softplus.default", "selu.default", "celu.default", "hardswish.default",
+        "hardsigmoid.default", "silu.default", "gelu.default", "hardtanh.default", "leaky_relu.default",
+        "log_sigmoid.default", "logsigmoid.default",
+        # layout operators with a general lowering of their own (families/layout.py)
+        "tril.default", "triu.default", "roll.default", "flip.default")
 
 # A forward that draws random numbers cannot be matched by any program (KernelBench compares outputs).
 RANDOM_OPS = {"aten.native_dropout", "aten.bernoulli", "aten.rand", "aten.randn", "aten.rand_like",

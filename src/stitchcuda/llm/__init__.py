@@ -38,7 +38,7 @@ def make_client(config: LLMConfig, prices: PriceTable | None = None) -> LLMClien
     if config.provider == "hf":
         return LocalHFClient(config, prices)
     if config.provider == "offline":
-        raise LLMError("the offline Planner and Coder are not an LLM: use stitchcuda.offline.agents")
+        raise LLMError("the offline Planner and Coder are not an LLM: use stitchcuda.agents.offline")
     raise LLMError(f"unknown LLM provider {config.provider!r}; choose openai, anthropic or hf")
 
 

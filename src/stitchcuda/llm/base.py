@@ -12,7 +12,7 @@ from typing import Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, Field
 
 Role = Literal["system", "user", "assistant"]
-# "offline" names StitchCUDA's own LLM-free Planner and Coder (stitchcuda.offline), which stand
+# "offline" names StitchCUDA's own LLM-free Planner and Coder (stitchcuda.compiler), which stand
 # where a model would; make_client does not build them.
 Provider = Literal["openai", "anthropic", "hf", "offline"]
 
