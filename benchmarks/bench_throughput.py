@@ -20,8 +20,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from stitchcuda.bench.runner import GatedVerifier, GpuGate
 from stitchcuda.agents.offline import variants
+from stitchcuda.bench.runner import GatedVerifier, GpuGate
 from stitchcuda.compiler.codegen import CodegenOptions, generate
 from stitchcuda.compiler.fusion import fuse
 from stitchcuda.compiler.graph import capture

@@ -63,6 +63,36 @@ def prepare(args: argparse.Namespace) -> None:
     (out / "manifest.json").write_text(json.dumps(rows, indent=1))
 
 
+def build(args: argparse.Namespace) -> None:
+    """Build every program ahead, in parallel on the CPU cores, into the folders KernelBench's harness
+    builds in (its ``build_dir``), so that its evaluation finds them cached."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    work = Path(args.work)
+    rows = [r for r in _manifest(work) if r["status"] == "program"]
+
+    def one(row: dict) -> str:
+        folder = work / "kb-build" / row["stem"]
+        if (folder / ".built").exists():
+            return f"cached {row['task']}"
+        folder.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(folder), "MAX_JOBS": "1"}
+        code = f"exec(open({str(work / 'programs' / (row['stem'] + '.py'))!r}).read())"
+        try:
+            done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                  timeout=args.timeout)
+            ok = done.returncode == 0
+            if ok:
+                (folder / ".built").write_text("")
+            return f"{'built' if ok else 'FAILED'} {row['task']} {'' if ok else done.stderr[-400:]}"
+        except subprocess.TimeoutExpired:
+            return f"TIMEOUT {row['task']}"
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for line in pool.map(one, rows):
+            print(line, flush=True)
+
+
 def _one_harness(args: argparse.Namespace) -> None:
     """Runs in a process of its own: KernelBench's verdict on one program, as one JSON line."""
     from stitchcuda.verify.kernelbench_harness import run_harness
@@ -198,6 +228,10 @@ def main() -> None:
         a.add_argument("--stem", default="")
         a.add_argument("--budget", type=float, default=500)
         a.add_argument("--timeout", type=float, default=240)
+    a = sub.add_parser("build")
+    a.add_argument("--work", required=True)
+    a.add_argument("--jobs", type=int, default=14)
+    a.add_argument("--timeout", type=float, default=400)
     a = sub.add_parser("verify")
     a.add_argument("--work", required=True)
     a.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -208,7 +242,7 @@ def main() -> None:
     a.add_argument("--work", required=True)
     a.add_argument("--results", nargs="+", required=True)
     args = p.parse_args()
-    {"prepare": prepare, "harness": harness, "one-harness": _one_harness, "verify": verify,
+    {"prepare": prepare, "build": build, "harness": harness, "one-harness": _one_harness, "verify": verify,
      "table": table}[args.phase](args)
 
 

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
+from stitchcuda.agents.offline_planner import OfflinePlanner, describe
 from stitchcuda.compiler.fusion import FusionGroup, fuse
 from stitchcuda.compiler.graph import OpGraph, capture
-from stitchcuda.agents.offline_planner import OfflinePlanner, describe
 from stitchcuda.task import resolve_tasks
 from stitchcuda.task.record import Task
 from stitchcuda.verify.verdict import OpStat, ProgramProfile

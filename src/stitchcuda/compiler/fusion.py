@@ -111,7 +111,7 @@ COPY_OPS = {"aten.cat", "aten.concat", "aten.stack", "aten.clone", "aten.contigu
 
 # What the fused lowerings of codegen take (a family lowering takes the rest, and the cases of
 # these they cannot: see row_lowerable).
-KNOWN_FUSED = (GEMM_OPS | {"aten.conv2d", "aten.conv_transpose2d", "aten.convolution"} | RECURRENT_OPS
+KNOWN_FUSED = (GEMM_OPS | CONV_OPS | RECURRENT_OPS
                | RECURRENT_SEQUENCE_OPS | SDPA_OPS | SOFTMAX_OPS | NORM_OPS | SUM_OPS | ELEMENTWISE_OPS | VIEW_OPS
                | CONST_OPS | {"aten.max_pool2d", "aten.avg_pool2d", "aten.cat", "aten.stack", "aten.embedding",
                               "aten.gather", "aten.index", "aten.clone", "aten.contiguous"})
@@ -139,6 +139,10 @@ def row_lowerable(node: Node, in_shape: list[int] | None) -> bool:
         return True
     if not dims:
         return True
+    from stitchcuda.compiler.expr import ROW_OPS
+
+    if node.op in SUM_OPS and (node.op not in ROW_OPS or list(dims) != [rank - 1]):
+        return False  # the row kernel reduces the last dim alone, by sum, mean or amax
     if list(dims) != list(range(rank - len(dims), rank)):
         return False
     return _numel([shape[d] for d in dims]) <= MAX_ROW
@@ -153,10 +157,12 @@ def _numel(shape: Any) -> int:
 
 def op_role(node: Node, fold_batch_norm: bool = True, in_shape: list[int] | None = None) -> Role:
     """What kind of work a node is, for fusion (``in_shape``: its first input's shape, when known)."""
+    from stitchcuda.compiler.expr import POOL_OPS, pool_fusable
     from stitchcuda.compiler.families import FAMILIES
 
     op = node.op
-    if op in FAMILIES and (op not in KNOWN_FUSED or not row_lowerable(node, in_shape)):
+    if op in FAMILIES and (op not in KNOWN_FUSED or not row_lowerable(node, in_shape)
+                           or (op in POOL_OPS and not pool_fusable(node, in_shape))):
         return "other"  # its family lowering, one group of its own
     if op in GEMM_OPS:
         return "gemm"
@@ -205,7 +211,9 @@ def reduce_geometry(node: Node, in_shape: list[int]) -> tuple[tuple[int, ...], t
     elif op == "aten.batch_norm":
         return tuple(in_shape), tuple(d for d in range(rank) if d != 1), "channels"
     elif op in SUM_OPS:
-        raw = args[1] if len(args) > 1 else node.kwargs.get("dim")
+        at = 2 if op in ("aten.linalg_vector_norm", "aten.norm") else 1  # dims come after ord / p there
+        whole = op in ("aten.var", "aten.std") and node.overload == "default"  # (self, unbiased)
+        raw = None if whole else args[at] if len(args) > at else node.kwargs.get("dim")
         dims = list(range(rank)) if raw is None or raw == [] else _dims(raw, rank)
     else:
         return None
@@ -305,6 +313,12 @@ class _Fuser:
         self.preds = {n.name: sorted({self.producer[v] for v in self.reads[n.name] if v in self.producer},
                                      key=self.index.__getitem__) for n in graph.nodes}
         self.role = {n.name: op_role(n, fold_batch_norm, self._first_shape(n)) for n in graph.nodes}
+        from stitchcuda.compiler.families.layout_typed import claims  # integer/bool work, casts, constants
+
+        for n in graph.nodes:
+            if claims(n, lambda v: self.meta[v].dtype if self.meta.get(v) is not None else None,
+                      lambda v: [self.node[u] for u in self.consumers.get(v, [])]):
+                self.role[n.name] = "other"
         self.strides = self._strides()
         self.owner: dict[str, int] = {}
         self.groups: dict[int, _Group] = {}

@@ -144,7 +144,7 @@ KEEP = ("linear.default", "matmul.default", "conv1d.default", "conv2d.default", 
         "hardsigmoid.default", "silu.default", "gelu.default", "hardtanh.default", "leaky_relu.default",
         "log_sigmoid.default", "logsigmoid.default",
         # layout operators with a general lowering of their own (families/layout.py)
-        "tril.default", "triu.default", "roll.default", "flip.default")
+        "tril.default", "triu.default", "roll.default", "flip.default", "pad.default")
 
 # A forward that draws random numbers cannot be matched by any program (KernelBench compares outputs).
 RANDOM_OPS = {"aten.native_dropout", "aten.bernoulli", "aten.rand", "aten.randn", "aten.rand_like",
@@ -249,6 +249,8 @@ def _describe(name: str, exported: Any) -> OpGraph:
             op = f"aten.{packet.__name__}" if packet is not None else str(target)
             overload = getattr(target, "_overloadname", "default")
             outs = [m for m in ((_meta(v) for v in val) if isinstance(val, (list, tuple)) else [_meta(val)]) if m]
+            if not outs and op.startswith("aten._assert"):
+                continue  # a dtype/shape assertion of the trace (``.to(dtype)``): checks nothing at run time here
             stack = node.meta.get("nn_module_stack") or {}
             path = list(stack.values())[-1][0] if stack else ""
             nodes.append(Node(name=node.name, op=op, overload=overload, args=[_arg(a) for a in node.args],
