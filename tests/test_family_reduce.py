@@ -160,7 +160,8 @@ def test_max_dim_writes_only_the_outputs_read_and_keeps_the_first_index():
     src = call.kernels["k_mx_reduce"]
     assert ctx.written == {"idx": "int64"}
     assert "int64_t* __restrict__ y1" in src and "y0" not in src
-    assert "(r) < (i)" in src  # ties (and NaNs) go to the smaller index
+    assert "(o_i) < (i)" in src  # across threads, ties (and NaNs) go to the smaller index
+    assert "if (v > m || (v != v && m == m)) { m = v; i = r; }" in src  # in order within one: the first
 
 
 def test_argmax_of_a_strided_view_with_an_offset_indexes_logically():

@@ -16,6 +16,7 @@ a stray address.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,12 +54,12 @@ def coords(shape: Sequence[int], flat: str, ity: str, prefix: str = "c") -> tupl
     if not live:
         return names, ""
     lines = [f"{ity} {prefix}_r = {flat};"]
-    for d in reversed(live):
+    for d in reversed(live):  # a body need not use every coordinate: no warning for those it skips
         if d == live[0]:
-            lines.append(f"const {ity} {names[d]} = {prefix}_r;")
+            lines.append(f"[[maybe_unused]] const {ity} {names[d]} = {prefix}_r;")
         else:
-            lines.append(f"const {ity} {names[d]} = {prefix}_r % {lit(shape[d], ity)}; {prefix}_r /= "
-                         f"{lit(shape[d], ity)};")
+            lines.append(f"[[maybe_unused]] const {ity} {names[d]} = {prefix}_r % {lit(shape[d], ity)}; "
+                         f"{prefix}_r /= {lit(shape[d], ity)};")
     return names, "\n  ".join(lines)
 
 
@@ -130,11 +131,14 @@ def map_kernel(ctx: FamilyContext, node: Node, what: str, out: Strided, inputs: 
     name = ctx.kernel_name(node, what)
     block = ctx.block
     names, unravel = coords(out.shape, "i", ity)
+    text = body(names, ity)
+    if not any(re.search(rf"\b{c}\b", text) for c in names if c != "0"):
+        unravel = ""  # a fill, a flat roll: the flat index is all it needs
     params = [f"const {x.ctype}* __restrict__ {p}" for p, x in inputs.items()] + [f"{out.ctype}* __restrict__ y"]
     source = (f"__global__ void __launch_bounds__({block}) {name}({', '.join(params)}) {{\n"
               f"  const {ity} i = ({ity})blockIdx.x * blockDim.x + threadIdx.x;\n"
               f"  if (i >= {lit(out.numel, ity)}) return;\n"
-              f"  {unravel}\n  {body(names, ity)}\n}}\n")
+              f"  {unravel}\n  {text}\n}}\n")
     launch = launch_line(name, out.numel, block, [x.ptr for x in inputs.values()] + [out.ptr])
     return KernelCall({name: source}, launch, describe=describe or f"{node.name}: {node.op.split('.', 1)[-1]}")
 

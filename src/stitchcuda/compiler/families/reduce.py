@@ -40,6 +40,7 @@ SERIAL_EXTENT = 16  # extents up to here: one thread per output
 SPLIT_MAX_SLICES = 1024
 COMBINE_BLOCK = 128  # the combine kernel: a warp per output
 SCRATCH_MAX = 1 << 22  # elements of one scratch array (per state field)
+UNROLL = 4  # loads a thread keeps in flight
 FULL = "0xffffffffu"
 IDX_NONE = "0x7fffffffffffffffLL"
 
@@ -96,9 +97,13 @@ class Spec:
     combine: str
     results: list[str]
     shift: bool = False
+    start: str = ""  # statements after the state is declared (FIRST: the thread's first index)
+    fold: str = ""  # an operator that pre-combines a batch of loads in the load type (one update each)
 
 
 def _sum(acc: str, load: str, result: str = "s") -> Spec:
+    if load == "float":  # a batch of floats summed in float, then once into the double: fewer conversions
+        return Spec([("s", acc, "0")], load, "s += (double)v;", "s += o_s;", [result], fold="+")
     return Spec([("s", acc, "0")], load, "s += v;", "s += o_s;", [result])
 
 
@@ -121,9 +126,12 @@ def _better(av: str, ai: str, bv: str, bi: str, cmp: str) -> str:
 def _arg_extreme(value_t: str, largest: bool, results: list[str]) -> Spec:
     cmp = ">" if largest else "<"
     ident = "-INFINITY" if largest else "INFINITY"
+    # A thread meets its indices in increasing order, so its own updates need no index test: it
+    # starts at its first index (a thread with none starts past the end and loses every tie).
     return Spec([("m", value_t, ident), ("i", "long long", IDX_NONE)], value_t,
-                f"if ({_better('v', 'r', 'm', 'i', cmp)}) {{ m = v; i = r; }}",
-                f"if ({_better('o_m', 'o_i', 'm', 'i', cmp)}) {{ m = o_m; i = o_i; }}", results)
+                f"if (v {cmp} m || (v != v && m == m)) {{ m = v; i = r; }}",
+                f"if ({_better('o_m', 'o_i', 'm', 'i', cmp)}) {{ m = o_m; i = o_i; }}", results,
+                start="i = FIRST;")
 
 
 def _moments(length: int, correction: float, results: list[str]) -> Spec:
@@ -179,11 +187,11 @@ def _spec(node: Node, args: dict[str, Any], x: Strided, length: int) -> Spec:
     value_t = "float" if floating else "double"  # integers compare exactly as doubles below 2^53
     out_float = node.out[0].dtype == "float32"
     if op == "aten.sum":
-        return _sum("double", "double") if out_float else _sum("long long", "long long")
+        return _sum("double", x.ctype if floating else "double") if out_float else _sum("long long", "long long")
     if op == "aten.mean":
         if not out_float:
             raise fail(node, f"mean to {node.out[0].dtype}")
-        return _sum("double", "double", f"s / {float(length)!r}")
+        return _sum("double", x.ctype if floating else "double", f"s / {float(length)!r}")
     if op == "aten.prod":
         return Spec([("s", "double" if out_float else "long long", "1")], "double" if out_float else "long long",
                     "s *= v;", "s *= o_s;", ["s"])
@@ -352,10 +360,41 @@ def _shift(spec: Spec, x: Strided) -> str:
     return "const double K = (double)x[base];" if spec.shift else ""
 
 
+def _loop(spec: Spec, red: list[Dim], first: str, step: int, length: int) -> str:
+    """The thread's walk over its reduced indices ``first, first + step, ...``: UNROLL loads issued
+    together before their updates (the loads are independent, the updates in order)."""
+    def load(k: int) -> str:
+        return (f"{{ const long long r = r0 + {k * step}LL; {offset_code(red, 'r', 'roff')} "
+                f"v_{k} = ({spec.load})x[base + roff]; }}")
+
+    def update(k: int) -> str:
+        return f"{{ const long long r = r0 + {k * step}LL; const {spec.load} v = v_{k}; {spec.update} }}"
+
+    start = spec.start.replace("FIRST", f"({first})")
+    if spec.fold:
+        f = spec.fold
+        value = f" {f} ".join(f"v_{k}" for k in range(UNROLL))
+        folded = f"{{ const long long r = r0; const {spec.load} v = {value}; {spec.update} }}"
+        updates = [folded]
+    else:
+        updates = [update(k) for k in range(UNROLL)]
+    batch = "\n        ".join([f"{spec.load} {', '.join(f'v_{k}' for k in range(UNROLL))};",
+                                *(load(k) for k in range(UNROLL)), *updates])
+    return f"""long long r0 = {first};
+    {start}
+    for (; r0 + {(UNROLL - 1) * step}LL < {length}LL; r0 += {UNROLL * step}LL) {{
+        {batch}
+    }}
+    for (; r0 < {length}LL; r0 += {step}LL) {{
+        const long long r = r0; {offset_code(red, 'r', 'roff')}
+        const {spec.load} v = ({spec.load})x[base + roff];
+        {spec.update}
+    }}"""
+
+
 def main_kernel(name: str, spec: Spec, p: Plan, x: Strided, kept: list[Dim], red: list[Dim],
                 outputs: int, length: int, outs: list[tuple[int, str, str]]) -> str:
     b = p.block
-    load = f"const {spec.load} v = ({spec.load})x[base + roff];"
     scratch = p.slices > 1
     if scratch:
         store = " ".join(f"{name}_p_{n}[(long long)blockIdx.y * {outputs}LL + o] = {n};" for n, _, _ in spec.fields)
@@ -366,17 +405,11 @@ def main_kernel(name: str, spec: Spec, p: Plan, x: Strided, kept: list[Dim], red
                 + (f"    if (o >= {outputs}LL) return;  // whole warps: a warp is one output's team\n"
                    if p.per_block > 1 and outputs % p.per_block else ""))
         first = f"(long long)blockIdx.y * {t} + t" if scratch else "t"
-        step = f"{t * p.slices}LL"
         body = f"""{head}    {offset_code(kept, "o", "kept", "out")}
     const long long base = {x.offset}LL + kept;
     {_shift(spec, x)}
     {_decl(spec)}
-#pragma unroll 4
-    for (long long r = {first}; r < {length}LL; r += {step}) {{
-      {offset_code(red, "r", "roff")}
-      {load}
-      {spec.update}
-    }}
+    {_loop(spec, red, first, t * p.slices, length)}
     {_warp_reduce(spec)}"""
         if t > 32:
             nw = t // 32
@@ -406,12 +439,7 @@ def main_kernel(name: str, spec: Spec, p: Plan, x: Strided, kept: list[Dim], red
       {offset_code(kept, "o", "kept", "kout")}
       base = {x.offset}LL + kept; out = kout;
       {"K = (double)x[base];" if spec.shift else ""}
-#pragma unroll 4
-      for (long long r = {first}; r < {length}LL; r += {y * p.slices}LL) {{
-        {offset_code(red, "r", "roff")}
-        {load}
-        {spec.update}
-      }}
+      {_loop(spec, red, first, y * p.slices, length)}
     }}"""
         if y > 1:
             smem = " ".join(f"__shared__ {ty} sm_{n}[{b}];" for n, ty, _ in spec.fields)
