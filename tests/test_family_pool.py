@@ -288,8 +288,9 @@ def test_serial_pool_kernels_match_pytorch_on_the_cpu(tmp_path):
 
 @pytest.mark.nvcc
 def test_conv3d_and_pool_kernels_compile_for_sm90(tmp_path):
-    """One program with a 3-d convolution (Nd descriptors) and pooling kernels of every kind (one
-    thread, a warp and a block per output), with a second program's body, in one nvcc run."""
+    """One program with 3-d convolutions (Nd descriptors) and pooling kernels of every kind (one
+    thread, a warp and a block per output), with the body of one with 1-d and 2-d convolutions (4-d
+    descriptors, an uneven 'same' padding's wider output), in one nvcc run."""
     from tests.test_offline_codegen import _compile_together
 
     body = '''
@@ -308,7 +309,7 @@ def test_conv3d_and_pool_kernels_compile_for_sm90(tmp_path):
                 F.adaptive_max_pool2d(img, 1, return_indices=True)[0] * 1.0)'''
     MODELS["compile_mix"] = model(body, "torch.randn(2, 3, 6, 7, 8), torch.randn(2, 3, 17), torch.randn(2, 2, 64, 64)")
     try:
-        sources = [cuda_source(generated("compile_mix")[0]), cuda_source(generated("avg_pool1d_no_pad_count")[0])]
+        sources = [cuda_source(generated("compile_mix")[0]), cuda_source(generated("conv_same_valid")[0])]
     finally:
         del MODELS["compile_mix"]
     for kind in ("maxpool", "avgpool", "adaptive_avgpool", "adaptive_maxpool"):

@@ -594,8 +594,9 @@ def gather_expr(node: Any, arg: Operand) -> Expr:
 
 def _pool2d_geometry(node: Any, in_shape: Sequence[int]) -> tuple[tuple[int, int], tuple[int, int],
                                                                    tuple[int, int]]:
-    """(kernel, stride, dilation) of a pooling :func:`pool_expr` takes: 2-d over a 3-d or 4-d input,
-    unpadded, floor mode, no divisor override, the output the usual size; raises Unsupported else."""
+    """(kernel, stride, dilation) of a pooling :func:`pool_expr` takes: 2-d over a 3-d or 4-d input
+    of fewer than 2^31 elements, unpadded, floor mode, no divisor override, the output the usual
+    size; raises Unsupported else."""
     name, a = node.op, list(node.args)
     where = f"{node.name} ({name}.{node.overload})"
     if name not in POOL_OPS or len(in_shape) not in (3, 4):
@@ -621,6 +622,8 @@ def _pool2d_geometry(node: Any, in_shape: Sequence[int]) -> tuple[tuple[int, int
             raise Unsupported(f"{where}: a divisor override")
     if padding != (0, 0) or ceil:
         raise Unsupported(f"{where}: padded or ceil-mode pooling")
+    if numel(in_shape) > 2 ** 31 - 1:  # the pointwise kernels index in int
+        raise Unsupported(f"{where}: an input of 2^31 elements or more")
     h, w = in_shape[-2:]
     expect = (*in_shape[:-2], (h - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1,
               (w - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1)

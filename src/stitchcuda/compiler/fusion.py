@@ -809,13 +809,14 @@ class _Fuser:
         text = short(n.op) + (f" [{n.module}]" if n.module else "")
         if n.op in CONV_OPS and len(n.args) > 1:
             w = self.shape(self.reads[anchor][1]) if len(self.reads[anchor]) > 1 else None
-            groups = n.args[6] if n.op == "aten.conv2d" and len(n.args) > 6 else 1
+            at = 8 if n.op in ("aten.convolution", "aten._convolution") else 6  # convNd, conv_transposeNd: 6
+            groups = n.args[at] if len(n.args) > at else 1
             if w:
                 text += f" kernel {'x'.join(str(d) for d in w[2:])}"
             if isinstance(groups, int) and groups > 1:
                 cin = (self.shape(self.reads[anchor][0]) or [0, 0])[1]
                 text += " depthwise" if groups == cin else f" groups={groups}"
-            text += ", NCHW"
+            text += ", " + {3: "NCL", 5: "NCDHW"}.get(len(w) if w else 4, "NCHW")
         if n.op == "aten.linear" and len(n.args) > 2 and n.args[2] is not None:
             ops.insert(0, "bias")
         if ops:

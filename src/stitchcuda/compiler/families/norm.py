@@ -10,8 +10,8 @@ statistics) per dim, so that one generator covers every operator.
 - The statistics kernel reduces each group: a block per group (several blocks per group, their
   partials combined by the last one to finish, when the groups are few and long) reading the
   group's elements in memory order, or -- when the reduced dim is not the innermost one in memory
-  but a kept dim is -- 32 consecutive groups per block, a lane per group, so that a warp's reads
-  are coalesced across groups. Moments are summed in double around a per-group shift (the group's
+  but a kept dim is -- a lane per group over consecutive groups (a few rows of lanes sharing each
+  group where the groups alone are too few), so that a warp's reads are coalesced across groups. Moments are summed in double around a per-group shift (the group's
   first element), which keeps ``E[x^2] - E[x]^2`` exact enough for any offset of the data;
   softmax keeps an online (max, sum of exp) pair per thread.
 - The apply kernel is elementwise over the output, four consecutive elements per thread (float4
@@ -206,12 +206,21 @@ def _stats_kernel(ctx: FamilyContext, p: _Plan) -> tuple[str, str, str]:
     wide = max(G, M) >= 2**32 - 1
     inner_kept = kept[-1][1]["x"] if kept else 0
     lanes = bool(red) and red[-1][1] != 1 and inner_kept == 1 and G > 1  # a lane per group
-    block = ctx.block
-    # short groups: fewer threads along them (a block per group), fewer rows of lanes (a lane per group)
-    while (block > 32 and block // 16 > M) if lanes else (block > 64 and block // 2 >= M // 4):
-        block //= 2
-    tile = 32 if lanes else 1
-    tiles = -(-G // tile)
+    block, rows = ctx.block, 1
+    if lanes:
+        # lanes * rows threads: rows walk the reduced dim side by side (merged in shared memory) only
+        # where the groups alone would not give the GPU ~1M threads
+        while rows < 8 and G * rows < 1 << 20 and 4 * rows <= M:
+            rows *= 2
+        width = max(32, block // rows // 32 * 32)
+        while width > 32 and width // 2 >= G:
+            width //= 2
+        block = width * rows
+    else:
+        width = 1
+        while block > 64 and block // 2 >= M // 4:  # short groups: fewer idle threads
+            block //= 2
+    tiles = -(-G // width)
     min_chunk = _MIN_ROWS if lanes else _MIN_CHUNK
     parts = max(1, min(-(-_TARGET_BLOCKS // tiles), M // min_chunk))
     chunk = -(-M // parts)
@@ -220,13 +229,13 @@ def _stats_kernel(ctx: FamilyContext, p: _Plan) -> tuple[str, str, str]:
     if vec:
         chunk = -(-chunk // 4) * 4
     parts = -(-M // chunk)
-    step = f"{block // tile}"
+    step = f"{rows if lanes else block}"
     k_expr = "xg[0]" if acc == "ScMoments" else "0.0f"
     body: list[str] = []
     body.append(f"const long long blk = blockIdx.x, tile = blk / {parts}, part = blk % {parts};")
     if lanes:
-        body += ["const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;",
-                 f"const long long g = tile * 32 + tx; const bool live = g < {G}LL;"]
+        body += [f"const int tx = threadIdx.x % {width}, ty = threadIdx.x / {width};",
+                 f"const long long g = tile * {width} + tx; const bool live = g < {G}LL;"]
     else:
         body += ["const long long g = tile; const bool live = true;", "const int ty = threadIdx.x;"]
     body += _offsets(kept, "live ? g : 0", "gb", wide, ["x"])
@@ -247,10 +256,10 @@ def _stats_kernel(ctx: FamilyContext, p: _Plan) -> tuple[str, str, str]:
                  "  }", "} else {", *("  " + s for s in scalar), "}"]
     else:
         body += scalar
+    tile_merge = [f"__shared__ {acc} sc_tile[{rows}][{width}];", "sc_tile[ty][tx] = acc;", "__syncthreads();",
+                  "if (ty == 0) {", f"  for (int i = 1; i < {rows}; ++i) sc_merge(acc, sc_tile[i][tx]);", "}"]
     if lanes:
-        body += [f"__shared__ {acc} sc_tile[{block // 32}][32];",
-                 "sc_tile[ty][tx] = acc;", "__syncthreads();",
-                 "if (ty == 0) {", f"  for (int i = 1; i < {block // 32}; ++i) sc_merge(acc, sc_tile[i][tx]);", "}"]
+        body += tile_merge if rows > 1 else []
         leader = "ty == 0 && live"
     else:
         body += [f"__shared__ {acc} sc_smem[32];", "acc = sc_block_merge(acc, sc_smem);"]
@@ -267,11 +276,9 @@ def _stats_kernel(ctx: FamilyContext, p: _Plan) -> tuple[str, str, str]:
                  f"if (threadIdx.x == 0) sc_last = atomicAdd(&{name}_count[tile], 1u) == {parts - 1}u;",
                  "__syncthreads();", "if (!sc_last) return;", "sc_init(acc);"]
         if lanes:
-            body += [f"if (live) for (int i = ty; i < {parts}; i += {block // 32}) "
-                     f"sc_merge(acc, sc_load_cg(&{name}_part[g * {parts}LL + i]));",
-                     "__syncthreads();", "sc_tile[ty][tx] = acc;", "__syncthreads();",
-                     "if (ty == 0) {", f"  for (int i = 1; i < {block // 32}; ++i) sc_merge(acc, sc_tile[i][tx]);",
-                     "}"]
+            body += [f"if (live) for (int i = ty; i < {parts}; i += {rows}) "
+                     f"sc_merge(acc, sc_load_cg(&{name}_part[g * {parts}LL + i]));"]
+            body += ["__syncthreads();", *tile_merge[1:]] if rows > 1 else []
         else:
             body += [f"for (int i = threadIdx.x; i < {parts}; i += {block}) "
                      f"sc_merge(acc, sc_load_cg(&{name}_part[g * {parts}LL + i]));",

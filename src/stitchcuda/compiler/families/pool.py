@@ -9,11 +9,11 @@ input and divides by ``divisor_override``, else by the window clipped to the pad
 starts inside the input or its left padding; adaptive windows are ``[floor(o * L / O),
 ceil((o + 1) * L / O))``.
 
-One thread computes one output when the window is small (the regular pools' windows are unrolled
-loops over the kernel with bounds checks); a warp, or a whole block when there are few outputs,
-shares a large window (global average pooling, say): lanes stride over it, so neighbouring lanes
-read neighbouring elements, and combine through shuffles (sums, or (value, index) pairs under the
-order above).
+One thread computes one output when the window is small, or the outputs enough to fill the GPU
+(a regular pool's window is then an unrolled loop over the kernel with bounds checks: independent
+loads); a warp, or a whole block when there are few outputs, shares a large window (global average
+pooling, say): lanes stride over it, so neighbouring lanes read neighbouring elements, and combine
+through shuffles (sums, or (value, index) pairs under the order above).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ POOLS: dict[str, tuple[str, int, list[str]]] = {
     "aten.adaptive_max_pool3d": ("adaptive_max", 3, ["output_size"]),
 }
 SERIAL_MAX_WINDOW = 64  # windows below this many elements: one thread per output
+UNROLLED_MAX_WINDOW = 256  # a regular pool's window up to this: one thread, its loads unrolled (independent)
+MANY_OUTPUTS = 132 * 2048  # this many threads fill an H100: one per output however large its window
 BLOCK_MIN_WINDOW = 4096  # a block per output for windows this large when a warp each leaves SMs idle
 FEW_WARPS = 132 * 32  # outputs below this (an H100's SMs x 32 warps): too few warps to fill the GPU
 
@@ -177,7 +179,8 @@ def lower_pool(ctx: FamilyContext, node: Node) -> KernelCall:
     volume = 1
     for w in wins:
         volume *= w.longest
-    if volume < SERIAL_MAX_WINDOW:
+    adaptive = kind.startswith("adaptive")
+    if volume < SERIAL_MAX_WINDOW or (not adaptive and (volume <= UNROLLED_MAX_WINDOW or total >= MANY_OUTPUTS)):
         group = 1
     elif total >= FEW_WARPS or volume < BLOCK_MIN_WINDOW:
         group = 32
