@@ -199,3 +199,14 @@ def _nvcc_with_stub(src: str, tmp_path: Path) -> None:
     cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-O3", "-c", str(unit), "-o", str(tmp_path / "program.o"), *flags]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+def test_masks_and_rounding_leave_the_fused_kernels():
+    """A negated mask read by a cast, and a floor division, go to typed kernels (the fused kernels
+    keep masks in registers and have no rounding division)."""
+    task = Task(name="m", source=model_source("(~torch.isnan(x)).float() + torch.div(x, 0.3, rounding_mode='floor')",
+                                              "[torch.randn(4, 5)]"))
+    compiled = compile_task(task)
+    kinds = {compiled.graph.node(n).op: g.kind for g in compiled.groups for n in g.nodes}
+    assert kinds["aten.bitwise_not"] == "other" and kinds["aten.div"] == "other"
+    assert "floorf(" in cuda_source(compiled.program())

@@ -263,6 +263,8 @@ def fused_ok(node: Node, dtype_of: Callable[[str], str | None]) -> bool:
     """Whether codegen's fused pointwise kernels take this elementwise node (its dtype rules)."""
     if not is_pointwise(node.op):
         return False
+    if node.op == "aten.div" and node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None):
+        return False
     outs = [o.dtype for o in node.out]
     if outs != ["float32"] and not (outs == ["bool"] and node.op in ("aten.bitwise_not", "aten.logical_not")):
         return False
@@ -281,6 +283,9 @@ def claims(node: Node, dtype_of: Callable[[str], str | None], readers: Callable[
 
     op = node.op
     if op in TYPED:
+        if op in ("aten.bitwise_not", "aten.logical_not") and node.out and node.out[0].dtype == "bool":
+            # a fused kernel keeps a mask in registers: only mask operators may read it there
+            return any(r.op not in MASK_OPS for r in readers(node.name)) or not fused_ok(node, dtype_of)
         return not fused_ok(node, dtype_of)
     if op in FILLS or op == "aten.arange":
         seen, todo = set(), [node.name]
