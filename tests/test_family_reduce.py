@@ -164,6 +164,16 @@ def test_max_dim_writes_only_the_outputs_read_and_keeps_the_first_index():
     assert "if (v > m || (v != v && m == m)) { m = v; i = r; }" in src  # in order within one: the first
 
 
+def test_max_values_alone_carry_no_index_and_far_strided_walks_cap_their_occupancy():
+    node = _node("mx", "aten.max", ["%x", 1], [([128, 4095], "float32"), ([128, 4095], "int64")], "dim")
+    call, ctx = _lower(node, (128, 4096, 4095), reads=["vals", None])
+    src = call.kernels["k_mx_reduce"]
+    assert ctx.written == {"vals": "float32"} and "long long i" not in src
+    assert "2 threads per output" in call.describe and ", 256, 46080, stream>>>" in call.launch
+    call, _ = _lower(node, (128, 4096, 4095), reads=["vals", "idx"])
+    assert ", 256, 0, stream>>>" in call.launch  # index reductions pace themselves: no cap
+
+
 def test_argmax_of_a_strided_view_with_an_offset_indexes_logically():
     node = _node("am", "aten.argmax", ["%x"], [([], "int64")], kwargs={"dim": None})
     call, _ = _lower(node, (10, 20), strides=(1, 30), offset=7)
