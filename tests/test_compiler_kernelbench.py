@@ -98,7 +98,8 @@ def test_every_kernelbench_task_gets_a_program_or_a_reason(level, monkeypatch, c
             print(f"  {name}: {why}")
     assert not wrong_init, wrong_init
     assert not slow, slow
-    assert counts["program"] >= 50, counts  # a floor that only a regression breaks (see the issue note)
+    # measured 98/100 (level 1) and 94/100 (level 2) on 2026-11-23: a floor a few below, so a regression breaks it
+    assert counts["program"] >= {1: 95, 2: 90}[level], counts
 
 
 def test_program_parameters_match_the_reference_under_one_seed(tmp_path, monkeypatch):

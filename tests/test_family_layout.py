@@ -6,14 +6,10 @@ nvcc compile of a program holding most kinds of kernel the family emits."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import sysconfig
-from pathlib import Path
 
 import pytest
 
-from stitchcuda.compiler.check import compile_check, cuda_source
+from stitchcuda.compiler.check import cuda_source
 from stitchcuda.compiler.driver import compile_task
 from stitchcuda.compiler.expr import Unsupported
 from stitchcuda.compiler.families import FAMILIES
@@ -21,6 +17,7 @@ from stitchcuda.compiler.families.layout_typed import promote
 from stitchcuda.compiler.fusion import fuse
 from stitchcuda.compiler.graph import capture
 from stitchcuda.task.record import Task
+from tests.test_offline_codegen import assert_program_compiles
 
 HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n"
 
@@ -175,30 +172,8 @@ def test_layout_kernels_compile_with_nvcc(tmp_path):
     task = Task(name="layout_nvcc", source=model_source(
         forward, "[torch.randn(16, 16), torch.randn(16, 16), torch.randint(0, 16, (16, 4))]", "x, y, i"))
     program = compile_task(task).program()
-    result = compile_check(program)
-    if result.status == "skipped" and "CPU build" in result.detail:
-        _nvcc_with_stub(cuda_source(program), tmp_path)  # a CPU torch: its headers lack one CUDA header
-        return
-    if result.status == "skipped":
-        pytest.skip(result.detail)
-    assert result.status == "compiled", result.detail
+    assert_program_compiles(program, tmp_path)
 
-
-def _nvcc_with_stub(src: str, tmp_path: Path) -> None:
-    """nvcc -c of the program's CUDA against this torch's headers plus the codegen tests' stubs for
-    what a CPU build of torch lacks."""
-    from torch.utils.cpp_extension import include_paths
-
-    from tests.test_offline_codegen import _stub_headers
-
-    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    _stub_headers(tmp_path / "stub")
-    unit = tmp_path / "program.cu"
-    unit.write_text(src)
-    flags = [*(f"-I{p}" for p in include_paths()), f"-I{sysconfig.get_paths()['include']}", f"-I{tmp_path / 'stub'}"]
-    cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-O3", "-c", str(unit), "-o", str(tmp_path / "program.o"), *flags]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    assert done.returncode == 0, done.stderr[-4000:]
 
 
 def test_masks_and_rounding_leave_the_fused_kernels():

@@ -285,6 +285,7 @@ class _Lowerer:
         self.out = Lowering(graph=graph)
         self.users = graph.users()
         self.problems: list[str] = []
+        self.failing_ops: set[str] = set()
         self.order, self.owner = _group_order(graph, groups)
         for value in graph.mutations:  # written back into a module buffer after the forward
             self.users.setdefault(graph.getitems.get(value, (value, 0))[0], []).append("<buffer write-back>")
@@ -311,8 +312,9 @@ class _Lowerer:
             if p.meta.dtype != "float32":
                 self.out.ctypes[ident] = C_TYPES[p.meta.dtype]
         known = GEMM_OPS | CONVS | ROW_OPS | {"aten.group_norm"} | VIEWS | SPLITS | set(CELLS) | ZEROS | DATA_OPS
+        by_family = {n for g in self.order if self._family_node(g) is not None for n in g.nodes}
         for n in self.graph.nodes:
-            if n.op in FAMILIES:
+            if n.name in by_family:
                 continue  # a family lowering reads and writes any dtype it knows and names what it does not
             if len(n.out) != 1 and n.op not in SPLITS | set(CELLS):
                 raise Unsupported(f"{n.name} ({n.op}) has {len(n.out)} outputs; only single-output operators and "
@@ -459,10 +461,14 @@ class _Lowerer:
             try:
                 self.out.groups.append(self._lower_group(g))
             except Unsupported as exc:
-                ops = ", ".join(dict.fromkeys(self.nodes[n].op for n in g.nodes))
-                self.problems.append(f"group {g.id} ({g.kind}: {ops}): {exc}")
-                for v in self._outputs_of(g):  # keep going so that every problem is listed
-                    self._buffer(v)
+                ops = list(dict.fromkeys(self.nodes[n].op for n in g.nodes))
+                self.failing_ops.update(ops)
+                self.problems.append(f"group {g.id} ({g.kind}: {', '.join(ops)}): {exc}")
+                try:  # keep going so that every problem is listed
+                    for v in self._outputs_of(g):
+                        self._buffer(v)
+                except Unsupported as more:  # the group's outputs cannot even be stored: say so, go on
+                    self.problems.append(f"group {g.id}: {more}")
         self._write_back()
         return self.out
 
@@ -492,10 +498,9 @@ class _Lowerer:
 
     def _lower_group(self, g: FusionGroup) -> Lowered:
         nodes = [self.nodes[n] for n in g.nodes]
-        family = [n for n in nodes if n.op in FAMILIES  # a pooling pool_expr takes stays a strided-read kernel
-                  and not (n.op in POOL_OPS and pool_fusable(n, self.shape(n.args[0][1:])))]
-        if g.kind == "other" and len(family) == 1 and all(n is family[0] or n.op in VIEWS | SPLITS for n in nodes):
-            return self._lower_family(g, nodes, family[0])
+        family = self._family_node(g)
+        if family is not None:
+            return self._lower_family(g, nodes, family)
         for n in nodes:
             if not (n.op in GEMM_OPS or n.op in CONVS or n.op in ROW_OPS or n.op == "aten.group_norm" or n.op in VIEWS or n.op in SPLITS or is_pointwise(n.op)
                     or n.op in CELLS or n.op in DATA_OPS or (n.op in ZEROS and g.kind == "recurrent")):
@@ -515,6 +520,15 @@ class _Lowerer:
         if any(n.op in ROW_OPS for n in nodes):
             return self._lower_row(g, nodes)
         return self._lower_pointwise(g, nodes)
+
+    def _family_node(self, g: FusionGroup) -> Node | None:
+        """The one operator a group hands to its family lowering (views before it fold into its reads)."""
+        nodes = [self.nodes[n] for n in g.nodes]
+        family = [n for n in nodes if n.op in FAMILIES  # a pooling pool_expr takes stays a strided-read kernel
+                  and not (n.op in POOL_OPS and pool_fusable(n, self.shape(n.args[0][1:])))]
+        if g.kind == "other" and len(family) == 1 and all(n is family[0] or n.op in VIEWS | SPLITS for n in nodes):
+            return family[0]
+        return None
 
     def _lower_family(self, g: FusionGroup, nodes: list[Node], node: Node) -> Lowered:
         """One operator through its family lowering; the views before it are folded into its reads."""
@@ -1321,7 +1335,7 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
     lowerer = _Lowerer(graph, groups, options or CodegenOptions())
     low = lowerer.lower()
     if lowerer.problems:
-        raise Unsupported("; ".join(lowerer.problems))
+        raise Unsupported("; ".join(lowerer.problems), frozenset(lowerer.failing_ops))
     low.uses_blas = any(x.gemm is not None and x.gemm.lt is None for g in low.groups for x in g.launches())
     return low
 

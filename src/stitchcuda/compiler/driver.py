@@ -3,7 +3,6 @@ operator after all where its whole-operator lowering refuses an instance of it."
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from stitchcuda.compiler.codegen import CodegenOptions, Unsupported, generate, lower
@@ -18,7 +17,6 @@ _DECOMPOSABLE = {"aten.softmax", "aten.log_softmax", "aten.layer_norm", "aten.gr
                  "aten.rms_norm", "aten.adaptive_avg_pool1d", "aten.adaptive_avg_pool2d",
                  "aten.adaptive_avg_pool3d", "aten.matmul", "aten.embedding"}
 _KEPT = {f"aten.{name.split('.')[0]}" for name in KEEP} & _DECOMPOSABLE
-_GROUP_OPS = re.compile(r"group -?\d+ \(\w+: ([^)]*)\)")
 
 
 @dataclass
@@ -45,8 +43,7 @@ def compile_task(task: Task, max_rounds: int = 3) -> Compiled:
         try:
             lower(graph, groups, CodegenOptions())
         except Unsupported as exc:
-            failing = {op.strip() for found in _GROUP_OPS.findall(str(exc)) for op in found.split(",")}
-            more = (failing & _KEPT) - decompose
+            more = (exc.ops & _KEPT) - decompose
             if not more or max_rounds <= 0:
                 raise
             decompose, max_rounds = decompose | more, max_rounds - 1

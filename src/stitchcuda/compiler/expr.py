@@ -32,7 +32,12 @@ from typing import Any, Literal
 
 
 class Unsupported(ValueError):
-    """The offline Coder cannot generate this (the message says which operator or shape, and why)."""
+    """The offline Coder cannot generate this (the message says which operator or shape, and why);
+    ``ops`` names the operators of the groups that failed, where lowering knows them."""
+
+    def __init__(self, message: str, ops: frozenset[str] = frozenset()):
+        super().__init__(message)
+        self.ops = ops
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
