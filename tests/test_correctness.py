@@ -90,3 +90,23 @@ def test_changed_inputs():
     assert changed_inputs([x, y], [x.clone(), y + 1]) == [1]
     nan = torch.tensor([float("nan")])
     assert changed_inputs([nan], [nan.clone()]) == []
+
+
+def test_chunked_comparison_reports_what_one_pass_would(monkeypatch):
+    """Large outputs are compared in float64 chunks; the figures must not depend on the chunking."""
+    import stitchcuda.verify.correctness as correctness
+
+    torch.manual_seed(0)
+    ref = torch.randn(7, 13, 11)
+    cand = ref + 1e-3 * torch.randn_like(ref)
+    cand[3, 4, 5] = float("nan")
+    ref[6, 0, 2] = float("inf")
+    cand[6, 0, 2] = float("inf")
+    whole = correctness.compare_outputs(ref, cand, TOLERANCES["strict"])
+    monkeypatch.setattr(correctness, "_COMPARE_CHUNK", 64)
+    chunked = correctness.compare_outputs(ref, cand, TOLERANCES["strict"])
+    assert not chunked.passed and chunked.mismatched == whole.mismatched > 1
+    assert chunked.error == whole.error and "NaN/Inf pattern" in chunked.error
+    assert chunked.worst == whole.worst and "[3, 4, 5]" in chunked.worst
+    for field in ("max_abs_error", "max_rel_error", "rel_l2_error"):
+        assert getattr(chunked, field) == pytest.approx(getattr(whole, field), rel=1e-12)

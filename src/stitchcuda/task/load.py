@@ -107,12 +107,19 @@ def bundled_tasks() -> list[Task]:
     return [load_task_file(_suite_dir() / f"{name}.py", origin="bundled") for name in bundled_task_names()]
 
 
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # a name too long for the file system, such as a long comma-separated list
+        return False
+
+
 def resolve_tasks(spec: str, level: int | None = None, problem: int | None = None) -> list[Task]:
     """Tasks named by ``spec``: a .py file, a .parquet file, a folder, a KernelBench checkout
     (with ``level``), a bundled task name, ``suite`` for the whole bundled suite, or several of
     these separated by commas (``mlp,small_cnn``)."""
     path = Path(spec).expanduser()
-    if "," in spec and not path.exists():
+    if "," in spec and not _exists(path):
         tasks = [t for part in spec.split(",") if part.strip() for t in resolve_tasks(part.strip(), level, problem)]
         names = [t.name for t in tasks]
         if len(set(names)) != len(names):

@@ -75,4 +75,7 @@ PRESETS: dict[str, VerifyConfig] = {
     ),
     # Quick look while iterating: fewer trials, no torch.compile.
     "quick": VerifyConfig(trials=3, compile_baseline=False, timing_budget_s=3.0, min_timing_trials=20),
+    # Sweeps over many tasks (a benchmark of a whole level): the quick checks, fewer timed rounds.
+    "survey": VerifyConfig(trials=3, compile_baseline=False, timing_budget_s=1.0, min_timing_trials=5,
+                           max_timing_trials=100),
 }

@@ -7,6 +7,7 @@ errors whether or not it passes, so the Coder learns how close a wrong answer wa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -137,6 +138,9 @@ def compare_outputs(reference: Any, candidate: Any, tolerance: Tolerance) -> Com
     return total
 
 
+_COMPARE_CHUNK = 1 << 26
+
+
 def _compare_tensor(ref: torch.Tensor, cand: torch.Tensor, tolerance: Tolerance, label: str) -> Comparison:
     if tuple(ref.shape) != tuple(cand.shape):
         return Comparison(False, error=f"{label} shape {tuple(cand.shape)}, expected {tuple(ref.shape)}")
@@ -152,27 +156,47 @@ def _compare_tensor(ref: torch.Tensor, cand: torch.Tensor, tolerance: Tolerance,
         return Comparison(bad == 0, error=None if bad == 0 else f"{label}: {bad} of {n} elements differ (exact match required)",
                           max_abs_error=float((ref.double() - cand.double()).abs().max()), mismatched=bad, elements=n)
     atol, rtol = tolerance.for_dtype(dtype_name(ref.dtype))
-    r = ref.detach().double()
-    c = cand.detach().double()
-    # Non-finite values must sit in the same places with the same sign.
-    pattern_ok = torch.isnan(r) == torch.isnan(c)
-    pattern_ok &= torch.isposinf(r) == torch.isposinf(c)
-    pattern_ok &= torch.isneginf(r) == torch.isneginf(c)
-    bad_pattern = int((~pattern_ok).sum())
-    finite = torch.isfinite(r) & torch.isfinite(c)
-    diff = torch.where(finite, (c - r).abs(), torch.zeros_like(r))
-    rel = diff / r.abs().clamp_min(max(atol, 1e-12))
-    mismatch = (diff > atol + rtol * r.abs()) | ~pattern_ok
-    mismatched = int(mismatch.sum())
-    ref_norm = float(torch.linalg.vector_norm(torch.where(finite, r, torch.zeros_like(r))))
-    rel_l2 = float(torch.linalg.vector_norm(diff)) / max(ref_norm, 1e-30)
-    worst_index = int(torch.argmax(torch.where(mismatch, diff + 1.0, diff) if bad_pattern == 0 else (~pattern_ok).double()))
+    # float64 in chunks: a whole-tensor float64 copy of a 6 GB output (KernelBench level 1 has
+    # several) would need tens of GB beside the model's own tensors
+    flat_ref, flat_cand = ref.detach().reshape(-1), cand.detach().reshape(-1)
+    mismatched = bad_pattern = 0
+    max_diff = max_rel = 0.0
+    diff_sq = ref_sq = 0.0
+    first_bad_pattern: int | None = None
+    worst_index, worst_score = 0, -1.0
+    for begin in range(0, n, _COMPARE_CHUNK):
+        r = flat_ref[begin:begin + _COMPARE_CHUNK].double()
+        c = flat_cand[begin:begin + _COMPARE_CHUNK].double()
+        # Non-finite values must sit in the same places with the same sign.
+        pattern_ok = torch.isnan(r) == torch.isnan(c)
+        pattern_ok &= torch.isposinf(r) == torch.isposinf(c)
+        pattern_ok &= torch.isneginf(r) == torch.isneginf(c)
+        bad_here = int((~pattern_ok).sum())
+        if bad_here and first_bad_pattern is None:
+            first_bad_pattern = begin + int(torch.argmax((~pattern_ok).to(torch.uint8)))
+        bad_pattern += bad_here
+        finite = torch.isfinite(r) & torch.isfinite(c)
+        diff = torch.where(finite, (c - r).abs(), torch.zeros_like(r))
+        max_diff = max(max_diff, float(diff.max()))
+        max_rel = max(max_rel, float((diff / r.abs().clamp_min(max(atol, 1e-12))).max()))
+        mismatch = (diff > atol + rtol * r.abs()) | ~pattern_ok
+        mismatched += int(mismatch.sum())
+        ref_sq += float(torch.linalg.vector_norm(torch.where(finite, r, torch.zeros_like(r)))) ** 2
+        diff_sq += float(torch.linalg.vector_norm(diff)) ** 2
+        score = torch.where(mismatch, diff + 1.0, diff)
+        here = int(torch.argmax(score))
+        if float(score[here]) > worst_score:
+            worst_index, worst_score = begin + here, float(score[here])
+    if first_bad_pattern is not None:
+        worst_index = first_bad_pattern
+    rel_l2 = math.sqrt(diff_sq) / max(math.sqrt(ref_sq), 1e-30)
     where = _unravel(worst_index, tuple(ref.shape))
-    worst = f"{label}{list(where)}: candidate {c.flatten()[worst_index].item():.6g}, reference {r.flatten()[worst_index].item():.6g}"
+    worst = (f"{label}{list(where)}: candidate {float(flat_cand[worst_index]):.6g}, "
+             f"reference {float(flat_ref[worst_index]):.6g}")
     result = Comparison(
         passed=mismatched == 0,
-        max_abs_error=float(diff.max()),
-        max_rel_error=float(rel.max()),
+        max_abs_error=max_diff,
+        max_rel_error=max_rel,
         rel_l2_error=rel_l2,
         mismatched=mismatched,
         elements=n,

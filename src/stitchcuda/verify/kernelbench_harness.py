@@ -63,14 +63,24 @@ def load_eval(checkout: str | Path) -> Any:
 
 
 def run_harness(checkout: str | Path, reference: str, candidate: str, *, trials: int = 5,
-                perf_trials: int = 20, build_dir: str | None = None) -> HarnessVerdict:
+                perf_trials: int = 20, build_dir: str | None = None,
+                measure_performance: bool = True, tf32: bool | None = None) -> HarnessVerdict:
     """KernelBench's verdict on ``candidate`` against ``reference`` with its defaults (seed 42, fp32,
-    its tolerance), ``trials`` correctness trials and its CUDA-event timing."""
+    its tolerance), ``trials`` correctness trials and, with ``measure_performance``, its CUDA-event
+    timing.
+
+    ``tf32=None`` leaves torch's global flags as KernelBench leaves them: cuDNN convolutions then
+    run in TF32 (``torch.backends.cudnn.allow_tf32`` is on by default), so the reference itself
+    is off by about 1e-3 from fp32 and an fp32-exact convolution can miss KernelBench's 1e-4.
+    ``tf32=False`` judges against a true-fp32 reference, as our Verifier does."""
     import torch
 
+    if tf32 is not None:
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     harness = load_eval(checkout)
     result = harness.eval_kernel_against_ref(
-        reference, candidate, num_correct_trials=trials, num_perf_trials=perf_trials, measure_performance=True,
+        reference, candidate, num_correct_trials=trials, num_perf_trials=perf_trials, measure_performance=measure_performance,
         build_dir=build_dir, device=torch.device("cuda:0"), backend="cuda", precision=torch.float32)
     if result is None:
         return HarnessVerdict(compiled=False, correct=False, detail="the harness returned no result (a lock "
