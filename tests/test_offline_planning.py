@@ -229,23 +229,48 @@ def test_optimize_offline_without_a_gpu_writes_the_program_and_says_so(tmp_path,
     assert not (tmp_path / "ws").exists()  # nothing ran, so no run was recorded
 
 
-def test_offline_coder_picks_the_next_variant_from_the_feedback():
-    from stitchcuda.agents.offline import choose_next, variants
+def _verdict(correct: bool = True, ms: float | None = None, top: str | None = None, idle: float = 0.0,
+             launches: int = 0, errors: tuple[str, ...] = ()):
+    """A Verifier verdict with only the fields the offline Coder reads."""
+    from stitchcuda.verify.config import TOLERANCES
+    from stitchcuda.verify.verdict import (
+        KernelStat,
+        ProgramProfile,
+        SourceRef,
+        TimingReport,
+        TimingStats,
+        Verdict,
+    )
+
+    timing = None
+    if ms is not None:
+        stats = TimingStats(median_ms=ms, mean_ms=ms, min_ms=ms, max_ms=ms, q25_ms=ms, q75_ms=ms, std_ms=0.0,
+                            spread_pct=0.0, trials=10)
+        timing = TimingReport(method="test", candidate=stats, baselines={})
+    kernels = [KernelStat(name="k", origin=top, calls=1, total_us=100.0, share=0.6)] if top else []
+    profile = ProgramProfile(gpu_time_us=100.0, idle_share=idle, launches=launches, kernels=kernels)
+    return Verdict(task=SourceRef(name="t", sha256="0"), candidate=SourceRef(name="c", sha256="1"), tolerance=TOLERANCES["strict"],
+                   compiled=True, correct=correct, timing=timing, profile=profile, errors=list(errors))
+
+
+def test_offline_coder_picks_the_next_variant_from_the_verdict():
+    from stitchcuda.agents.offline import Signals, choose_next, variants
 
     opts = variants("strict")
     assert opts[0]["cublaslt"] and not opts[1]["cublaslt"] and opts[0]["graph"]
-    assert choose_next(opts, [], "") == 0
-    library = "Correct. 1.20 ms, 1.10x vs eager.\nTop kernel: sm90_xmma_gemm_f32f32 (library) takes 81% of GPU time"
+    assert choose_next(opts, [], Signals()) == 0
+    library = Signals.from_verdict(_verdict(ms=1.2, top="library"))
     assert choose_next(opts, [0], library) == 1  # the other GEMM path
-    own = "Correct.\nTop kernel: sc12_g3_row (own) takes 64% of GPU time (300 us over 1 call(s))."
+    own = Signals.from_verdict(_verdict(ms=1.2, top="own"))
     nxt = choose_next(opts, [0, 1], own)
     assert (opts[nxt]["block"], opts[nxt]["vector_width"]) != (opts[1]["block"], opts[1]["vector_width"])
-    failed = "Build of extension 'x' failed:\n  program.cu:120: error: identifier cublasLtMatmulDescCreate undefined"
+    failed = Signals.from_verdict(_verdict(correct=False, errors=(
+        "build of 'x' failed at program.cu:120: identifier cublasLtMatmulDescCreate undefined",)))
     assert not opts[choose_next(opts, [0], failed)]["cublaslt"]
     no_graph = [i for i, o in enumerate(opts) if not o["graph"]]
-    launch = "Launch-bound: the GPU is idle 45% of the forward's 900 us across 120 kernel launches"
+    launch = Signals.from_verdict(_verdict(ms=0.9, idle=0.45, launches=120))
     assert opts[choose_next(opts, [no_graph[0]], launch)]["graph"]
-    assert choose_next(opts, list(range(len(opts))), "") == len(opts) - 1  # used up: the last again
+    assert choose_next(opts, list(range(len(opts))), Signals()) == len(opts) - 1  # used up: the last again
     paper = variants("paper")
     assert paper[0]["tf32"] and not variants("strict")[0]["tf32"]
 
@@ -253,45 +278,104 @@ def test_offline_coder_picks_the_next_variant_from_the_feedback():
 def test_offline_coder_searches_from_the_fastest_verified_variant():
     """After cuBLAS beat cuBLASLt, the next variant keeps cuBLAS and changes one other option (a
     GPU run went back to cuBLASLt with scalar kernels, two changes at once, and lost 17%)."""
-    from stitchcuda.agents.coder import feedback_prompt
     from stitchcuda.agents.extract import extract_program
-    from stitchcuda.agents.offline import OfflineCoder, choose_next, variant_of, variants
+    from stitchcuda.agents.offline import OfflineCoder, Signals, choose_next, variant_of, variants
+    from stitchcuda.agents.records import CoderRequest
 
     opts = variants("strict")
-    library = "Correct. 0.830 ms, 1.32x vs eager.\nTop kernel: sm80_xmma_gemm_f32f32 (library) takes 63% of GPU time"
-    nxt = choose_next(opts, [0, 1], library, base=1)
+    nxt = choose_next(opts, [0, 1], Signals.from_verdict(_verdict(ms=0.83, top="library")), base=1)
     assert not opts[nxt]["cublaslt"] and sum(opts[nxt][k] != v for k, v in opts[1].items()) == 1
     assert len({tuple(sorted(o.items())) for o in opts}) == len(opts) == 24  # every option on every other
 
     task = TASKS["mlp"]
     coder = OfflineCoder(task, "strict")
-    answers = [coder.complete([]) for _ in range(3)]  # no program in the prompt: a walk from the last
+    answers = [coder.answer(CoderRequest(skill="scratch")) for _ in range(3)]  # nothing shown: a walk
     assert [variant_of(a.text, coder.variants) for a in answers] == [0, 1, 3]
     assert coder.variants[3] == {**coder.variants[1], "vector_width": 1}
-    # the loop kept variant 1 as the fastest, so the prompt carries it: the search goes on from 1, not 3
+    # the loop kept variant 1 as the fastest, so the step starts from it: the search goes on from 1, not 3
     program = extract_program(answers[1].text)
-    own = "Correct. 0.800 ms, 1.37x vs eager.\nTop kernel: mlp_g1_gelu (own) takes 40% of GPU time"
-    prompt = feedback_prompt(task, planned("mlp")[1].subtasks[0], program, own, "optimize", "", "strict")
-    chosen = coder.variants[variant_of(coder.complete(prompt).text, coder.variants)]
+    request = CoderRequest(skill="optimize", program=program, verdict=_verdict(ms=0.8, top="own"))
+    chosen = coder.variants[variant_of(coder.answer(request).text, coder.variants)]
     assert chosen == {**coder.variants[1], "block": 128}  # our kernel on top: another block size
 
 
 def test_offline_coder_goes_on_from_the_fastest_it_was_shown():
     """Moving to the next subtask, the loop carries the last program even when it was slower;
-    the Coder remembers the times the prompts gave and searches from the fastest."""
-    from stitchcuda.agents.coder import scratch_prompt
+    the Coder remembers the times the verdicts gave and searches from the fastest."""
     from stitchcuda.agents.extract import extract_program
     from stitchcuda.agents.offline import OfflineCoder, variant_of
+    from stitchcuda.agents.records import CoderRequest
 
     task = TASKS["mlp"]
-    plan = planned("mlp")[1]
     coder = OfflineCoder(task, "strict")
-    programs = [extract_program(coder.complete([]).text) for _ in range(2)]
+    programs = [extract_program(coder.answer(CoderRequest(skill="scratch")).text) for _ in range(2)]
 
-    def carrying(i: int, status: str):
-        return scratch_prompt(task, plan, plan.subtasks[0], programs[i], status, "", "strict")
+    def carrying(i: int, ms: float) -> CoderRequest:
+        return CoderRequest(skill="scratch", program=programs[i], verdict=_verdict(ms=ms))
 
-    coder.complete(carrying(0, "Correct. 2.116 ms, 2.34x vs eager."))  # the first, timed
-    chosen = variant_of(coder.complete(carrying(1, "Correct. 2.218 ms, 2.27x vs eager.")).text, coder.variants)
+    coder.answer(carrying(0, 2.116))  # the first, timed
+    chosen = variant_of(coder.answer(carrying(1, 2.218)).text, coder.variants)
     assert coder.verified_ms == {0: 2.116, 1: 2.218}
     assert chosen is not None and coder.variants[chosen]["cublaslt"]  # a neighbour of 0 (cuBLASLt), not of 1
+
+
+def test_the_offline_coder_search_ignores_the_prompt_wording():
+    """The Verifier's feedback sentences can be reworded freely: the offline Coder reads the verdict."""
+    from stitchcuda.agents.extract import extract_program
+    from stitchcuda.agents.offline import OfflineCoder, variant_of
+    from stitchcuda.agents.records import CoderRequest
+
+    picks = []
+    for _ in range(2):
+        coder = OfflineCoder(TASKS["mlp"], "strict")
+        first = extract_program(coder.answer(CoderRequest(skill="scratch")).text)
+        request = CoderRequest(skill="optimize", program=first, verdict=_verdict(ms=1.0, top="library"))
+        picks.append(variant_of(coder.answer(request).text, coder.variants))
+    assert picks[0] == picks[1] == 1
+
+
+def test_the_loop_hands_a_typed_coder_the_program_and_its_verdict(tmp_path):
+    """The loop asks a TypedCoder with a CoderRequest (program text and the Verdict record on it),
+    and still logs the prompt it would have sent an LLM."""
+    from stitchcuda.agents.loop import OptimizeConfig, Optimizer
+    from stitchcuda.agents.offline import OFFLINE
+    from stitchcuda.agents.records import CoderRequest, RunState
+    from stitchcuda.llm.base import Completion, Usage
+    from stitchcuda.store import RunStore
+    from stitchcuda.verify import PRESETS
+
+    class Recording:
+        config = OFFLINE
+
+        def __init__(self):
+            self.requests: list[CoderRequest] = []
+
+        def answer(self, request: CoderRequest) -> Completion:
+            self.requests.append(request)
+            return Completion(text="```python\nx = 1\n```", model="m", usage=Usage(), seconds=0.0,
+                              finish_reason="stop")
+
+        def complete(self, messages, **kw):
+            raise AssertionError("a typed Coder is asked with the request, not the prompt")
+
+    task = TASKS["mlp"]
+    program = tmp_path / "step000-s0.py"
+    program.write_text("# the program\n")
+    verdict = _verdict(ms=0.8, top="own")
+    program.with_suffix(".verdict.json").write_text(verdict.model_dump_json())
+    coder = Recording()
+    config = OptimizeConfig(planner=OFFLINE, coder=OFFLINE, verify=PRESETS["tiny-debug"])
+    store = RunStore(tmp_path / "ws")
+    opt = Optimizer(task, config, coder, coder, None, store, profile_reference=False)
+    state = RunState(run_id=store.new_run_id(task.name), task=task.name, task_sha256=task.sha256,
+                     plan=planned("mlp")[1], program=str(program), program_feedback="Correct. 0.800 ms",
+                     program_verdict=str(program.with_suffix(".verdict.json")), last_action="optimize")
+    store.create_run(state, config)
+    request = opt._coder_request(state, "feedback", fixing=False)
+    assert request.skill == "optimize" and request.program == "# the program\n"
+    assert request.verdict is not None and request.verdict.timing.candidate.median_ms == 0.8
+    answer, _, error = opt._ask(state, 0, 0, opt._coder_prompt(state, state.plan.subtasks[0], "feedback", False),
+                                request)
+    assert error is None and "x = 1" in answer and coder.requests == [request]
+    (_, _, _, logged, _), = store.coder_calls(state.run_id)
+    assert "# the program" in logged[-1]["content"]  # the prompt is in the log all the same

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 from stitchcuda.agents.prompting import conversation
-from stitchcuda.agents.records import Action, Plan, Subtask
-from stitchcuda.llm.base import Message
+from stitchcuda.agents.records import Action, CoderRequest, Plan, Subtask
+from stitchcuda.llm.base import Completion, Message
 from stitchcuda.task.record import Task
 from stitchcuda.verify.config import TOLERANCES
+
+
+@runtime_checkable
+class TypedCoder(Protocol):
+    """A Coder that reads the step as data (the offline compiler) rather than as a prompt."""
+
+    def answer(self, request: CoderRequest) -> Completion: ...
 
 
 def _rules(tolerance: str) -> dict[str, object]:

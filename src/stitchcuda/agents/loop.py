@@ -19,10 +19,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from stitchcuda.agents.coder import feedback_prompt, scratch_prompt
+from stitchcuda.agents.coder import TypedCoder, feedback_prompt, scratch_prompt
 from stitchcuda.agents.extract import ExtractError, extract_program
 from stitchcuda.agents.planner import PlanContext, Planner
-from stitchcuda.agents.records import Best, Plan, RunState, SampleOutcome, StepRecord
+from stitchcuda.agents.records import Best, CoderRequest, Plan, RunState, SampleOutcome, StepRecord
 from stitchcuda.agents.routing import RoutingConfig, accepted, route
 from stitchcuda.llm.base import Completion, LLMClient, LLMConfig, LLMError, LLMTimeout, Message
 from stitchcuda.store import RunStore
@@ -202,9 +202,10 @@ class Optimizer:
         state.attempts_on_subtask = state.failures_in_row = state.no_improvement = 0
         state.subtask_best = None
         state.last_action = None
-        state.fix_program, state.fix_feedback = None, ""
+        state.fix_program, state.fix_feedback, state.fix_verdict = None, "", None
         if state.best is not None:  # a new plan starts from the best verified program
             state.program, state.program_feedback = state.best.path, ""
+            state.program_verdict = str(Path(state.best.path).with_suffix(".verdict.json"))
 
     # -- one step ----------------------------------------------------------------------------------
 
@@ -218,9 +219,10 @@ class Optimizer:
         skill = "feedback" if (action == "optimize" and state.program) or fixing else "scratch"
         step = self.store.step(state.run_id, index) or StepRecord(index=index, subtask=subtask.id, skill=skill)
         messages = self._coder_prompt(state, subtask, skill, fixing)
+        request = self._coder_request(state, skill, fixing)
         self.report(state, f"step {index + 1}: subtask {subtask.id}/{len(state.plan.subtasks)} "
                            f"({skill}{', fix' if fixing else ''})")
-        step.samples = self._samples(state, index, messages)
+        step.samples = self._samples(state, index, messages, request)
         chosen = max(step.samples, key=_rank) if step.samples else None
         step.chosen = chosen.sample if chosen else None
         decision = route(state, chosen, subtask, last, self.config.routing)
@@ -249,14 +251,23 @@ class Optimizer:
         return feedback_prompt(self.task, subtask, Path(path).read_text(), feedback,  # type: ignore[arg-type]
                                "fix" if fixing else "optimize", notes, tolerance, note)
 
-    def _samples(self, state: RunState, index: int, messages: list[Message]) -> list[SampleOutcome]:
+    def _coder_request(self, state: RunState, skill: str, fixing: bool) -> CoderRequest:
+        path, verdict = (state.fix_program, state.fix_verdict) if fixing else (state.program, state.program_verdict)
+        found = None
+        if verdict and Path(verdict).is_file():
+            found = Verdict.model_validate_json(Path(verdict).read_text())
+        return CoderRequest(skill="scratch" if skill == "scratch" else "fix" if fixing else "optimize",
+                            program=Path(path).read_text() if path else None, verdict=found)
+
+    def _samples(self, state: RunState, index: int, messages: list[Message],
+                 request: CoderRequest | None = None) -> list[SampleOutcome]:
         run_dir = self.store.run_dir(state.run_id)
         answers: dict[int, tuple[str | None, str | None, str | None]] = {
             s: (a, None, None) for s, a in self.store.llm_answers(state.run_id, index).items()}
         missing = [s for s in range(self.config.samples) if s not in answers]
         if missing:
             with ThreadPoolExecutor(max_workers=len(missing)) as pool:
-                for sample, got in zip(missing, pool.map(lambda s: self._ask(state, index, s, messages), missing),
+                for sample, got in zip(missing, pool.map(lambda s: self._ask(state, index, s, messages, request), missing),
                                        strict=True):
                     answers[sample] = got
         outcomes: list[SampleOutcome] = []
@@ -296,11 +307,15 @@ class Optimizer:
             self.store.save_candidate(state.run_id, index, outcome)
         return outcomes
 
-    def _ask(self, state: RunState, index: int, sample: int, messages: list[Message]):
+    def _ask(self, state: RunState, index: int, sample: int, messages: list[Message],
+             request: CoderRequest | None = None):
         """(answer, finish reason, error) of one Coder call; fatal LLM errors stop the run."""
         hook = self._call_hook(state, index, "coder", sample)
         try:
-            completion = self.coder.complete(messages)
+            if isinstance(self.coder, TypedCoder) and request is not None:
+                completion = self.coder.answer(request)  # the prompt still goes to the log, as asked
+            else:
+                completion = self.coder.complete(messages)
         except LLMTimeout as exc:
             hook(messages, None, str(exc))
             return None, None, f"timed out: {exc}"
@@ -336,6 +351,7 @@ class Optimizer:
             improved = state.subtask_best is not None and (chosen.speedup_eager or 0) >= state.subtask_best
             if state.program is None or improved or decision.action in ("next", "done"):
                 state.program, state.program_feedback = chosen.path, chosen.feedback
+                state.program_verdict = chosen.verdict_path
             self._consider_best(state, chosen)
         elif chosen is not None:
             state.failures.append(f"step {state.steps_done + 1}: " + (chosen.llm_error or chosen.extract_error
@@ -344,6 +360,7 @@ class Optimizer:
             state.failures = state.failures[-12:]
             if chosen.path:
                 state.fix_program, state.fix_feedback = chosen.path, chosen.feedback
+                state.fix_verdict = chosen.verdict_path
             else:  # nothing to fix: ask again, saying what was wrong with the answer
                 state.note = f"Your previous answer could not be used: {chosen.extract_error or chosen.llm_error}"
         action = decision.action

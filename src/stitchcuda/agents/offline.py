@@ -3,26 +3,29 @@ routing drive them: the Planner answers with the fusion plan, the Coder with gen
 
 The Coder walks a grid of variants (precision, cuBLASLt or cuBLAS, CUDA graph on or off, block
 size, vector width) as a local search: the first step gets the first; every later step starts from
-the fastest verified variant that the prompts have shown (the program a prompt carries and its
-time), and changes as few options of it as it can, the ones the Verifier's feedback points to
-first (:func:`choose_next`). When the variants are used up it answers with the last one again,
+the fastest verified variant it has been shown (the program a step starts from and the Verifier's
+typed verdict on it, never the prompt's wording), and changes as few options of it as it can,
+the ones the verdict points to first (:func:`choose_next`). When the variants are used up it answers with the last one again,
 which the loop sees as stagnation.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import itertools
 import re
 import threading
 import time
 
-from stitchcuda.agents.coder import feedback_in_prompt
+from pydantic import BaseModel, Field
+
 from stitchcuda.agents.planner import CallHook, PlanContext
-from stitchcuda.agents.records import Best, Plan
+from stitchcuda.agents.records import Best, CoderRequest, Plan
 from stitchcuda.compiler import Compiled, compile_task
 from stitchcuda.llm.base import Completion, LLMConfig, Message, Usage
 from stitchcuda.task.record import Task
+from stitchcuda.verify.verdict import Verdict
 
 OFFLINE = LLMConfig(provider="offline", model="stitchcuda-offline")
 
@@ -59,12 +62,30 @@ class OfflinePlannerAgent:
         return plan, None
 
 
-LAUNCH_BOUND = re.compile(r"Launch-bound: the GPU is idle (\d+)%")
-TOP_KERNEL = re.compile(r"Top kernel: .* \((own|library|pytorch)\) takes (\d+)%")
-
-
-CARRIED_TIME = re.compile(r"Correct\. (\d+(?:\.\d+)?) ms")
 OPTIONS_LINE = re.compile(r"^\s*Options (\{[^}\n]*\})", re.M)
+
+
+class Signals(BaseModel):
+    """What the Verifier's verdict on the program a step starts from says about the next variant."""
+
+    failure: str = Field("", description="build and run errors when it failed (compiler and CUDA messages)")
+    idle_share: float = Field(0.0, description="share of the forward with the GPU idle")
+    launches: int = 0
+    top_origin: str | None = Field(None, description="own / library / pytorch: where the top kernel comes from")
+
+    @classmethod
+    def from_verdict(cls, verdict: Verdict | None) -> Signals:
+        if verdict is None:
+            return cls()
+        failure = ""
+        if not verdict.correct:
+            messages = [m.message for ext in verdict.build.extensions for m in ext.messages if m.severity == "error"]
+            crash = [verdict.crash.message] if verdict.crash else []
+            failure = "\n".join([*verdict.errors, *messages, *crash])
+        profile = verdict.profile
+        return cls(failure=failure, idle_share=profile.idle_share if profile else 0.0,
+                   launches=profile.launches if profile else 0,
+                   top_origin=profile.kernels[0].origin if profile and profile.kernels else None)
 
 
 def variant_of(program: str, options: list[dict]) -> int | None:
@@ -79,11 +100,11 @@ def variant_of(program: str, options: list[dict]) -> int | None:
     return next((i for i, o in enumerate(options) if o == named), None)
 
 
-def choose_next(options: list[dict], tried: list[int], feedback: str, base: int | None = None) -> int:
+def choose_next(options: list[dict], tried: list[int], signals: Signals, base: int | None = None) -> int:
     """The next variant to try: the untried one nearest ``base`` (the fewest options changed), and
-    among those the one the Verifier's feedback points to. ``base`` is the fastest verified
-    variant so far (the last tried when none is known).
-    A failure rules out the feature it names (cuBLASLt, graph capture, float4 paths); a
+    among those the one the verdict points to. ``base`` is the fastest verified variant so far (the
+    last tried when none is known).
+    A failure rules out the feature its errors name (cuBLASLt, graph capture, float4 paths); a
     launch-bound profile asks for the CUDA graph; a library kernel on top asks for the other GEMM
     path or precision, one of our own kernels for another block size or vector width."""
     left = [i for i in range(len(options)) if i not in tried and i != base]
@@ -94,24 +115,22 @@ def choose_next(options: list[dict], tried: list[int], feedback: str, base: int 
             return left[0]
         base = tried[-1]
     ref = options[base]
-    text = feedback.lower()
+    failure = signals.failure.lower()
     banned: list[tuple[str, object]] = []
-    if "cublaslt" in text and ("failed" in text or "error" in text):
+    if "cublaslt" in failure:
         banned.append(("cublaslt", True))
-    if any(w in text for w in ("cudagraph", "streambegincapture", "capture")) and ("failed" in text or "error" in text):
+    if any(w in failure for w in ("cudagraph", "streambegincapture", "capture")):
         banned.append(("graph", True))
-    if "misaligned" in text:
+    if "misaligned" in failure:
         banned.append(("vector_width", 4))
     allowed = [i for i in left if not any(options[i].get(k) == v for k, v in banned)] or left
 
     wants: list[tuple[str, ...]] = []
-    idle = LAUNCH_BOUND.search(feedback)
-    if idle and int(idle[1]) >= 20 and not ref.get("graph"):
+    if signals.idle_share >= 0.2 and signals.launches > 3 and not ref.get("graph"):
         wants.append(("graph",))
-    top = TOP_KERNEL.search(feedback)
-    if top and top[1] == "library":
+    if signals.top_origin == "library":
         wants.append(("cublaslt", "tf32"))
-    elif top and top[1] == "own":
+    elif signals.top_origin == "own":
         wants.append(("block", "vector_width"))
 
     def distance(i: int) -> int:
@@ -126,7 +145,9 @@ def choose_next(options: list[dict], tried: list[int], feedback: str, base: int 
 
 
 class OfflineCoder:
-    """An ``LLMClient`` whose answers are generated programs, one variant per call."""
+    """A Coder whose answers are generated programs, one variant per call. It reads each step as a
+    typed :class:`CoderRequest` (the loop calls :meth:`answer`); :meth:`complete` keeps the
+    ``LLMClient`` interface for callers without one and walks the variants in order."""
 
     config = OFFLINE
 
@@ -137,26 +158,39 @@ class OfflineCoder:
         self.graph, self.groups = self.compiled.graph, self.compiled.groups
         self.variants = variants(tolerance)
         self.tried: list[int] = []
-        self.verified_ms: dict[int, float] = {}  # variant -> its time, as the prompts carrying it said
+        self.verified_ms: dict[int, float] = {}  # variant -> its time, from the verdicts it was shown
+        self._made: dict[str, int] = {}  # sha256 of a program it wrote -> its variant
         self._lock = threading.Lock()
 
-    def complete(self, messages: list[Message], *, max_tokens: int | None = None,
-                 temperature: float | None = None) -> Completion:
+    def _variant(self, program: str | None) -> int | None:
+        if program is None:
+            return None
+        made = self._made.get(hashlib.sha256(program.encode()).hexdigest())
+        # a program of a resumed run, written by another instance: its header names the options
+        return made if made is not None else variant_of(program, self.variants)
+
+    def answer(self, request: CoderRequest) -> Completion:
         from stitchcuda.compiler.codegen import CodegenOptions, generate
 
         with self._lock:
-            prompt = messages[-1].content if messages else ""
-            carried, timed = variant_of(prompt, self.variants), CARRIED_TIME.search(prompt)
-            if carried is not None and timed:
-                self.verified_ms[carried] = min(float(timed[1]), self.verified_ms.get(carried, float("inf")))
+            carried, verdict = self._variant(request.program), request.verdict
+            if carried is not None and verdict is not None and verdict.correct and verdict.timing:
+                ms = verdict.timing.candidate.median_ms
+                self.verified_ms[carried] = min(ms, self.verified_ms.get(carried, float("inf")))
             # From the fastest program seen, by its own time: the loop carries the last program
             # into a new subtask even when it was slower, and eager's time (so the speedup) is noisy.
             base = min(self.verified_ms, key=self.verified_ms.__getitem__) if self.verified_ms else carried
-            index = choose_next(self.variants, self.tried, feedback_in_prompt(prompt), base=base)
+            index = choose_next(self.variants, self.tried, Signals.from_verdict(verdict), base=base)
             self.tried.append(index)
             options = CodegenOptions.model_validate(self.variants[index])
         started = time.perf_counter()
         source = generate(self.task, self.graph, self.groups, options)
+        with self._lock:
+            self._made[hashlib.sha256(source.encode()).hexdigest()] = index
         text = f"Offline Coder, variant {options.model_dump()}:\n```python\n{source}```\n"
         return Completion(text=text, model=OFFLINE.model, usage=Usage(), seconds=time.perf_counter() - started,
                           finish_reason="stop")
+
+    def complete(self, messages: list[Message], *, max_tokens: int | None = None,
+                 temperature: float | None = None) -> Completion:
+        return self.answer(CoderRequest(skill="scratch"))

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from stitchcuda.verify.verdict import Verdict
+
 Action = Literal["fix", "optimize", "next", "replan", "done"]
 Skill = Literal["scratch", "feedback"]
 RunStatus = Literal["running", "done", "stopped", "failed"]
@@ -27,6 +29,15 @@ class Plan(BaseModel):
     rationale: str = ""
     subtasks: list[Subtask] = Field(min_length=1)
     source: Literal["llm", "default", "offline"] = "llm"
+
+
+class CoderRequest(BaseModel):
+    """One Coder step as data. An LLM reads it rendered into a prompt; a Coder that is a program
+    (the offline compiler) reads these fields, so rewording the prompt never changes its search."""
+
+    skill: Literal["scratch", "fix", "optimize"]
+    program: str | None = Field(None, description="source of the program the step starts from")
+    verdict: Verdict | None = Field(None, description="the Verifier's verdict on that program")
 
 
 class Decision(BaseModel):
@@ -90,8 +101,10 @@ class RunState(BaseModel):
     steps_done: int = 0
     program: str | None = Field(None, description="path of the accepted program the next step builds on")
     program_feedback: str = ""
+    program_verdict: str | None = Field(None, description="path of the verdict on ``program``")
     fix_program: str | None = Field(None, description="path of the failed program the next fix starts from")
     fix_feedback: str = ""
+    fix_verdict: str | None = Field(None, description="path of the verdict on ``fix_program``")
     note: str = Field("", description="a remark for the next Coder prompt (an unusable last answer)")
     last_action: Action | None = None
     subtask_best: float | None = Field(None, description="best speedup over eager within the current subtask")

@@ -1,0 +1,301 @@
+"""Lowering a whole graph: its fusion groups in dependency order, each to a fused lowering (lower_*.py)
+or to its operator's family lowering (families/), every problem collected before giving up; and
+the checks on the graph's values (entry arguments, dtypes) that hold for every lowering."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stitchcuda.compiler.expr import (
+    COMPARISONS,
+    DATA_OPS,
+    GATHER_OPS,
+    MASK_OPS,
+    POOL_OPS,
+    ROW_OPS,
+    VIEWS,
+    Expr,
+    Unsupported,
+    contiguous_strides,
+    is_pointwise,
+    pool_fusable,
+    view_expr,
+)
+from stitchcuda.compiler.families import FAMILIES, Strided
+from stitchcuda.compiler.fusion import FusionGroup
+from stitchcuda.compiler.graph import Node, OpGraph
+from stitchcuda.compiler.lower_attention import lower_attention
+from stitchcuda.compiler.lower_context import LowerContext
+from stitchcuda.compiler.lower_conv import lower_conv
+from stitchcuda.compiler.lower_gemm import lower_gemm
+from stitchcuda.compiler.lower_pointwise import lower_pointwise
+from stitchcuda.compiler.lower_recurrent import batch_recurrent_inputs, lower_recurrent
+from stitchcuda.compiler.lower_rows import lower_group_norm, lower_row
+from stitchcuda.compiler.lowered import (
+    C_TYPES,
+    CELLS,
+    CONVS,
+    GEMM_OPS,
+    SPLITS,
+    ZEROS,
+    CodegenOptions,
+    Lowered,
+    Lowering,
+    short_op,
+    to_ident,
+)
+
+# names the entry point's own code uses (forward_impl's locals, the kernels' index variables) and C++
+# keywords that are valid Python names: an argument named so gets a prefix
+_RESERVED = {"a", "P", "opts", "device", "guard", "i", "c", "j", "k", "t", "o", "row", "base", "stream", "blas",
+             "kOne", "kZero", "auto", "new", "delete", "this", "int", "float", "double", "long", "char", "bool",
+             "void", "const", "template", "typename", "namespace", "struct", "union", "switch", "case", "default",
+             "goto", "register", "static", "extern", "signed", "unsigned", "short", "volatile", "inline",
+             "operator", "private", "public", "protected", "virtual", "friend", "sizeof", "typedef", "enum",
+             "explicit", "mutable", "export", "throw", "catch", "true", "false", "nullptr", "using", "do"}
+
+
+def _arg_ident(name: str) -> str:
+    text = to_ident(name)
+    return "in_" + text if text in _RESERVED else text
+
+
+def _group_order(graph: OpGraph, groups: list[FusionGroup]) -> tuple[list[FusionGroup], dict[str, int]]:
+    """Groups in a dependency order (stable), and node -> group id; raises on nodes in no group."""
+    owner: dict[str, int] = {}
+    for g in groups:
+        for n in g.nodes:
+            if n in owner:
+                raise Unsupported(f"node {n} is in two fusion groups ({owner[n]} and {g.id})")
+            owner[n] = g.id
+    missing = [n.name for n in graph.nodes if n.name not in owner]
+    if missing:
+        raise Unsupported(f"nodes in no fusion group: {', '.join(missing[:8])}")
+    deps: dict[int, set[int]] = {g.id: set() for g in groups}
+    for n in graph.nodes:
+        for i in n.inputs():
+            src = graph.getitems.get(i, (i, 0))[0]
+            if src in owner and owner[src] != owner[n.name]:
+                deps[owner[n.name]].add(owner[src])
+    done: set[int] = set()
+    order: list[FusionGroup] = []
+    pending = list(groups)
+    while pending:
+        ready = [g for g in pending if deps[g.id] <= done]
+        if not ready:
+            raise Unsupported("the fusion groups depend on each other in a cycle")
+        order.append(ready[0])
+        done.add(ready[0].id)
+        pending.remove(ready[0])
+    return order, owner
+
+
+class _Lowerer:
+    def __init__(self, graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions):
+        self.cx = LowerContext(graph, options)
+        self.problems: list[str] = []
+        self.failing_ops: set[str] = set()
+        self.order, self.owner = _group_order(graph, groups)
+        self._check_placeholders()
+
+    def _check_placeholders(self) -> None:
+        """Entry arguments are the placeholders some node reads (an unread buffer such as BatchNorm's
+        ``num_batches_tracked`` lives in the module only); non-float32 ones may only feed masks."""
+        read = {i for n in self.cx.graph.nodes for i in n.inputs()}
+        for p in self.cx.graph.placeholders:
+            if p.name not in read:
+                continue
+            if p.kind == "constant":
+                raise Unsupported(f"lifted tensor constant {p.name}: the generated module cannot recreate it")
+            if p.meta is None:
+                raise Unsupported(f"forward argument {p.name} is not a tensor")
+            if p.meta.dtype not in C_TYPES:
+                raise Unsupported(f"{p.kind} {p.name} has dtype {p.meta.dtype}")
+            ident = _arg_ident(p.name)
+            self.cx.out.args.append((p.name, ident, list(p.meta.shape)))
+            self.cx.out.storage[p.name] = ident
+            if p.meta.dtype != "float32":
+                self.cx.out.ctypes[ident] = C_TYPES[p.meta.dtype]
+        known = GEMM_OPS | CONVS | ROW_OPS | {"aten.group_norm"} | VIEWS | SPLITS | set(CELLS) | ZEROS | DATA_OPS
+        by_family = {n for g in self.order if self._family_node(g) is not None for n in g.nodes}
+        for n in self.cx.graph.nodes:
+            if n.name in by_family:
+                continue  # a family lowering reads and writes any dtype it knows and names what it does not
+            if len(n.out) != 1 and n.op not in SPLITS | set(CELLS):
+                raise Unsupported(f"{n.name} ({n.op}) has {len(n.out)} outputs; only single-output operators and "
+                                  "splits are supported")
+            if not (n.op in known or is_pointwise(n.op)):
+                continue  # the group lowering names the operator
+            for i in n.inputs():
+                meta = self.cx.graph.meta(i)
+                if meta is not None and meta.dtype != "float32" and n.op not in MASK_OPS | VIEWS | GATHER_OPS \
+                        and not (meta.dtype == "bool" and (n.op in COMPARISONS or n.op == "aten.mul")) and not (
+                        n.op == "aten.alias" or n.op == "aten.clone"):
+                    raise Unsupported(f"{n.name} ({n.op}) reads {i} of dtype {meta.dtype}; only masks may be "
+                                      "other than float32")
+            if n.op not in VIEWS | {"aten.alias", "aten.clone"} and (
+                    any(o.dtype not in ("float32", "bool") for o in n.out)
+                    or (n.out[0].dtype == "bool" and n.op not in ("aten.bitwise_not", "aten.logical_not")
+                        and n.op not in COMPARISONS and n.op != "aten.isnan")):
+                raise Unsupported(f"{n.name} ({n.op}) computes {n.out[0].dtype}; only float32 values and bool "
+                                  "masks are supported")
+        for name, (src, _) in self.cx.graph.getitems.items():
+            if self.cx.nodes[src].op not in SPLITS | set(CELLS) | set(FAMILIES):
+                raise Unsupported(f"multi-output operator {src} ({self.cx.nodes[src].op}) read through {name}")
+        for o in self.cx.graph.outputs:
+            if o not in self.cx.nodes and o not in self.cx.graph.getitems:  # a multi-output family op's output
+                raise Unsupported(f"the forward returns {o}, an argument, not a computed value")
+
+    def lower(self) -> Lowering:
+        self.cx.batched: dict[str, tuple[str, int, str, Any]] = {}  # cell -> (all-steps gate buffer, t, x, W_ih)
+        batch_recurrent_inputs(self.cx)
+        for g in self.order:
+            try:
+                self.cx.out.groups.append(self._lower_group(g))
+            except Unsupported as exc:
+                ops = list(dict.fromkeys(self.cx.nodes[n].op for n in g.nodes))
+                self.failing_ops.update(ops)
+                self.problems.append(f"group {g.id} ({g.kind}: {', '.join(ops)}): {exc}")
+                try:  # keep going so that every problem is listed
+                    for v in self.cx.outputs_of(g):
+                        self.cx.buffer(v)
+                except Unsupported as more:  # the group's outputs cannot even be stored: say so, go on
+                    self.problems.append(f"group {g.id}: {more}")
+        self._write_back()
+        return self.cx.out
+
+    def _write_back(self) -> None:
+        """Buffers the forward mutates (BatchNorm's running statistics) get their new values last."""
+        from stitchcuda.compiler.families.state import write_back
+
+        for value, buffer in self.cx.graph.mutations.items():
+            if buffer not in self.cx.out.storage or value not in self.cx.out.storage:
+                self.problems.append(f"buffer {buffer}: its new value {value} is not computed")
+                continue
+            meta, bmeta = self.cx.graph.meta(value), self.cx.graph.meta(buffer)
+            if meta is None or bmeta is None:
+                self.problems.append(f"buffer {buffer}: no tensor metadata")
+                continue
+            ctype, shape = C_TYPES.get(meta.dtype, "?"), tuple(meta.shape)
+            src = Strided(f"a.{self.cx.out.storage[value]}", ctype, shape, contiguous_strides(shape))
+            dst = Strided(f"a.{self.cx.out.storage[buffer]}", C_TYPES.get(bmeta.dtype, "?"), tuple(bmeta.shape),
+                          contiguous_strides(tuple(bmeta.shape)))
+            try:
+                call = write_back(src, dst, buffer)
+            except Unsupported as exc:
+                self.problems.append(str(exc))
+                continue
+            self.cx.out.groups.append(Lowered(FusionGroup(id=-1, kind="other", nodes=[]), "kernel", call=call,
+                                           describe=call.describe))
+
+    def _lower_group(self, g: FusionGroup) -> Lowered:
+        nodes = [self.cx.nodes[n] for n in g.nodes]
+        family = self._family_node(g)
+        if family is not None:
+            return self._lower_family(g, nodes, family)
+        for n in nodes:
+            if not (n.op in GEMM_OPS or n.op in CONVS or n.op in ROW_OPS or n.op == "aten.group_norm" or n.op in VIEWS or n.op in SPLITS or is_pointwise(n.op)
+                    or n.op in CELLS or n.op in DATA_OPS or (n.op in ZEROS and g.kind == "recurrent")):
+                raise Unsupported(f"{n.name}: operator {n.op}.{n.overload} is not supported by the offline Coder")
+        if g.kind == "attention":
+            return lower_attention(self.cx, g, nodes)
+        if any(n.op in CELLS for n in nodes):
+            return lower_recurrent(self.cx, g, nodes)
+        convs = [n for n in nodes if n.op in CONVS]
+        if convs:
+            return lower_conv(self.cx, g, nodes, convs)
+        gemms = [n for n in nodes if n.op in GEMM_OPS]
+        if gemms:
+            return lower_gemm(self.cx, g, nodes, gemms)
+        if nodes[0].op == "aten.group_norm":
+            return lower_group_norm(self.cx, g, nodes)
+        if any(n.op in ROW_OPS for n in nodes):
+            return lower_row(self.cx, g, nodes)
+        return lower_pointwise(self.cx, g, nodes)
+
+    def _family_node(self, g: FusionGroup) -> Node | None:
+        """The one operator a group hands to its family lowering (views before it fold into its reads)."""
+        nodes = [self.cx.nodes[n] for n in g.nodes]
+        family = [n for n in nodes if n.op in FAMILIES  # a pooling pool_expr takes stays a strided-read kernel
+                  and not (n.op in POOL_OPS and pool_fusable(n, self.cx.shape(n.args[0][1:])))]
+        if g.kind == "other" and len(family) == 1 and all(n is family[0] or n.op in VIEWS | SPLITS for n in nodes):
+            return family[0]
+        return None
+
+    def _lower_family(self, g: FusionGroup, nodes: list[Node], node: Node) -> Lowered:
+        """One operator through its family lowering; the views before it are folded into its reads."""
+        env: dict[str, Expr] = {}
+        for n in nodes:
+            if n is node:
+                continue
+            if n.op in SPLITS:
+                self.cx.split(n, env)
+            else:
+                env[n.name] = view_expr(n, self.cx.arg(env, f"{n.name} ({n.op})")(n.args[0]))
+        call = FAMILIES[node.op](_FamilyContext(self.cx, env, node), node)
+        if call.library == "cudnn":
+            self.cx.out.uses_dnn = True
+        return Lowered(g, "kernel", call=call, describe=call.describe or short_op(node))
+
+
+class _FamilyContext:
+    """The lowerer as a family lowering sees it (:class:`stitchcuda.compiler.families.FamilyContext`)."""
+
+    def __init__(self, cx: LowerContext, env: dict[str, Expr], node: Node):
+        self._cx, self._env, self._node = cx, env, node
+        self.block = cx.options.block
+
+    def read(self, arg: Any) -> Strided:
+        where = f"{self._node.name} ({self._node.op})"
+        e = self._cx.arg(self._env, where)(arg)
+        if e.op != "leaf" or e.leaf is None or not e.leaf.plain:  # type: ignore[union-attr]
+            raise Unsupported(f"{where}: operand {arg!r} is not a tensor in memory")
+        lf = e.leaf
+        store = self._cx.out.storage
+        ident = store[lf.value]
+        meta = self._cx.graph.meta(lf.value)
+        ctype = C_TYPES.get(meta.dtype if meta else "float32")
+        if ctype is None:
+            raise Unsupported(f"{where}: operand {arg!r} has dtype {meta.dtype if meta else '?'}")
+        return Strided(f"a.{ident}", ctype, tuple(lf.shape), tuple(lf.strides), lf.offset)
+
+    def write(self, value: str, dtype: str = "float32") -> Strided:
+        if dtype not in C_TYPES:
+            raise Unsupported(f"{self._node.name} ({self._node.op}) computes {dtype}")
+        ident = self._cx.buffer(value)
+        if dtype != "float32":
+            self._cx.out.ctypes[ident] = C_TYPES[dtype]
+        shape = self._cx.shape(value)
+        return Strided(f"a.{ident}", C_TYPES[dtype], shape, contiguous_strides(shape))
+
+    def outputs(self, node: Node) -> list[str | None]:
+        if len(node.out) == 1 and not any(src == node.name for src, _ in self._cx.graph.getitems.values()):
+            return [node.name]
+        found: list[str | None] = [None] * len(node.out)
+        for name, (src, index) in self._cx.graph.getitems.items():
+            if src == node.name:
+                found[index] = name
+        return found
+
+    def kernel_name(self, node: Node, what: str) -> str:
+        return f"k_{to_ident(node.name)}_{what}"  # the program's namespace keeps it apart from others
+
+
+def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None) -> Lowering:
+    """Lower every group, raising :class:`Unsupported` with all the problems found."""
+    lowerer = _Lowerer(graph, groups, options or CodegenOptions())
+    low = lowerer.lower()
+    if lowerer.problems:
+        raise Unsupported("; ".join(lowerer.problems), frozenset(lowerer.failing_ops))
+    low.uses_blas = any(x.gemm is not None and x.gemm.lt is None for g in low.groups for x in g.launches())
+    return low
+
+
+def supported(graph: OpGraph, groups: list[FusionGroup]) -> list[str]:
+    """The reasons the offline Coder cannot generate this graph (empty when it can)."""
+    try:
+        lowerer = _Lowerer(graph, groups, CodegenOptions())
+    except Unsupported as exc:
+        return [str(exc)]
+    lowerer.lower()
+    return lowerer.problems

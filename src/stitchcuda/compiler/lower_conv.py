@@ -1,0 +1,286 @@
+"""Convolutions through cuDNN: 1-, 2- and 3-d, transposed ones as cuDNN's backward-data, float32
+NC(D)HW, a bias and a pointwise chain after them as one epilogue kernel; the geometry cuDNN takes,
+and the descriptors, algorithm choice and calls of the host program."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stitchcuda.compiler.expr import (
+    VIEWS,
+    Expr,
+    Leaf,
+    Program,
+    Step,
+    Unsupported,
+    contiguous_strides,
+    leaf,
+    numel,
+    ref,
+    view_expr,
+)
+from stitchcuda.compiler.fusion import FusionGroup
+from stitchcuda.compiler.graph import Node
+from stitchcuda.compiler.lower_context import LowerContext
+from stitchcuda.compiler.lower_pointwise import epilogue_text, lower_pointwise, with_epilogue
+from stitchcuda.compiler.lowered import (
+    Conv,
+    Lowered,
+    to_ident,
+)
+
+
+def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node], convs: list[Node]) -> Lowered:
+    """A 1-, 2- or 3-d convolution (or transposed convolution) through cuDNN into the group's
+    output buffer, then one pointwise kernel for bias + the epilogue (eval batch norm,
+    activations, residual adds) in place."""
+    if len(convs) != 1:
+        raise Unsupported(f"{len(convs)} convolutions in one group")
+    anchor = convs[0]
+    where = f"{anchor.name} ({anchor.op})"
+    env: dict[str, Expr] = {}
+    for n in nodes[:nodes.index(anchor)]:
+        if n.op not in VIEWS:
+            raise Unsupported(f"{n.name} ({n.op}) before the convolution (only views may feed it)")
+        env[n.name] = view_expr(n, cx.arg(env, n.name)(n.args[0]))
+    arg = cx.arg(env, where)
+    x, w = arg(anchor.args[0]), arg(anchor.args[1])
+    for e, what in ((x, "input"), (w, "weight")):
+        if e.op != "leaf" or not e.leaf.contiguous or not e.leaf.plain:  # type: ignore[union-attr]
+            raise Unsupported(f"{where}: the {what} is not a contiguous buffer (shape {list(e.shape)})")
+    out_shape = cx.shape(anchor.name)
+    geo = conv_geometry(anchor, x.shape, w.shape, out_shape)
+
+    def buf(e: Expr) -> str:
+        lf: Leaf = e.leaf  # type: ignore[assignment]
+        return cx.out.storage[lf.value] + (f" + {lf.offset}" if lf.offset else "")
+
+    conv = Conv(index=len(cx.out.convs), n=geo.n, c=geo.c, k=geo.k, size=geo.size, out_size=geo.out_size,
+                kernel=geo.kernel, pad=geo.pad, stride=geo.stride, dilation=geo.dilation, groups=geo.groups,
+                transposed=geo.transposed, x=buf(x), weight=buf(w), chunks=geo.chunks)
+    cx.out.convs.append(conv)
+    bias_arg = anchor.args[2] if len(anchor.args) > 2 else anchor.kwargs.get("bias")
+    bias: Expr | None = None
+    spatial = len(out_shape) - (2 if geo.batched else 1)
+    if bias_arg is not None:
+        b = arg(bias_arg)
+        if b.op != "leaf" or b.shape != (geo.k,):
+            raise Unsupported(f"{where}: bias of shape {list(b.shape)}")
+        lf: Leaf = b.leaf  # type: ignore[assignment]
+        bias = leaf(lf.value, (geo.k,) + (1,) * spatial, (lf.strides[0],) + (0,) * spatial, lf.offset)
+    epilogue = nodes[nodes.index(anchor) + 1:]
+    dims = len(geo.kernel) - (1 if geo.one_d else 0)
+    text = (f"{'transposed ' if geo.transposed else ''}conv{dims}d {anchor.module or anchor.name}: "
+            f"{list(x.shape)} -> {list(out_shape)}, {'x'.join(map(str, w.shape[2:]))} filter, "
+            f"stride {list(geo.stride[-dims:])}, padding {geo.padding_text}"
+            + (f", dilation {list(geo.dilation[-dims:])}" if set(geo.dilation) != {1} else "")
+            + (f", groups {geo.groups}" if geo.groups > 1 else "") + " via cuDNN")
+    if any(geo.trim):  # uneven 'same' padding: cuDNN writes one more row where it is, the epilogue drops it
+        wide = (geo.n, geo.k, *geo.out_size)
+        conv.out = f"b_{to_ident(anchor.name)}__wide"
+        cx.out.intermediates.append((conv.out, list(wide)))
+        cx.out.storage[f"{anchor.name}__wide"] = conv.out
+        st = contiguous_strides(wide)
+        lead = st[:2] if geo.batched else st[1:2]  # an input without its batch dim: N = 1, dropped
+        value = leaf(f"{anchor.name}__wide", out_shape, (*lead, *st[len(st) - spatial:]),
+                     sum(t * s for t, s in zip(geo.trim, st[2:], strict=True)))
+        steps = [] if bias is None else [Step(to_ident(anchor.name), "full", Expr("add", (value, bias),
+                                                                                 shape=tuple(out_shape)))]
+        env[anchor.name] = ref(to_ident(anchor.name), out_shape) if bias is not None else value
+        low = lower_pointwise(cx, g, epilogue, env, Program("pointwise", out_shape, steps=steps))
+    elif bias is None and not epilogue:
+        conv.out = cx.buffer(anchor.name)
+        return Lowered(g, "conv", conv=conv, describe=text)
+    else:
+        low, conv.out = with_epilogue(cx, g, anchor, epilogue, bias, env)
+    low.kind, low.conv = "conv", conv
+    low.describe = text + " + epilogue " + epilogue_text(bias, epilogue)
+    return low
+
+
+_CONV_ARGS = ["input", "weight", "bias", "stride", "padding", "dilation", "groups"]  # convNd
+_CONV_T_ARGS = ["input", "weight", "bias", "stride", "padding", "output_padding", "groups", "dilation"]
+_CONVOLUTION_ARGS = ["input", "weight", "bias", "stride", "padding", "dilation", "transposed", "output_padding",
+                     "groups"]  # aten.convolution, aten._convolution (whose further flags change no result)
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """A convolution node's arguments as cuDNN takes them: 2 or 3 spatial dims (a 1-d one as 2-d
+    with H = 1), symmetric padding."""
+
+    transposed: bool
+    batched: bool  # False: the input has no batch dim (N = 1 for cuDNN)
+    one_d: bool
+    n: int
+    c: int
+    k: int
+    groups: int
+    size: tuple[int, ...]
+    out_size: tuple[int, ...]  # what cuDNN writes
+    kernel: tuple[int, ...]
+    pad: tuple[int, ...]
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    trim: tuple[int, ...]  # leading rows of cuDNN's output the node's output drops (uneven 'same' padding)
+    padding_text: str
+    chunks: int  # calls over equal batch slices (what PyTorch does for tensors of 2^31 elements or more)
+
+
+def conv_geometry(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...],
+                  out_shape: tuple[int, ...]) -> ConvGeometry:
+    """The convolution ``node`` (any of CONVS) as cuDNN runs it; Unsupported where it cannot."""
+    where = f"{node.name} ({node.op}.{node.overload})"
+    op = node.op
+    names = (_CONVOLUTION_ARGS if op in ("aten.convolution", "aten._convolution") else
+             _CONV_T_ARGS if op.startswith("aten.conv_transpose") else _CONV_ARGS)
+    a = dict(zip(names, node.args, strict=False))
+    a.update({k: v for k, v in node.kwargs.items() if k in names})
+    transposed = bool(a.get("transposed", op.startswith("aten.conv_transpose")))
+    sp = len(w_shape) - 2
+    if sp not in (1, 2, 3) or len(x_shape) not in (sp + 1, sp + 2) or len(out_shape) != len(x_shape):
+        raise Unsupported(f"{where}: input {list(x_shape)}, weight {list(w_shape)}, output {list(out_shape)}")
+    batched = len(x_shape) == sp + 2
+
+    def ints(v: Any, default: int, what: str) -> tuple[int, ...]:
+        v = default if v is None else v
+        items = list(v) if isinstance(v, (list, tuple)) else [v]
+        items = items * sp if len(items) == 1 else items
+        if len(items) != sp or not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+            raise Unsupported(f"{where}: {what} {v!r} is not {sp} integers")
+        return tuple(items)
+
+    groups = a.get("groups")
+    groups = 1 if groups is None else groups
+    stride, dilation = ints(a.get("stride"), 1, "stride"), ints(a.get("dilation"), 1, "dilation")
+    out_pad = ints(a.get("output_padding"), 0, "output_padding") if transposed else (0,) * sp
+    kernel, size, out = tuple(w_shape[2:]), tuple(x_shape[-sp:]), tuple(out_shape[-sp:])
+    padding = a.get("padding")
+    if padding == "valid":
+        left = right = (0,) * sp
+    elif padding == "same" and not transposed:
+        if set(stride) != {1}:
+            raise Unsupported(f"{where}: padding='same' with stride {list(stride)}")
+        left = tuple(d * (f - 1) // 2 for d, f in zip(dilation, kernel, strict=True))
+        right = tuple(d * (f - 1) - lo for d, f, lo in zip(dilation, kernel, left, strict=True))
+    elif isinstance(padding, str):
+        raise Unsupported(f"{where}: padding={padding!r}")
+    else:
+        left = right = ints(padding, 0, "padding")
+    c, k = x_shape[-sp - 1], out_shape[-sp - 1]
+    if not isinstance(groups, int) or groups < 1 or c % groups or k % groups:
+        raise Unsupported(f"{where}: groups={groups!r}")
+    if tuple(w_shape[:2]) != ((c, k // groups) if transposed else (k, c // groups)):
+        raise Unsupported(f"{where}: weight of shape {list(w_shape)}")
+    if transposed:
+        expect = tuple((n - 1) * st - 2 * p + d * (f - 1) + op_ + 1
+                       for n, st, p, d, f, op_ in zip(size, stride, left, dilation, kernel, out_pad, strict=True))
+        # cuDNN runs it as the backward-data of the convolution from our output back to our input
+        back = tuple((o + 2 * p - d * (f - 1) - 1) // st + 1
+                     for o, st, p, d, f in zip(expect, stride, left, dilation, kernel, strict=True))
+        if back != size:
+            raise Unsupported(f"{where}: output padding {list(out_pad)} not below stride {list(stride)}")
+    else:
+        expect = tuple((n + lo + hi - d * (f - 1) - 1) // st + 1
+                       for n, lo, hi, d, f, st in zip(size, left, right, dilation, kernel, stride, strict=True))
+    if out != expect or (batched and out_shape[0] != x_shape[0]):
+        raise Unsupported(f"{where}: output {list(out_shape)}, expected spatial dims {list(expect)}")
+    trim = tuple(hi - lo for lo, hi in zip(left, right, strict=True))
+    cudnn_out = tuple(o + t for o, t in zip(out, trim, strict=True))
+    n = x_shape[0] if batched else 1
+    per_sample = max(numel((c, *size)), numel((k, *cudnn_out)))
+    if max(per_sample, numel(w_shape)) > 2 ** 31 - 1:  # cuDNN's legacy descriptors count elements in int
+        raise Unsupported(f"{where}: one sample's input or output, or the weight, has 2^31 elements or more")
+    chunks = next(q for q in range(1, n + 1) if n % q == 0 and n // q * per_sample <= 2 ** 31 - 1)
+    one_d = sp == 1
+
+    def two(t: tuple[int, ...], first: int) -> tuple[int, ...]:
+        return (first, *t) if one_d else t
+
+    return ConvGeometry(transposed=transposed, batched=batched, one_d=one_d, n=n, c=c, k=k, groups=groups,
+                        size=two(size, 1), out_size=two(cudnn_out, 1), kernel=two(kernel, 1), pad=two(right, 0),
+                        stride=two(stride, 1), dilation=two(dilation, 1), trim=two(trim, 0),
+                        padding_text=repr(padding) if isinstance(padding, str) else str(list(left)), chunks=chunks)
+
+
+def conv_members(c: Conv) -> list[str]:
+    i = c.index
+    return [f"cudnnTensorDescriptor_t dnn_x{i} = nullptr, dnn_y{i} = nullptr;",
+            f"cudnnFilterDescriptor_t dnn_w{i} = nullptr;",
+            f"cudnnConvolutionDescriptor_t dnn_c{i} = nullptr;",
+            f"{'cudnnConvolutionBwdDataAlgo_t' if c.transposed else 'cudnnConvolutionFwdAlgo_t'} dnn_algo{i}{{}};",
+            f"size_t dnn_bytes{i} = 0;"]
+
+
+def conv_setup(c: Conv, math: str) -> list[str]:
+    """Descriptors and the algorithm (timed by cuDNN at setup, else its heuristics; the first that works under the
+    math mode within the workspace limit), once per Program: nothing here runs inside a capture."""
+    i, m = c.index, "made->"
+    x_dims, y_dims = (c.n // c.chunks, c.c, *c.size), (c.n // c.chunks, c.k, *c.out_size)
+    # a transposed convolution is the backward-data of the convolution from its output to its input
+    w_dims = (c.c, c.k // c.groups, *c.kernel) if c.transposed else (c.k, c.c // c.groups, *c.kernel)
+    pick = "sc_pick_bwd_data" if c.transposed else "sc_pick_fwd"
+    if len(c.size) == 2:
+        descriptors = [
+            f"SC_CUDNN_CHECK(cudnnCreateTensorDescriptor(&{m}dnn_x{i}));",
+            f"SC_CUDNN_CHECK(cudnnSetTensor4dDescriptor({m}dnn_x{i}, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, "
+            f"{', '.join(map(str, x_dims))}));",
+            f"SC_CUDNN_CHECK(cudnnCreateTensorDescriptor(&{m}dnn_y{i}));",
+            f"SC_CUDNN_CHECK(cudnnSetTensor4dDescriptor({m}dnn_y{i}, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, "
+            f"{', '.join(map(str, y_dims))}));",
+            f"SC_CUDNN_CHECK(cudnnCreateFilterDescriptor(&{m}dnn_w{i}));",
+            f"SC_CUDNN_CHECK(cudnnSetFilter4dDescriptor({m}dnn_w{i}, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, "
+            f"{', '.join(map(str, w_dims))}));",
+            f"SC_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&{m}dnn_c{i}));",
+            f"SC_CUDNN_CHECK(cudnnSetConvolution2dDescriptor({m}dnn_c{i}, {c.pad[0]}, {c.pad[1]}, {c.stride[0]}, "
+            f"{c.stride[1]}, {c.dilation[0]}, {c.dilation[1]}, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));",
+        ]
+    else:  # 3-d: Nd descriptors, fully packed NCDHW
+        nd, sp = len(x_dims), len(c.size)
+
+        def arr(v: Any) -> str:
+            return "{" + ", ".join(map(str, v)) + "}"
+
+        descriptors = [
+            f"SC_CUDNN_CHECK(cudnnCreateTensorDescriptor(&{m}dnn_x{i}));",
+            f"{{ const int dims[{nd}] = {arr(x_dims)}, strides[{nd}] = {arr(contiguous_strides(x_dims))};",
+            f"  SC_CUDNN_CHECK(cudnnSetTensorNdDescriptor({m}dnn_x{i}, CUDNN_DATA_FLOAT, {nd}, dims, strides)); }}",
+            f"SC_CUDNN_CHECK(cudnnCreateTensorDescriptor(&{m}dnn_y{i}));",
+            f"{{ const int dims[{nd}] = {arr(y_dims)}, strides[{nd}] = {arr(contiguous_strides(y_dims))};",
+            f"  SC_CUDNN_CHECK(cudnnSetTensorNdDescriptor({m}dnn_y{i}, CUDNN_DATA_FLOAT, {nd}, dims, strides)); }}",
+            f"SC_CUDNN_CHECK(cudnnCreateFilterDescriptor(&{m}dnn_w{i}));",
+            f"{{ const int dims[{nd}] = {arr(w_dims)};",
+            f"  SC_CUDNN_CHECK(cudnnSetFilterNdDescriptor({m}dnn_w{i}, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, {nd}, "
+            "dims)); }",
+            f"SC_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&{m}dnn_c{i}));",
+            f"{{ const int pad[{sp}] = {arr(c.pad)}, stride[{sp}] = {arr(c.stride)}, dilation[{sp}] = "
+            f"{arr(c.dilation)};",
+            f"  SC_CUDNN_CHECK(cudnnSetConvolutionNdDescriptor({m}dnn_c{i}, {sp}, pad, stride, dilation, "
+            "CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT)); }",
+        ]
+    return [
+        *descriptors,
+        f"SC_CUDNN_CHECK(cudnnSetConvolutionGroupCount({m}dnn_c{i}, {c.groups}));",
+        (f"{m}dnn_algo{i} = {pick}({m}dnn, {m}dnn_w{i}, {m}dnn_x{i}, {m}dnn_c{i}, {m}dnn_y{i}, {math}, "
+         f"&{m}dnn_bytes{i});" if c.transposed else
+         f"{m}dnn_algo{i} = {pick}({m}dnn, {m}dnn_x{i}, {m}dnn_w{i}, {m}dnn_c{i}, {m}dnn_y{i}, {math}, "
+         f"&{m}dnn_bytes{i});"),
+        f"dnn_bytes = std::max(dnn_bytes, {m}dnn_bytes{i});",
+    ]
+
+
+def conv_launch(c: Conv) -> str:
+    i = c.index
+    x, out = f"a.{c.x}", f"a.{c.out}"
+    if c.chunks > 1:  # one call per batch slice
+        x += f" + b * {numel((c.n // c.chunks, c.c, *c.size))}LL"
+        out += f" + b * {numel((c.n // c.chunks, c.k, *c.out_size))}LL"
+    if c.transposed:  # dx = conv^T(dy): dy is our input, dx our output
+        call = (f"SC_CUDNN_CHECK(cudnnConvolutionBackwardData(P.dnn, &kOne, P.dnn_w{i}, a.{c.weight}, P.dnn_x{i}, "
+                f"{x}, P.dnn_c{i}, P.dnn_algo{i}, P.dnn_workspace_ptr, P.dnn_bytes{i}, &kZero, P.dnn_y{i}, "
+                f"{out}));")
+    else:
+        call = (f"SC_CUDNN_CHECK(cudnnConvolutionForward(P.dnn, &kOne, P.dnn_x{i}, {x}, P.dnn_w{i}, a.{c.weight}, "
+                f"P.dnn_c{i}, P.dnn_algo{i}, P.dnn_workspace_ptr, P.dnn_bytes{i}, &kZero, P.dnn_y{i}, {out}));")
+    return call if c.chunks == 1 else f"for (long long b = 0; b < {c.chunks}; ++b) {{\n  {call}\n}}"

@@ -1,0 +1,281 @@
+"""Matrix products through cuBLAS: ``linear`` / ``mm`` / ``matmul`` / ``bmm`` / ``addmm`` as a
+true-fp32 SGEMM (strided-batched where batched, the row-major trick C^T = B^T A^T), a bias and a
+pointwise chain after it as one epilogue kernel, or through cuBLASLt with the bias (and a ReLU or
+tanh-GELU) in its own epilogue. Also the strided products attention and recurrent cells build,
+and the host code of both libraries' calls."""
+
+from __future__ import annotations
+
+from stitchcuda.compiler.expr import (
+    VIEWS,
+    Expr,
+    Leaf,
+    Unsupported,
+    c_float,
+    contiguous_strides,
+    numel,
+    view_expr,
+)
+from stitchcuda.compiler.fusion import FusionGroup
+from stitchcuda.compiler.graph import Node
+from stitchcuda.compiler.lower_context import LowerContext
+from stitchcuda.compiler.lower_pointwise import epilogue_text, with_epilogue
+from stitchcuda.compiler.lowered import (
+    SPLITS,
+    Gemm,
+    Lowered,
+)
+
+
+def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node], gemms: list[Node]) -> Lowered:
+    if len(gemms) != 1:
+        raise Unsupported(f"{len(gemms)} matrix products in one group")
+    anchor = gemms[0]
+    where = f"{anchor.name} ({anchor.op})"
+    env: dict[str, Expr] = {}
+    before = nodes[:nodes.index(anchor)]
+    for n in before:
+        if n.op not in VIEWS and n.op not in SPLITS:
+            raise Unsupported(f"{n.name} ({n.op}) before the matrix product (only views may feed it)")
+        if n.op in SPLITS:
+            cx.split(n, env)
+        else:
+            env[n.name] = view_expr(n, cx.arg(env, n.name)(n.args[0]))
+    arg = cx.arg(env, where)
+    a = anchor.args
+    bias: Expr | None = None
+    if anchor.op == "aten.linear":
+        x, w = arg(a[0]), arg(a[1])
+        bias = arg(a[2]) if len(a) > 2 and a[2] is not None else None
+        if len(w.shape) != 2:
+            raise Unsupported(f"{where}: weight of shape {list(w.shape)}")
+        wt = Leaf(w.leaf.value, (w.shape[1], w.shape[0]), (w.leaf.strides[1], w.leaf.strides[0]))  # type: ignore[union-attr]
+        lhs, rhs = x, Expr("leaf", leaf=wt, shape=wt.shape)
+    elif anchor.op == "aten.addmm":
+        beta, alpha = anchor.kwargs.get("beta", 1), anchor.kwargs.get("alpha", 1)
+        if beta != 1 or alpha != 1:
+            raise Unsupported(f"{where}: addmm with alpha/beta")
+        bias, lhs, rhs = arg(a[0]), arg(a[1]), arg(a[2])
+    else:
+        lhs, rhs = arg(a[0]), arg(a[1])
+    gemm = gemm_shape(cx, anchor, lhs, rhs)
+    epilogue = nodes[nodes.index(anchor) + 1:]
+    value = anchor
+    if bias is not None and cx.options.cublaslt:
+        value, epilogue, bias = _lt_epilogue(cx, g, gemm, anchor, epilogue, bias)
+    if gemm.lt is not None and not epilogue:  # bias (+ activation) in cuBLASLt's epilogue: no kernel
+        gemm.out = cx.buffer(value.name)
+        return Lowered(g, "gemm", gemm=gemm, describe=describe_gemm(anchor, gemm))
+    if bias is None and not epilogue:
+        gemm.out = cx.buffer(anchor.name)
+        return Lowered(g, "gemm", gemm=gemm, describe=describe_gemm(anchor, gemm))
+    low, gemm.out = with_epilogue(cx, g, value, epilogue, bias, env)
+    low.kind, low.gemm = "gemm", gemm
+    low.describe = describe_gemm(anchor, gemm) + " + epilogue " + epilogue_text(bias, epilogue)
+    return low
+
+
+def _lt_epilogue(cx: LowerContext, g: FusionGroup, gemm: Gemm, anchor: Node, epilogue: list[Node],
+                 bias: Expr) -> tuple[Node, list[Node], Expr | None]:
+    """Move the bias, and a ReLU or tanh-GELU right after it, into a cuBLASLt epilogue where the
+    GEMM is a single one and the bias a packed vector over its columns; returns (the node whose
+    value the GEMM now writes, the rest of the epilogue, the bias still to add or None)."""
+    lf = bias.leaf if bias.op == "leaf" else None
+    if gemm.batch != 1 or gemm.outer != 1 or gemm.alpha != 1.0 or lf is None or not lf.plain \
+            or bias.shape[-1:] != (gemm.n,) or numel(bias.shape) != gemm.n or lf.strides[-1] != 1:
+        return anchor, epilogue, bias
+    value, kind = anchor, "BIAS"
+    if epilogue:
+        first = epilogue[0]
+        approx = first.kwargs.get("approximate", first.args[1] if len(first.args) > 1 else "none")
+        act = "RELU_BIAS" if first.op == "aten.relu" else "GELU_BIAS" if (
+            first.op == "aten.gelu" and approx == "tanh") else None
+        alone = cx.users.get(anchor.name, []) == [first.name] and anchor.name not in cx.graph.outputs
+        if act and alone and first.args[0] == "%" + anchor.name:
+            value, kind, epilogue = first, act, epilogue[1:]
+    gemm.epilogue, gemm.lt = kind, len(cx.out.lt_gemms)  # type: ignore[assignment]
+    gemm.bias = cx.out.storage[lf.value] + (f" + {lf.offset}" if lf.offset else "")
+    cx.out.lt_gemms.append(gemm)
+    return value, epilogue, None
+
+
+def describe_gemm(anchor: Node, gemm: Gemm) -> str:
+    return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . "
+            f"[{gemm.k} x {gemm.n}] via "
+            + (f"cuBLASLt (epilogue {gemm.epilogue.lower().replace('_', ' + ')})" if gemm.lt is not None else
+               f"cublasSgemm{'StridedBatched' if gemm.batch > 1 else ''}")
+            + (f" ({gemm.outer} calls)" if gemm.outer > 1 else ""))
+
+
+def _operand(cx: LowerContext, e: Expr, where: str, what: str) -> tuple[str, tuple[int, ...], bool]:
+    """(buffer, logical shape, stored transposed) for a GEMM operand read."""
+    if e.op != "leaf":
+        raise Unsupported(f"{where}: {what} operand is computed inside the group")
+    lf: Leaf = e.leaf  # type: ignore[assignment]
+    if not lf.plain:
+        raise Unsupported(f"{where}: {what} operand {lf.value} is gathered or concatenated inside the group")
+    buf = cx.out.storage[lf.value] + (f" + {lf.offset}" if lf.offset else "")
+    if lf.strides == contiguous_strides(lf.shape):
+        return buf, lf.shape, False
+    if len(lf.shape) >= 2:
+        swapped = lf.shape[:-2] + (lf.shape[-1], lf.shape[-2])
+        st = lf.strides[:-2] + (lf.strides[-1], lf.strides[-2])
+        if st == contiguous_strides(swapped):
+            return buf, lf.shape, True
+    raise Unsupported(f"{where}: {what} operand {lf.value} is a strided view "
+                      f"(shape {list(lf.shape)}, strides {list(lf.strides)})")
+
+
+def gemm_shape(cx: LowerContext, anchor: Node, lhs: Expr, rhs: Expr) -> Gemm:
+    where = f"{anchor.name} ({anchor.op})"
+    a_buf, a_shape, a_t = _operand(cx, lhs, where, "left")
+    b_buf, b_shape, b_t = _operand(cx, rhs, where, "right")
+    if len(a_shape) < 1 or len(b_shape) != 2 and len(b_shape) != 3:
+        raise Unsupported(f"{where}: operand shapes {list(a_shape)} and {list(b_shape)}")
+    k, n = b_shape[-2], b_shape[-1]
+    if a_shape[-1] != k:
+        raise Unsupported(f"{where}: inner sizes {a_shape[-1]} and {k} differ")
+    if len(b_shape) == 2:
+        if a_t and len(a_shape) == 3:  # per-batch transposed rows (a transposed activation): batched, B shared
+            batch, m = a_shape[0], a_shape[1]
+            return Gemm(batch, m, n, k, a_buf, b_buf, a_t, b_t, out="", stride_a=m * k, stride_b=0,
+                        stride_c=m * n)
+        if a_t and len(a_shape) > 3:
+            raise Unsupported(f"{where}: transposed left operand of rank {len(a_shape)}")
+        m = numel(a_shape[:-1])
+        return Gemm(1, m, n, k, a_buf, b_buf, a_t, b_t, out="")
+    if len(a_shape) != 3 or a_shape[0] != b_shape[0]:
+        raise Unsupported(f"{where}: batched product of shapes {list(a_shape)} and {list(b_shape)}")
+    batch, m = a_shape[0], a_shape[1]
+    return Gemm(batch, m, n, k, a_buf, b_buf, a_t, b_t, out="", stride_a=m * k, stride_b=k * n, stride_c=m * n)
+
+
+def strided_gemm(cx: LowerContext, where: str, lhs: Expr, rhs: Expr, out: str, out_shape: tuple[int, ...],
+                  out_strides: tuple[int, ...]) -> Gemm:
+    """A (batched) product of two strided views into a strided output: every matrix must have
+    unit stride along its rows or its columns, and the batch dimensions must fold into at most
+    two (one strided-batched call, or a host loop of them over the second)."""
+    mats: list[Leaf] = []
+    for e, what in ((lhs, "left"), (rhs, "right")):
+        if e.op != "leaf" or len(e.shape) < 2 or not e.leaf.plain:  # type: ignore[union-attr]
+            raise Unsupported(f"{where}: {what} operand is computed inside the group or not a matrix")
+        mats.append(e.leaf)  # type: ignore[arg-type]
+    a, b = mats
+    (m, k), (k2, n) = a.shape[-2:], b.shape[-2:]
+    if k != k2 or tuple(out_shape[-2:]) != (m, n):
+        raise Unsupported(f"{where}: shapes {list(a.shape)} . {list(b.shape)} -> {list(out_shape)}")
+
+    def layout(strides: tuple[int, ...], rows: int, cols: int, what: str) -> tuple[bool, int]:
+        r, c = strides[-2], strides[-1]
+        if c == 1 and (r >= cols or rows == 1):
+            return False, max(r, cols)
+        if r == 1 and (c >= rows or cols == 1):
+            return True, max(c, rows)
+        raise Unsupported(f"{where}: {what} matrix with strides {list(strides[-2:])} has no unit stride")
+
+    a_t, ld_a = layout(a.strides, m, k, "left")
+    b_t, ld_b = layout(b.strides, k, n, "right")
+    c_t, ld_c = layout(out_strides, m, n, "output")
+    if c_t and m > 1:
+        raise Unsupported(f"{where}: the output would be written transposed")
+    batch = tuple(out_shape[:-2])
+    per = [Leaf(x.value, x.shape[:-2], x.strides[:-2]).effective_strides(batch) for x in (a, b)]
+    dims = [[d, sa, sb, sc] for d, sa, sb, sc in zip(batch, *per, out_strides[:-2], strict=True) if d != 1]
+    merged: list[list[int]] = []
+    for d in dims:
+        if merged and all(merged[-1][i] == d[0] * d[i] for i in (1, 2, 3)):
+            merged[-1] = [merged[-1][0] * d[0], *d[1:]]
+        else:
+            merged.append(d)
+    if len(merged) > 2:
+        raise Unsupported(f"{where}: batch dimensions {list(batch)} fold into {len(merged)} strided ones")
+    inner = merged[-1] if merged else [1, 0, 0, 0]
+    outer = merged[0] if len(merged) == 2 else [1, 0, 0, 0]
+    buf = cx.out.storage[a.value] + (f" + {a.offset}" if a.offset else "")
+    bbuf = cx.out.storage[b.value] + (f" + {b.offset}" if b.offset else "")
+    return Gemm(inner[0], m, n, k, buf, bbuf, a_t, b_t, out=out, stride_a=inner[1], stride_b=inner[2],
+                stride_c=inner[3], ld_a=ld_a, ld_b=ld_b, ld_c=ld_c, outer=outer[0], outer_a=outer[1],
+                outer_b=outer[2], outer_c=outer[3])
+
+
+def _lt_operands(g: Gemm) -> list[tuple[str, int, int, int, int]]:
+    """(buffer, rows, cols, leading dimension, byte alignment) of cuBLASLt's A, B and D: the
+    column-major view of the row-major product, C^T = B^T A^T, as in ``gemm_launch``."""
+    def align(buf: str) -> int:
+        off = int(buf.split(" + ")[1]) if " + " in buf else 0
+        a = 256
+        while off and (off * 4) % a:
+            a //= 2
+        return a
+
+    lt_a = (g.b, g.k, g.n, g.ld_b or g.k) if g.b_trans else (g.b, g.n, g.k, g.ld_b or g.n)
+    lt_b = (g.a, g.m, g.k, g.ld_a or g.m) if g.a_trans else (g.a, g.k, g.m, g.ld_a or g.k)
+    lt_d = (g.out, g.n, g.m, g.ld_c or g.n)
+    return [(*x, align(x[0])) for x in (lt_a, lt_b, lt_d)]
+
+
+def lt_members(g: Gemm) -> list[str]:
+    i = g.lt
+    return [f"cublasLtMatmulDesc_t lt_desc{i} = nullptr;",
+            f"cublasLtMatrixLayout_t lt_a{i} = nullptr, lt_b{i} = nullptr, lt_d{i} = nullptr;",
+            f"cublasLtMatmulAlgo_t lt_algo{i}{{}};"]
+
+
+def lt_setup(g: Gemm, compute: str) -> list[str]:
+    """Descriptors, layouts and the heuristic's algorithm, once per Program (never in a capture)."""
+    i, m = g.lt, "made->"
+    (_, ar, ac, ald, aal), (_, br, bc, bld, bal), (_, dr, dc, dld, dal) = _lt_operands(g)
+    op_a = "CUBLAS_OP_T" if g.b_trans else "CUBLAS_OP_N"
+    op_b = "CUBLAS_OP_T" if g.a_trans else "CUBLAS_OP_N"
+    return [
+        f"SC_CUBLAS_CHECK(cublasLtMatmulDescCreate(&{m}lt_desc{i}, {compute}, CUDA_R_32F));",
+        f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_TRANSA, {op_a});",
+        f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_TRANSB, {op_b});",
+        f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_{g.epilogue});",
+        f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_a{i}, CUDA_R_32F, {ar}, {ac}, {ald}));",
+        f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_b{i}, CUDA_R_32F, {br}, {bc}, {bld}));",
+        f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_d{i}, CUDA_R_32F, {dr}, {dc}, {dld}));",
+        f"{m}lt_algo{i} = sc_lt_algo({m}lt, {m}lt_desc{i}, {m}lt_a{i}, {m}lt_b{i}, {m}lt_d{i}, {aal}, {bal}, {dal});",
+    ]
+
+
+def lt_launch(g: Gemm) -> str:
+    i = g.lt
+    return "\n".join([
+        "{",
+        f"  const float* bias = a.{g.bias};",
+        f"  SC_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(P.lt_desc{i}, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, "
+        "sizeof(bias)));",
+        f"  SC_CUBLAS_CHECK(cublasLtMatmul(P.lt, P.lt_desc{i}, &kOne, a.{g.b}, P.lt_a{i}, a.{g.a}, P.lt_b{i}, &kZero, "
+        f"a.{g.out}, P.lt_d{i}, a.{g.out}, P.lt_d{i}, &P.lt_algo{i}, P.lt_workspace_ptr, kLtWorkspaceBytes, stream));",
+        "}"])
+
+
+def gemm_launch(g: Gemm) -> str:
+    if g.lt is not None:
+        return lt_launch(g)
+    # Row-major C[M,N] = A[M,K] B[K,N] is column-major C^T = B^T A^T: cuBLAS's first operand
+    # is B (as B^T, [N x K]), its second A (as A^T, [K x M]), ldc = N.
+    # Strided views pass their row stride as the leading dimension; an outer batch dimension
+    # that does not fold into the strided batch is a host loop over o, offsetting every pointer.
+    op_b, ld_b = ("CUBLAS_OP_T", g.ld_b or g.k) if g.b_trans else ("CUBLAS_OP_N", g.ld_b or g.n)
+    op_a, ld_a = ("CUBLAS_OP_T", g.ld_a or g.m) if g.a_trans else ("CUBLAS_OP_N", g.ld_a or g.k)
+    ld_c = g.ld_c or g.n
+
+    def ptr(buf: str, step: int) -> str:
+        return f"a.{buf}" + (f" + o * {step}LL" if g.outer > 1 and step else "")
+
+    pa, pb, pc = ptr(g.a, g.outer_a), ptr(g.b, g.outer_b), ptr(g.out, g.outer_c)
+    one = "&kOne" if g.alpha == 1.0 else "&kAlpha"
+    if g.batch == 1:
+        call = (f"SC_CUBLAS_CHECK(cublasSgemm(blas, {op_b}, {op_a}, {g.n}, {g.m}, {g.k}, {one}, {pb}, {ld_b}, "
+                f"{pa}, {ld_a}, &kZero, {pc}, {ld_c}));")
+    else:
+        call = (f"SC_CUBLAS_CHECK(cublasSgemmStridedBatched(blas, {op_b}, {op_a}, {g.n}, {g.m}, {g.k}, {one}, "
+                f"{pb}, {ld_b}, {g.stride_b}LL, {pa}, {ld_a}, {g.stride_a}LL, &kZero, {pc}, {ld_c}, "
+                f"{g.stride_c}LL, {g.batch}));")
+    if g.outer > 1:
+        call = f"for (int o = 0; o < {g.outer}; ++o) {{\n  {call}\n}}"
+    if g.alpha != 1.0:
+        call = f"{{\nconst float kAlpha = {c_float(g.alpha)};\n{call}\n}}"
+    return call

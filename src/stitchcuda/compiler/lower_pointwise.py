@@ -1,0 +1,105 @@
+"""Pointwise chains as one kernel over their output shape (broadcasts, views, concatenations and
+gathers are index arithmetic; a group that only reshapes a contiguous buffer is an alias), and the
+epilogue kernel that applies bias + a pointwise chain in place after a cuBLAS or cuDNN call."""
+
+from __future__ import annotations
+
+from stitchcuda.compiler.expr import (
+    DATA_OPS,
+    VIEWS,
+    Expr,
+    Program,
+    Step,
+    Unsupported,
+    broadcast,
+    leaf,
+    pointwise_expr,
+    ref,
+    view_expr,
+)
+from stitchcuda.compiler.fusion import FusionGroup
+from stitchcuda.compiler.graph import Node
+from stitchcuda.compiler.lower_context import LowerContext
+from stitchcuda.compiler.lowered import (
+    SPLITS,
+    Lowered,
+    to_ident,
+)
+
+
+def lower_pointwise(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: dict[str, Expr] | None = None,
+                     program: Program | None = None) -> Lowered:
+    env = dict(env or {})
+    steps = program.steps if program else []
+    for n in nodes:
+        arg = cx.arg(env, f"{n.name} ({n.op})")
+        if n.op in SPLITS:
+            cx.split(n, env)
+        elif n.op in VIEWS:
+            env[n.name] = view_expr(n, arg(n.args[0]))
+        else:
+            e = cx.data_expr(n, arg) if n.op in DATA_OPS else pointwise_expr(n, arg)
+            if e.op in ("leaf", "ref", "const"):
+                env[n.name] = e
+            else:
+                steps.append(Step(to_ident(n.name), "full", e))
+                env[n.name] = ref(to_ident(n.name), cx.shape(n.name))
+    outs = cx.outputs_of(g)
+    if not outs:
+        raise Unsupported("the group produces nothing that is used")
+    shapes = {cx.shape(v) for v in outs}
+    if len(shapes) != 1:
+        raise Unsupported(f"outputs of different shapes {sorted(map(list, shapes))}")
+    shape = shapes.pop()
+    if program is None and len(outs) == 1 and not steps:
+        e = env[outs[0]]
+        if e.op == "leaf" and e.leaf.contiguous and outs[0] not in cx.graph.outputs:  # type: ignore[union-attr]
+            cx.out.storage[outs[0]] = cx.out.storage[e.leaf.value]  # type: ignore[union-attr]
+            return Lowered(g, "alias", describe=f"{outs[0]} is a view of {e.leaf.value}")  # type: ignore[union-attr]
+    prog = program or Program("pointwise", shape)
+    prog.steps = steps
+    for v in outs:
+        e = env[v]
+        if e.op != "ref":
+            steps.append(Step(to_ident(v) + "__out", "full", e))
+            e = ref(to_ident(v) + "__out", cx.shape(v))
+        prog.outputs[v] = e.ref
+        prog.output_shapes[v] = cx.shape(v)
+        cx.buffer(v)
+    for s in prog.steps:
+        broadcast(s.expr.shape, shape)
+        for lf in s.expr.leaves():
+            lf.effective_strides(shape)
+    return Lowered(g, "pointwise", program=prog, describe=f"pointwise over {list(shape)}")
+
+
+def epilogue_text(bias: Expr | None, epilogue: list[Node]) -> str:
+    return ", ".join(([f"bias {bias.leaf.value}"] if bias is not None and bias.leaf else [])  # type: ignore[union-attr]
+                     + [f"{n.op}" for n in epilogue]) or "copy"
+
+
+def with_epilogue(cx: LowerContext, g: FusionGroup, anchor: Node, epilogue: list[Node], bias: Expr | None,
+                   env: dict[str, Expr]) -> tuple[Lowered, str]:  # anchor: the node the library call computes
+    """The anchor (a library call) writes its raw result into a group output of its shape (or a
+    scratch buffer), and one pointwise kernel applies bias + the epilogue in place there;
+    returns (that kernel, the buffer the library call must write)."""
+    out_shape = cx.shape(anchor.name)
+    outs = cx.outputs_of(g)
+    raw_target = next((v for v in outs if cx.shape(v) == out_shape), None)
+    if raw_target is None:
+        raw = f"b_{to_ident(anchor.name)}__raw"
+        cx.out.intermediates.append((raw, list(out_shape)))
+    else:
+        raw = cx.buffer(raw_target)
+    raw_value = f"{anchor.name}__raw"
+    cx.out.storage[raw_value] = raw
+    value = leaf(raw_value, out_shape)
+    steps: list[Step] = []
+    if bias is not None:
+        steps.append(Step(to_ident(anchor.name), "full", Expr("add", (value, bias), shape=broadcast(value.shape,
+                                                                                                 bias.shape))))
+        env[anchor.name] = ref(to_ident(anchor.name), out_shape)
+    else:
+        env[anchor.name] = value
+    program = Program("pointwise", out_shape, steps=steps)
+    return lower_pointwise(cx, g, epilogue, env, program), raw
