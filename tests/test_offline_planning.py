@@ -95,14 +95,14 @@ def test_captures_in_threads_do_not_collide():
     # state, and before the capture lock every one of these failed on the first GPU bench
     from concurrent.futures import ThreadPoolExecutor
 
-    from stitchcuda.task.operators import capture as dry_run
+    from stitchcuda.compiler.describe import graph_text
 
     names = ["mlp", "swiglu_ffn", "small_cnn", "norm_softmax_gate", "causal_attention", "squeeze_excitation"]
     with ThreadPoolExecutor(len(names)) as pool:
         graphs = list(pool.map(lambda n: capture(TASKS[n]), names))
-        dry_runs = list(pool.map(lambda n: dry_run(TASKS[n]), names))
+        texts = list(pool.map(lambda n: graph_text(TASKS[n]), names))
     assert [g.task for g in graphs] == names and all(g.nodes for g in graphs)
-    assert all(dry_runs)
+    assert all(text and why is None for text, why in texts)
 
 
 def test_mlp_gemms_with_gelu_epilogues():
@@ -379,3 +379,29 @@ def test_the_loop_hands_a_typed_coder_the_program_and_its_verdict(tmp_path):
     assert error is None and "x = 1" in answer and coder.requests == [request]
     (_, _, _, logged, _), = store.coder_calls(state.run_id)
     assert "# the program" in logged[-1]["content"]  # the prompt is in the log all the same
+
+
+def test_the_llm_planner_reads_the_compiler_capture_in_the_model_mode(tmp_path):
+    """One capture for every agent: the Planner's graph is the compiler's core-ATen graph, in the
+    mode the task leaves the model (training-mode BatchNorm), with recurrent steps folded."""
+    from stitchcuda.compiler.describe import graph_text
+    from stitchcuda.task import load_task_file
+
+    text, why = graph_text(TASKS["lstm_sequence"])
+    assert why is None and "x128 {" in text and "[cell1]" in text and "[cell2]" in text
+    assert len(text.splitlines()) < 12
+
+    path = tmp_path / "bn_train.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.bn = nn.BatchNorm2d(8)\n\n"
+        "    def forward(self, x):\n        return torch.relu(self.bn(x))\n\n"
+        "def get_inputs():\n    return [torch.randn(4, 8, 5, 5)]\n\n"
+        "def get_init_inputs():\n    return []\n")
+    text, why = graph_text(load_task_file(path))
+    assert why is None and "_native_batch_norm_legit_functional" in text and "[bn]" in text
+
+    path.write_text(path.read_text().replace("return torch.relu(self.bn(x))", "return torch.dropout(x, 0.5, True)"))
+    text, why = graph_text(load_task_file(path))
+    assert text is None and "random" in why  # the Planner is told why, and the run goes on without it

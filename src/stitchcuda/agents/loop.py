@@ -144,7 +144,7 @@ class Optimizer:
     def context(self, state: RunState) -> PlanContext:
         if self._ctx is not None:
             return self._ctx
-        from stitchcuda.task.operators import graph_text
+        from stitchcuda.compiler.describe import graph_text
         from stitchcuda.verify.verdict import ProgramProfile
 
         run_dir = self.store.run_dir(state.run_id)
@@ -162,7 +162,9 @@ class Optimizer:
                 note = "the profile failed: " + (result.reference_error or "; ".join(result.errors))[:200]
         elif self.profile_reference:
             note = "no CUDA device: the reference was not profiled"
-        graph, why = graph_text(self.task)
+        # the offline Coder's capture when it has one: one graph for every agent
+        compiled = getattr(self.coder, "compiled", None)
+        graph, why = graph_text(self.task, compiled.graph if compiled is not None else None)
         notes = ""
         if self.knowledge is not None:
             ops = " ".join(o.name for o in profile.ops[:6]) if profile else self.task.name

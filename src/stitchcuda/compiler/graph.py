@@ -11,14 +11,19 @@ each node remembers the module it ran in. Capture failures raise :class:`Capture
 
 from __future__ import annotations
 
+import threading
 import types
 import warnings
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from stitchcuda.task.operators import TRACE_LOCK
 from stitchcuda.task.record import Task
+
+# torch's tracing machinery (torch.export, fx's patcher, the proxy and fake dispatch modes) keeps
+# process-wide state, so two traces in threads of one process (a bench's tasks) corrupt each
+# other: every capture holds this lock.
+TRACE_LOCK = threading.Lock()
 
 
 class CaptureError(RuntimeError):

@@ -101,8 +101,9 @@ class _Lowerer:
     def _check_placeholders(self) -> None:
         """Entry arguments are the placeholders some node reads (an unread buffer such as BatchNorm's
         ``num_batches_tracked`` lives in the module only); non-float32 ones may only feed masks."""
-        read = {i for n in self.cx.graph.nodes for i in n.inputs()}
-        for p in self.cx.graph.placeholders:
+        cx = self.cx
+        read = {i for n in cx.graph.nodes for i in n.inputs()}
+        for p in cx.graph.placeholders:
             if p.name not in read:
                 continue
             if p.kind == "constant":
@@ -112,13 +113,13 @@ class _Lowerer:
             if p.meta.dtype not in C_TYPES:
                 raise Unsupported(f"{p.kind} {p.name} has dtype {p.meta.dtype}")
             ident = _arg_ident(p.name)
-            self.cx.out.args.append((p.name, ident, list(p.meta.shape)))
-            self.cx.out.storage[p.name] = ident
+            cx.out.args.append((p.name, ident, list(p.meta.shape)))
+            cx.out.storage[p.name] = ident
             if p.meta.dtype != "float32":
-                self.cx.out.ctypes[ident] = C_TYPES[p.meta.dtype]
+                cx.out.ctypes[ident] = C_TYPES[p.meta.dtype]
         known = GEMM_OPS | CONVS | ROW_OPS | {"aten.group_norm"} | VIEWS | SPLITS | set(CELLS) | ZEROS | DATA_OPS
         by_family = {n for g in self.order if self._family_node(g) is not None for n in g.nodes}
-        for n in self.cx.graph.nodes:
+        for n in cx.graph.nodes:
             if n.name in by_family:
                 continue  # a family lowering reads and writes any dtype it knows and names what it does not
             if len(n.out) != 1 and n.op not in SPLITS | set(CELLS):
@@ -127,7 +128,7 @@ class _Lowerer:
             if not (n.op in known or is_pointwise(n.op)):
                 continue  # the group lowering names the operator
             for i in n.inputs():
-                meta = self.cx.graph.meta(i)
+                meta = cx.graph.meta(i)
                 if meta is not None and meta.dtype != "float32" and n.op not in MASK_OPS | VIEWS | GATHER_OPS \
                         and not (meta.dtype == "bool" and (n.op in COMPARISONS or n.op == "aten.mul")) and not (
                         n.op == "aten.alias" or n.op == "aten.clone"):
@@ -139,57 +140,59 @@ class _Lowerer:
                         and n.op not in COMPARISONS and n.op != "aten.isnan")):
                 raise Unsupported(f"{n.name} ({n.op}) computes {n.out[0].dtype}; only float32 values and bool "
                                   "masks are supported")
-        for name, (src, _) in self.cx.graph.getitems.items():
-            if self.cx.nodes[src].op not in SPLITS | set(CELLS) | set(FAMILIES):
-                raise Unsupported(f"multi-output operator {src} ({self.cx.nodes[src].op}) read through {name}")
-        for o in self.cx.graph.outputs:
-            if o not in self.cx.nodes and o not in self.cx.graph.getitems:  # a multi-output family op's output
+        for name, (src, _) in cx.graph.getitems.items():
+            if cx.nodes[src].op not in SPLITS | set(CELLS) | set(FAMILIES):
+                raise Unsupported(f"multi-output operator {src} ({cx.nodes[src].op}) read through {name}")
+        for o in cx.graph.outputs:
+            if o not in cx.nodes and o not in cx.graph.getitems:  # a multi-output family op's output
                 raise Unsupported(f"the forward returns {o}, an argument, not a computed value")
 
     def lower(self) -> Lowering:
-        self.cx.batched: dict[str, tuple[str, int, str, Any]] = {}  # cell -> (all-steps gate buffer, t, x, W_ih)
-        batch_recurrent_inputs(self.cx)
+        cx = self.cx
+        batch_recurrent_inputs(cx)
         for g in self.order:
             try:
-                self.cx.out.groups.append(self._lower_group(g))
+                cx.out.groups.append(self._lower_group(g))
             except Unsupported as exc:
-                ops = list(dict.fromkeys(self.cx.nodes[n].op for n in g.nodes))
+                ops = list(dict.fromkeys(cx.nodes[n].op for n in g.nodes))
                 self.failing_ops.update(ops)
                 self.problems.append(f"group {g.id} ({g.kind}: {', '.join(ops)}): {exc}")
                 try:  # keep going so that every problem is listed
-                    for v in self.cx.outputs_of(g):
-                        self.cx.buffer(v)
+                    for v in cx.outputs_of(g):
+                        cx.buffer(v)
                 except Unsupported as more:  # the group's outputs cannot even be stored: say so, go on
                     self.problems.append(f"group {g.id}: {more}")
         self._write_back()
-        return self.cx.out
+        return cx.out
 
     def _write_back(self) -> None:
         """Buffers the forward mutates (BatchNorm's running statistics) get their new values last."""
         from stitchcuda.compiler.families.state import write_back
 
-        for value, buffer in self.cx.graph.mutations.items():
-            if buffer not in self.cx.out.storage or value not in self.cx.out.storage:
+        cx = self.cx
+        for value, buffer in cx.graph.mutations.items():
+            if buffer not in cx.out.storage or value not in cx.out.storage:
                 self.problems.append(f"buffer {buffer}: its new value {value} is not computed")
                 continue
-            meta, bmeta = self.cx.graph.meta(value), self.cx.graph.meta(buffer)
+            meta, bmeta = cx.graph.meta(value), cx.graph.meta(buffer)
             if meta is None or bmeta is None:
                 self.problems.append(f"buffer {buffer}: no tensor metadata")
                 continue
             ctype, shape = C_TYPES.get(meta.dtype, "?"), tuple(meta.shape)
-            src = Strided(f"a.{self.cx.out.storage[value]}", ctype, shape, contiguous_strides(shape))
-            dst = Strided(f"a.{self.cx.out.storage[buffer]}", C_TYPES.get(bmeta.dtype, "?"), tuple(bmeta.shape),
+            src = Strided(f"a.{cx.out.storage[value]}", ctype, shape, contiguous_strides(shape))
+            dst = Strided(f"a.{cx.out.storage[buffer]}", C_TYPES.get(bmeta.dtype, "?"), tuple(bmeta.shape),
                           contiguous_strides(tuple(bmeta.shape)))
             try:
                 call = write_back(src, dst, buffer)
             except Unsupported as exc:
                 self.problems.append(str(exc))
                 continue
-            self.cx.out.groups.append(Lowered(FusionGroup(id=-1, kind="other", nodes=[]), "kernel", call=call,
-                                           describe=call.describe))
+            cx.out.groups.append(Lowered(FusionGroup(id=-1, kind="other", nodes=[]), "kernel", call=call,
+                                         describe=call.describe))
 
     def _lower_group(self, g: FusionGroup) -> Lowered:
-        nodes = [self.cx.nodes[n] for n in g.nodes]
+        cx = self.cx
+        nodes = [cx.nodes[n] for n in g.nodes]
         family = self._family_node(g)
         if family is not None:
             return self._lower_family(g, nodes, family)
@@ -198,43 +201,45 @@ class _Lowerer:
                     or n.op in CELLS or n.op in DATA_OPS or (n.op in ZEROS and g.kind == "recurrent")):
                 raise Unsupported(f"{n.name}: operator {n.op}.{n.overload} is not supported by the offline Coder")
         if g.kind == "attention":
-            return lower_attention(self.cx, g, nodes)
+            return lower_attention(cx, g, nodes)
         if any(n.op in CELLS for n in nodes):
-            return lower_recurrent(self.cx, g, nodes)
+            return lower_recurrent(cx, g, nodes)
         convs = [n for n in nodes if n.op in CONVS]
         if convs:
-            return lower_conv(self.cx, g, nodes, convs)
+            return lower_conv(cx, g, nodes, convs)
         gemms = [n for n in nodes if n.op in GEMM_OPS]
         if gemms:
-            return lower_gemm(self.cx, g, nodes, gemms)
+            return lower_gemm(cx, g, nodes, gemms)
         if nodes[0].op == "aten.group_norm":
-            return lower_group_norm(self.cx, g, nodes)
+            return lower_group_norm(cx, g, nodes)
         if any(n.op in ROW_OPS for n in nodes):
-            return lower_row(self.cx, g, nodes)
-        return lower_pointwise(self.cx, g, nodes)
+            return lower_row(cx, g, nodes)
+        return lower_pointwise(cx, g, nodes)
 
     def _family_node(self, g: FusionGroup) -> Node | None:
         """The one operator a group hands to its family lowering (views before it fold into its reads)."""
-        nodes = [self.cx.nodes[n] for n in g.nodes]
+        cx = self.cx
+        nodes = [cx.nodes[n] for n in g.nodes]
         family = [n for n in nodes if n.op in FAMILIES  # a pooling pool_expr takes stays a strided-read kernel
-                  and not (n.op in POOL_OPS and pool_fusable(n, self.cx.shape(n.args[0][1:])))]
+                  and not (n.op in POOL_OPS and pool_fusable(n, cx.shape(n.args[0][1:])))]
         if g.kind == "other" and len(family) == 1 and all(n is family[0] or n.op in VIEWS | SPLITS for n in nodes):
             return family[0]
         return None
 
     def _lower_family(self, g: FusionGroup, nodes: list[Node], node: Node) -> Lowered:
         """One operator through its family lowering; the views before it are folded into its reads."""
+        cx = self.cx
         env: dict[str, Expr] = {}
         for n in nodes:
             if n is node:
                 continue
             if n.op in SPLITS:
-                self.cx.split(n, env)
+                cx.split(n, env)
             else:
-                env[n.name] = view_expr(n, self.cx.arg(env, f"{n.name} ({n.op})")(n.args[0]))
-        call = FAMILIES[node.op](_FamilyContext(self.cx, env, node), node)
+                env[n.name] = view_expr(n, cx.arg(env, f"{n.name} ({n.op})")(n.args[0]))
+        call = FAMILIES[node.op](_FamilyContext(cx, env, node), node)
         if call.library == "cudnn":
-            self.cx.out.uses_dnn = True
+            cx.out.uses_dnn = True
         return Lowered(g, "kernel", call=call, describe=call.describe or short_op(node))
 
 
