@@ -2,9 +2,11 @@
 
     capture (graph.py: torch.export, core ATen, the model's own mode)
       -> fusion groups (fusion.py)
-      -> a lowering per group: fused GEMM/conv epilogues, row kernels and pointwise chains
-         (codegen.py, expr.py), or an operator family's general lowering (families/)
-      -> emitted CUDA and host program (templates/, pymodule.py for ModelNew's parameters)
+      -> a lowering per group (lower.py): fused GEMM/conv epilogues, row kernels, pointwise chains,
+         attention and recurrent cells (lower_*.py over expr.py's IR, recorded as lowered.py's
+         records), or an operator family's general lowering (families/)
+      -> emitted CUDA and host program (emit.py, program.py, templates/, pymodule.py for ModelNew's
+         parameters); codegen.py is the front that names the whole
 
 :func:`compile_task` is the front door; it knows nothing of agents or of the Verifier's verdicts.
 """

@@ -20,11 +20,7 @@ from stitchcuda.compiler.expr import (
     row_scalar_leaf,
 )
 from stitchcuda.compiler.lower_gemm import gemm_launch
-from stitchcuda.compiler.lowered import (
-    CodegenOptions,
-    Gemm,
-    Lowering,
-)
+from stitchcuda.compiler.lowered import CodegenOptions, Gemm, Lowering
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -143,7 +139,7 @@ def _params(prog: Program, low: Lowering, writes: list[str],
     return decls, args
 
 
-class _Emitter:
+class Emitter:
     def __init__(self, low: Lowering, options: CodegenOptions, prefix: str):
         from jinja2 import Environment, FileSystemLoader, StrictUndefined
 

@@ -109,7 +109,7 @@ COPY_OPS = {"aten.cat", "aten.concat", "aten.stack", "aten.clone", "aten.contigu
             "aten.index_select", "aten.gather", "aten.embedding", "aten.repeat", "aten.roll", "aten.flip",
             "aten.constant_pad_nd", "aten.pad", "aten.tril", "aten.triu", "aten.scatter", "aten.index_put"}
 
-# What the fused lowerings of codegen take (a family lowering takes the rest, and the cases of
+# What the fused lowerings (lower_*.py) take (a family lowering takes the rest, and the cases of
 # these they cannot: see row_lowerable).
 KNOWN_FUSED = (GEMM_OPS | CONV_OPS | RECURRENT_OPS
                | RECURRENT_SEQUENCE_OPS | SDPA_OPS | SOFTMAX_OPS | NORM_OPS | SUM_OPS | ELEMENTWISE_OPS | VIEW_OPS

@@ -41,7 +41,6 @@ from stitchcuda.compiler.lowered import (
     CodegenOptions,
     Lowered,
     Lowering,
-    short_op,
     to_ident,
 )
 
@@ -241,6 +240,10 @@ class _Lowerer:
         if call.library == "cudnn":
             cx.out.uses_dnn = True
         return Lowered(g, "kernel", call=call, describe=call.describe or short_op(node))
+
+
+def short_op(node: Node) -> str:
+    return node.op.split(".", 1)[-1]
 
 
 class _FamilyContext:

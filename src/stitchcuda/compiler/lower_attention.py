@@ -3,25 +3,13 @@ the buffers the views around them read and write, and one row kernel in place ov
 
 from __future__ import annotations
 
-from stitchcuda.compiler.expr import (
-    IDENTITY,
-    VIEWS,
-    Expr,
-    Unsupported,
-    contiguous_strides,
-    leaf,
-    view_expr,
-)
+from stitchcuda.compiler.expr import IDENTITY, VIEWS, Expr, Unsupported, contiguous_strides, leaf, view_expr
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_gemm import describe_gemm, strided_gemm
 from stitchcuda.compiler.lower_rows import lower_row
-from stitchcuda.compiler.lowered import (
-    SPLITS,
-    Lowered,
-    to_ident,
-)
+from stitchcuda.compiler.lowered import SPLITS, Lowered, to_ident
 
 
 def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
@@ -67,7 +55,7 @@ def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
     cx.out.storage[qk.name] = scores
     arg = cx.arg(env, f"{qk.name} ({qk.op})")
     g_qk = strided_gemm(cx, f"{qk.name} ({qk.op})", arg(qk.args[0]), arg(qk.args[1]), scores, s_shape,
-                              contiguous_strides(s_shape))
+                        contiguous_strides(s_shape))
     for operand in qk.args[:2]:
         g_qk.alpha *= scale.get(operand[1:], 1.0) if isinstance(operand, str) else 1.0
     if any(v in scale for n in middle + [pv] for v in n.inputs()):

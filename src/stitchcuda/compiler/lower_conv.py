@@ -24,11 +24,7 @@ from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_pointwise import epilogue_text, lower_pointwise, with_epilogue
-from stitchcuda.compiler.lowered import (
-    Conv,
-    Lowered,
-    to_ident,
-)
+from stitchcuda.compiler.lowered import Conv, Lowered, to_ident
 
 
 def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node], convs: list[Node]) -> Lowered:
@@ -86,7 +82,7 @@ def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node], convs: list[
         value = leaf(f"{anchor.name}__wide", out_shape, (*lead, *st[len(st) - spatial:]),
                      sum(t * s for t, s in zip(geo.trim, st[2:], strict=True)))
         steps = [] if bias is None else [Step(to_ident(anchor.name), "full", Expr("add", (value, bias),
-                                                                                 shape=tuple(out_shape)))]
+                                                                                  shape=tuple(out_shape)))]
         env[anchor.name] = ref(to_ident(anchor.name), out_shape) if bias is not None else value
         low = lower_pointwise(cx, g, epilogue, env, Program("pointwise", out_shape, steps=steps))
     elif bias is None and not epilogue:

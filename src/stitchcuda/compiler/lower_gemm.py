@@ -20,11 +20,7 @@ from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_pointwise import epilogue_text, with_epilogue
-from stitchcuda.compiler.lowered import (
-    SPLITS,
-    Gemm,
-    Lowered,
-)
+from stitchcuda.compiler.lowered import SPLITS, Gemm, Lowered
 
 
 def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node], gemms: list[Node]) -> Lowered:
@@ -151,7 +147,7 @@ def gemm_shape(cx: LowerContext, anchor: Node, lhs: Expr, rhs: Expr) -> Gemm:
 
 
 def strided_gemm(cx: LowerContext, where: str, lhs: Expr, rhs: Expr, out: str, out_shape: tuple[int, ...],
-                  out_strides: tuple[int, ...]) -> Gemm:
+                 out_strides: tuple[int, ...]) -> Gemm:
     """A (batched) product of two strided views into a strided output: every matrix must have
     unit stride along its rows or its columns, and the batch dimensions must fold into at most
     two (one strided-batched call, or a host loop of them over the second)."""

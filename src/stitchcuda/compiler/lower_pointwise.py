@@ -20,15 +20,11 @@ from stitchcuda.compiler.expr import (
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
-from stitchcuda.compiler.lowered import (
-    SPLITS,
-    Lowered,
-    to_ident,
-)
+from stitchcuda.compiler.lowered import SPLITS, Lowered, to_ident
 
 
 def lower_pointwise(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: dict[str, Expr] | None = None,
-                     program: Program | None = None) -> Lowered:
+                    program: Program | None = None) -> Lowered:
     env = dict(env or {})
     steps = program.steps if program else []
     for n in nodes:
@@ -79,7 +75,7 @@ def epilogue_text(bias: Expr | None, epilogue: list[Node]) -> str:
 
 
 def with_epilogue(cx: LowerContext, g: FusionGroup, anchor: Node, epilogue: list[Node], bias: Expr | None,
-                   env: dict[str, Expr]) -> tuple[Lowered, str]:  # anchor: the node the library call computes
+                  env: dict[str, Expr]) -> tuple[Lowered, str]:  # anchor: the node the library call computes
     """The anchor (a library call) writes its raw result into a group output of its shape (or a
     scratch buffer), and one pointwise kernel applies bias + the epilogue in place there;
     returns (that kernel, the buffer the library call must write)."""
@@ -97,7 +93,7 @@ def with_epilogue(cx: LowerContext, g: FusionGroup, anchor: Node, epilogue: list
     steps: list[Step] = []
     if bias is not None:
         steps.append(Step(to_ident(anchor.name), "full", Expr("add", (value, bias), shape=broadcast(value.shape,
-                                                                                                 bias.shape))))
+                                                                                                    bias.shape))))
         env[anchor.name] = ref(to_ident(anchor.name), out_shape)
     else:
         env[anchor.name] = value

@@ -23,13 +23,7 @@ from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_gemm import gemm_shape
-from stitchcuda.compiler.lowered import (
-    CELLS,
-    SPLITS,
-    ZEROS,
-    Lowered,
-    to_ident,
-)
+from stitchcuda.compiler.lowered import CELLS, SPLITS, ZEROS, Lowered, to_ident
 
 
 def batch_recurrent_inputs(cx: LowerContext) -> None:
@@ -104,7 +98,7 @@ def lower_recurrent(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
             wt = Leaf(w_ih.leaf.value, (w_ih.shape[1], w_ih.shape[0]),  # type: ignore[union-attr]
                       (w_ih.leaf.strides[1], w_ih.leaf.strides[0]))  # type: ignore[union-attr]
             gemm = gemm_shape(cx, cell, leaf(x_all, (steps_all * b_all, i_all)),
-                                    Expr("leaf", leaf=wt, shape=wt.shape))
+                              Expr("leaf", leaf=wt, shape=wt.shape))
             gemm.out = f"b_{to_ident(value)}"
             cx.out.intermediates.append((gemm.out, [steps_all, b_all, width]))
             cx.out.storage[value] = gemm.out

@@ -31,21 +31,15 @@ from stitchcuda.compiler.expr import (
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
-from stitchcuda.compiler.lowered import (
-    MAX_ROW,
-    RESHAPES,
-    SPLITS,
-    Lowered,
-    to_ident,
-)
+from stitchcuda.compiler.lowered import MAX_ROW, RESHAPES, SPLITS, Lowered, to_ident
 
 
 def lower_row(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: dict[str, Expr] | None = None,
-               outs: list[str] | None = None) -> Lowered:
+              outs: list[str] | None = None) -> Lowered:
     env = dict(env or {})
     nodes, merged = _merge_trailing(cx, nodes, env)
     shape = max([cx.shape(n.name) for n in nodes] + [merged.get(n.args[0][1:]) or cx.shape(n.args[0][1:])
-                                                       for n in nodes if n.op in ROW_OPS
+                                                     for n in nodes if n.op in ROW_OPS
                  and isinstance(n.args[0], str) and n.args[0].startswith("%")], key=numel)
     if not shape:
         raise Unsupported("a row reduction over a 0-d value")

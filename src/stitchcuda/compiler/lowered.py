@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from stitchcuda.compiler.expr import Program
 from stitchcuda.compiler.families import KernelCall
 from stitchcuda.compiler.fusion import FusionGroup
-from stitchcuda.compiler.graph import Node, OpGraph
+from stitchcuda.compiler.graph import OpGraph
 
 GEMM_OPS = {"aten.linear", "aten.mm", "aten.matmul", "aten.bmm", "aten.addmm"}
 SPLITS = {"aten.split", "aten.split_with_sizes", "aten.chunk", "aten.unbind"}  # multi-output views
@@ -150,7 +150,3 @@ class Lowering:
 def to_ident(name: str) -> str:
     text = re.sub(r"\W", "_", name)
     return text if text and not text[0].isdigit() else "v_" + text
-
-
-def short_op(node: Node) -> str:
-    return node.op.split(".", 1)[-1]

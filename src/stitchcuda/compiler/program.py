@@ -8,19 +8,14 @@ import ast
 import hashlib
 import keyword
 
-from stitchcuda.compiler.emit import _Emitter
-from stitchcuda.compiler.expr import (
-    Unsupported,
-)
+from stitchcuda.compiler.emit import Emitter
+from stitchcuda.compiler.expr import Unsupported
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import OpGraph
 from stitchcuda.compiler.lower import lower
 from stitchcuda.compiler.lower_conv import conv_launch, conv_members, conv_setup
 from stitchcuda.compiler.lower_gemm import lt_members, lt_setup
-from stitchcuda.compiler.lowered import (
-    CodegenOptions,
-    to_ident,
-)
+from stitchcuda.compiler.lowered import CodegenOptions, to_ident
 from stitchcuda.compiler.pymodule import REFERENCE_CLASS, reference_init_source
 from stitchcuda.task.record import Task
 
@@ -68,7 +63,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     low = lower(graph, groups, options)
     digest = hashlib.sha256((graph.model_dump_json() + options.model_dump_json()).encode()).hexdigest()[:12]
     prefix = f"sc{digest}"
-    emitter = _Emitter(low, options, prefix)
+    emitter = Emitter(low, options, prefix)
     kernels, launches = [], []
     emitted_family: set[str] = set()
     for lg in low.groups:

@@ -6,7 +6,7 @@ that launch them inside ``launch_all`` (pointers are ``a.<ident>``, the stream i
 Its tensor arguments arrive as :class:`Strided` reads of buffers (views already folded into
 shapes, strides and an element offset), its outputs as fresh contiguous buffers.
 
-The fused lowerings in :mod:`stitchcuda.compiler.codegen` (GEMM/convolution epilogues, row
+The fused lowerings in ``stitchcuda/compiler/lower_*.py`` (GEMM/convolution epilogues, row
 kernels, pointwise chains) take the common shapes fast; a family lowering is the general case
 of an operator: any rank, any dims, any layout, with indices where the operator returns them.
 """

@@ -7,7 +7,7 @@ integer tensors.
 Each node is one kernel with a thread per output element, its operands read through their
 strides and broadcast, computed in the type torch promotes them to. :func:`claims` tells fusion
 which nodes of operators the fused kernels also list (``where``, ``add``, ``gather``, ...) this
-module must take: those the fused kernels cannot (mirroring codegen's dtype rules).
+module must take: those the fused kernels cannot (mirroring the dtype rules lower.py checks).
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ def arange(ctx: FamilyContext, node: Node) -> KernelCall:
 # -- which nodes of fused operators this family takes --------------------------------------------------
 
 def fused_ok(node: Node, dtype_of: Callable[[str], str | None]) -> bool:
-    """Whether codegen's fused pointwise kernels take this elementwise node (its dtype rules)."""
+    """Whether the fused pointwise kernels take this elementwise node (the dtype rules lower.py checks)."""
     if not is_pointwise(node.op):
         return False
     if node.op == "aten.div" and node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None):
