@@ -23,6 +23,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -141,8 +142,6 @@ def harness(args: argparse.Namespace) -> None:
                 with path.open("a") as f:
                     f.write(json.dumps(record) + "\n")
         print(f"harness {record['correct']!s:>5} {record['seconds']:6.1f} s {row['task']}", flush=True)
-
-    import threading
 
     lock = threading.Lock()
     (out / name).write_text(done_path.read_text() if done_path.exists() else "")

@@ -319,21 +319,6 @@ def test_offline_coder_goes_on_from_the_fastest_it_was_shown():
     assert chosen is not None and coder.variants[chosen]["cublaslt"]  # a neighbour of 0 (cuBLASLt), not of 1
 
 
-def test_the_offline_coder_search_ignores_the_prompt_wording():
-    """The Verifier's feedback sentences can be reworded freely: the offline Coder reads the verdict."""
-    from stitchcuda.agents.extract import extract_program
-    from stitchcuda.agents.offline import OfflineCoder, variant_of
-    from stitchcuda.agents.records import CoderRequest
-
-    picks = []
-    for _ in range(2):
-        coder = OfflineCoder(TASKS["mlp"], "strict")
-        first = extract_program(coder.answer(CoderRequest(skill="scratch")).text)
-        request = CoderRequest(skill="optimize", program=first, verdict=_verdict(ms=1.0, top="library"))
-        picks.append(variant_of(coder.answer(request).text, coder.variants))
-    assert picks[0] == picks[1] == 1
-
-
 def test_the_loop_hands_a_typed_coder_the_program_and_its_verdict(tmp_path):
     """The loop asks a TypedCoder with a CoderRequest (program text and the Verdict record on it),
     and still logs the prompt it would have sent an LLM."""

@@ -11,6 +11,7 @@ each node remembers the module it ran in. Capture failures raise :class:`Capture
 
 from __future__ import annotations
 
+import math
 import threading
 import types
 import warnings
@@ -36,10 +37,7 @@ class TensorMeta(BaseModel):
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 Arg = str | int | float | bool | None | list  # a value name ("%name"), a constant, or a list of them

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from stitchcuda.compiler.expr import Program
-from stitchcuda.compiler.families import KernelCall
+from stitchcuda.compiler.families import C_TYPES, KernelCall  # noqa: F401  (re-exported: one table)
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import OpGraph
 
@@ -21,7 +21,6 @@ CONVS = {"aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.conv_transpose1d", "
          "aten.conv_transpose3d", "aten.convolution", "aten._convolution"}
 CELLS = {"aten.lstm_cell": 4, "aten.gru_cell": 3}  # recurrent cells -> gates per hidden unit
 ZEROS = {"aten.new_zeros", "aten.zeros", "aten.zeros_like", "aten.full"}  # initial states
-C_TYPES = {"float32": "float", "bool": "bool", "int64": "int64_t", "int32": "int32_t"}
 RESHAPES = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.flatten", "aten.unsqueeze", "aten.squeeze"}
 MAX_ROW = 32768
 

@@ -13,6 +13,7 @@ of an operator: any rank, any dims, any layout, with indices where the operator 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,10 +35,7 @@ class Strided:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def contiguous(self) -> bool:

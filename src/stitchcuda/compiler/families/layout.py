@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stitchcuda.compiler.expr import Unsupported, c_float
+from stitchcuda.compiler.expr import Unsupported, broadcast, c_float
 from stitchcuda.compiler.families import FamilyContext, KernelCall, Strided, lowering
 from stitchcuda.compiler.graph import Node
 
@@ -399,15 +399,11 @@ def advanced(x_shape: Sequence[int], spec: list[Any], index_shapes: list[tuple[i
     pos = [d for d, v in enumerate(spec) if v is not None]
     if not pos:
         raise Unsupported(f"{where}: no index tensor")
-    b_rank = max(len(s) for s in index_shapes)
-    bshape = [1] * b_rank
-    for s in index_shapes:
-        for j, n in enumerate(s):
-            at = b_rank - len(s) + j
-            if n != 1:
-                if bshape[at] not in (1, n):
-                    raise Unsupported(f"{where}: index shapes {index_shapes} do not broadcast")
-                bshape[at] = n
+    try:
+        bshape = list(broadcast(*index_shapes))
+    except Unsupported:
+        raise Unsupported(f"{where}: index shapes {index_shapes} do not broadcast") from None
+    b_rank = len(bshape)
     adjacent = pos == list(range(pos[0], pos[-1] + 1))
     first = pos[0] if adjacent else 0
     rest, r = [], 0
