@@ -92,7 +92,7 @@ def kb(tmp_path_factory) -> Iterator[KnowledgeBase]:
 
 def test_notes_load_with_title_and_tags():
     notes = load_notes()
-    assert 10 <= len(notes) <= 16
+    assert 10 <= len(notes) <= 17
     for note in notes:
         assert note.title, note.name
         assert note.tags, note.name

@@ -35,7 +35,8 @@ def verdict_view(v: Verdict) -> Group:
     summary.add_row("hacking", Text(v.hacking.level, style=hack_style), "tolerance",
                     f"{v.tolerance.name} (fp32 atol/rtol {v.tolerance.fp32_atol:g})")
     summary.add_row("device", v.device.name, "precision", v.precision.summary)
-    summary.add_row("weights", _WEIGHTS.get(v.correctness.weights, v.correctness.weights), "", "")
+    summary.add_row("weights", _WEIGHTS.get(v.correctness.weights, v.correctness.weights),
+                    "arithmetic", v.precision.arithmetic or "unknown")
     parts: list = [headline, summary]
     if v.second_opinion is not None:
         parts.extend(second_opinion_view(v))
@@ -157,7 +158,9 @@ def profile_view(name: str, p: ProgramProfile) -> Group:
             f"roofline: {r.flops / 1e9:.2f} GFLOP, {r.min_bytes / 2**20:.1f} MiB minimum traffic; floor "
             f"{r.floor_ms:.4f} ms (compute {r.compute_floor_ms:.4f} at {max(r.peaks.fp32_tflops, r.peaks.tf32_tflops, r.peaks.bf16_tflops):.0f} "
             f"TFLOP/s, memory {r.memory_floor_ms:.4f} at {r.peaks.copy_gbps:.0f} GB/s); measured peaks fp32 "
-            f"{r.peaks.fp32_tflops:.0f}, tf32 {r.peaks.tf32_tflops:.0f}, bf16 {r.peaks.bf16_tflops:.0f} TFLOP/s"))
+            f"{r.peaks.fp32_tflops:.0f}, tf32 {r.peaks.tf32_tflops:.0f}, bf16 {r.peaks.bf16_tflops:.0f} TFLOP/s"
+            + (f"; the candidate's {r.arithmetic}: peak {r.arithmetic_tflops:g} TFLOP/s ({r.arithmetic_peak}), floor "
+               f"{r.arithmetic_floor_ms:.4f} ms" if r.arithmetic_tflops and r.arithmetic_floor_ms else "")))
     return Group(*parts)
 
 
@@ -253,8 +256,8 @@ def optimize_summary_view(summary: dict) -> Group:
     parts.append(table)
     coverage = best.get("operator_coverage")
     parts.append(Text(
-        f"{best.get('milliseconds') or 0:.3f} ms on {best.get('device', '?')}; hacking {best['hacking']}; precision "
-        f"{best.get('precision', '?')}; operator coverage {f'{coverage:.0%}' if coverage is not None else '?'}; "
+        f"{best.get('milliseconds') or 0:.3f} ms on {best.get('device', '?')}; hacking {best['hacking']}; arithmetic "
+        f"{best.get('arithmetic', '?')}; precision {best.get('precision', '?')}; operator coverage {f'{coverage:.0%}' if coverage is not None else '?'}; "
         f"tolerance {best.get('tolerance', '?')}"))
     if summary.get("output"):
         parts.append(Text(f"written to {summary['output']}", style="bold"))

@@ -425,7 +425,8 @@ def summarize(state: RunState) -> dict:
     verdict_path = Path(state.best.path).with_suffix(".verdict.json")
     if verdict_path.exists():
         v = Verdict.model_validate_json(verdict_path.read_text())
-        best.update(speedup=v.speedup, precision=v.precision.summary, hacking=v.hacking.level,
+        best.update(speedup=v.speedup, precision=v.precision.summary, arithmetic=v.precision.arithmetic,
+                    hacking=v.hacking.level,
                     operator_coverage=v.hacking.operator_coverage, tolerance=v.tolerance.name,
                     device=v.device.name, milliseconds=v.timing.candidate.median_ms if v.timing else None)
     out["best"] = best

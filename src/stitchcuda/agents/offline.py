@@ -36,11 +36,12 @@ def variants(tolerance: str = "strict") -> list[dict]:
     from stitchcuda.compiler.codegen import CodegenOptions
 
     precisions = (True, False) if tolerance == "paper" else (False,)
-    # cuBLAS or cuBLASLt innermost: the second variant is the first with plain cuBLAS SGEMMs and
-    # epilogue kernels, the choice that matters most for GEMM-heavy models
-    grid = itertools.product(precisions, (True, False), (256, 128, 512), (4, 1), (True, False))
-    return [CodegenOptions(tf32=p, graph=g, block=b, vector_width=v, cublaslt=lt).model_dump()
-            for p, g, b, v, lt in grid]
+    # the GEMM path innermost: CUTLASS (3xTF32 under strict, 1.3-1.5x cuBLAS's fp32 SGEMM on an
+    # H100), then cuBLASLt with its bias epilogue, then plain cuBLAS SGEMMs and epilogue kernels
+    paths = ((True, False), (False, True), (False, False))
+    grid = itertools.product(precisions, (True, False), (256, 128, 512), (4, 1), paths)
+    return [CodegenOptions(tf32=p, graph=g, block=b, vector_width=v, cutlass=c, cublaslt=lt).model_dump()
+            for p, g, b, v, (c, lt) in grid]
 
 
 class OfflinePlannerAgent:
@@ -119,6 +120,8 @@ def choose_next(options: list[dict], tried: list[int], signals: Signals, base: i
     banned: list[tuple[str, object]] = []
     if "cublaslt" in failure:
         banned.append(("cublaslt", True))
+    if "cutlass" in failure:
+        banned.append(("cutlass", True))
     if any(w in failure for w in ("cudagraph", "streambegincapture", "capture")):
         banned.append(("graph", True))
     if "misaligned" in failure:
@@ -129,12 +132,13 @@ def choose_next(options: list[dict], tried: list[int], signals: Signals, base: i
     if signals.idle_share >= 0.2 and signals.launches > 3 and not ref.get("graph"):
         wants.append(("graph",))
     if signals.top_origin == "library":
-        wants.append(("cublaslt", "tf32"))
+        wants.append(("cutlass", "cublaslt", "tf32"))
     elif signals.top_origin == "own":
         wants.append(("block", "vector_width"))
 
-    def distance(i: int) -> int:
-        return sum(options[i].get(k) != v for k, v in ref.items())
+    def distance(i: int) -> int:  # the GEMM path (cutlass, cublaslt) counts as one option
+        path = (options[i].get("cutlass"), options[i].get("cublaslt")) != (ref.get("cutlass"), ref.get("cublaslt"))
+        return path + sum(options[i].get(k) != v for k, v in ref.items() if k not in ("cutlass", "cublaslt"))
 
     def want_rank(i: int) -> int:
         return next((r for r, keys in enumerate(wants) if any(options[i].get(k) != ref.get(k) for k in keys)

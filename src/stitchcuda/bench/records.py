@@ -45,6 +45,8 @@ class TaskResult(BaseModel):
     program: str | None = Field(None, description="path of the best program")
     verdict: str | None = Field(None, description="path of its verdict JSON")
     precision: str | None = None
+    arithmetic: str | None = Field(None, description="what the best program computes in (Precision.arithmetic): "
+                                                     "fp32, 3xTF32 (fp32 accumulate), TF32 (fp32 accumulate), ...")
     steps: int = 0
     llm_calls: int = 0
     tokens: int = 0

@@ -70,6 +70,7 @@ class TaskRow(BaseModel):
     compiled: str
     correct: str
     hacking: str
+    arithmetic: str
     succeeded: bool
     speedup: dict[str, str]
     milliseconds: str
@@ -235,6 +236,7 @@ def task_row(task: TaskResult, program_href: str | None) -> TaskRow:
         compiled=_yes_no(task.compiled),
         correct=_yes_no(task.correct),
         hacking=task.hacking or DASH,
+        arithmetic=task.arithmetic or DASH,
         succeeded=ok,
         speedup=speedup,
         milliseconds=DASH if task.milliseconds is None else f"{task.milliseconds:.3f}",

@@ -221,7 +221,7 @@ def result_from_verdict(task: str, level: int | None, verdict: Any, program: str
         passed=verdict.passed, hacking=verdict.hacking.level if verdict.compiled else None,
         speedup=dict(verdict.speedup), milliseconds=timing.candidate.median_ms if timing else None,
         origin_share=dict(verdict.profile.origin_share) if verdict.profile else {}, program=program,
-        precision=verdict.precision.summary, error=None if verdict.passed else (verdict.errors or [None])[0],
+        precision=verdict.precision.summary, arithmetic=verdict.precision.arithmetic, error=None if verdict.passed else (verdict.errors or [None])[0],
         wall_s=verdict.wall.total_s, second_opinion=verdict.second_opinion)
 
 
@@ -336,8 +336,8 @@ def result_from_run(store: Any, state: Any, level: int | None) -> TaskResult:
         best = result_from_verdict(state.task, level, v, result.program)
         result.compiled, result.correct, result.passed, result.hacking = (best.compiled, best.correct, best.passed,
                                                                           best.hacking)
-        result.speedup, result.milliseconds, result.origin_share, result.precision = (
-            best.speedup, best.milliseconds, best.origin_share, best.precision)
+        result.speedup, result.milliseconds, result.origin_share, result.precision, result.arithmetic = (
+            best.speedup, best.milliseconds, best.origin_share, best.precision, best.arithmetic)
         result.verdict = str(verdict_path)
     else:
         result.passed = result.correct = result.compiled = True

@@ -27,7 +27,7 @@ from stitchcuda.compiler.graph import Node, OpGraph
 from stitchcuda.compiler.lower_attention import lower_attention
 from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_conv import lower_conv
-from stitchcuda.compiler.lower_gemm import lower_gemm
+from stitchcuda.compiler.lower_gemm import assign_cutlass, lower_gemm
 from stitchcuda.compiler.lower_pointwise import lower_pointwise
 from stitchcuda.compiler.lower_recurrent import batch_recurrent_inputs, lower_recurrent
 from stitchcuda.compiler.lower_rows import lower_group_norm, lower_row
@@ -295,7 +295,12 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
     low = lowerer.lower()
     if lowerer.problems:
         raise Unsupported("; ".join(lowerer.problems), frozenset(lowerer.failing_ops))
-    low.uses_blas = any(x.gemm is not None and x.gemm.lt is None for g in low.groups for x in g.launches())
+    gemms = [x.gemm for g in low.groups for x in g.launches() if x.gemm is not None]
+    if lowerer.cx.options.cutlass:  # attention's and recurrent cells' products too, with a plain epilogue
+        for gemm in gemms:
+            if gemm.cutlass is None and gemm.lt is None:
+                assign_cutlass(low, gemm, "tf32" if lowerer.cx.options.tf32 else "3xtf32")
+    low.uses_blas = any(g.lt is None and g.cutlass is None for g in gemms)
     return low
 
 

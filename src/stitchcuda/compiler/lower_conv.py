@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from stitchcuda.compiler.cutlass_conv import CutlassConv, conv_supported
 from stitchcuda.compiler.expr import (
     VIEWS,
     Expr,
@@ -23,6 +24,7 @@ from stitchcuda.compiler.expr import (
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
+from stitchcuda.compiler.lower_gemm import activation_of, feeds_only
 from stitchcuda.compiler.lower_pointwise import epilogue_text, lower_pointwise, with_epilogue
 from stitchcuda.compiler.lowered import Conv, Lowered, to_ident
 
@@ -55,7 +57,6 @@ def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node], convs: list[
     conv = Conv(index=len(cx.out.convs), n=geo.n, c=geo.c, k=geo.k, size=geo.size, out_size=geo.out_size,
                 kernel=geo.kernel, pad=geo.pad, stride=geo.stride, dilation=geo.dilation, groups=geo.groups,
                 transposed=geo.transposed, x=buf(x), weight=buf(w), chunks=geo.chunks)
-    cx.out.convs.append(conv)
     bias_arg = anchor.args[2] if len(anchor.args) > 2 else anchor.kwargs.get("bias")
     bias: Expr | None = None
     spatial = len(out_shape) - (2 if geo.batched else 1)
@@ -71,7 +72,17 @@ def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node], convs: list[
             f"{list(x.shape)} -> {list(out_shape)}, {'x'.join(map(str, w.shape[2:]))} filter, "
             f"stride {list(geo.stride[-dims:])}, padding {geo.padding_text}"
             + (f", dilation {list(geo.dilation[-dims:])}" if set(geo.dilation) != {1} else "")
-            + (f", groups {geo.groups}" if geo.groups > 1 else "") + " via cuDNN")
+            + (f", groups {geo.groups}" if geo.groups > 1 else ""))
+    plain_bias = bias is None or (bias.leaf.plain and bias.leaf.strides[0] == 1)  # type: ignore[union-attr]
+    largest = max(numel((geo.n, geo.c, *geo.size)), numel((geo.n, geo.k, *geo.out_size)), numel(w.shape))
+    # not under a CUDA graph: the conv launcher's replay from a captured graph hit an illegal address
+    # on an H100 (tests/test_cutlass_conv.py::test_conv_replays_from_a_cuda_graph), not yet found
+    if cx.options.cutlass and not cx.options.graph and plain_bias and not any(geo.trim) and conv_supported(
+            geo.groups, geo.transposed, len(geo.size), "float32") is None and geo.chunks == 1 \
+            and largest < CUTLASS_CONV_MAX_ELEMENTS:
+        return _cutlass_conv(cx, g, anchor, conv, bias, epilogue, env, text)
+    cx.out.convs.append(conv)
+    text += " via cuDNN"
     if any(geo.trim):  # uneven 'same' padding: cuDNN writes one more row where it is, the epilogue drops it
         wide = (geo.n, geo.k, *geo.out_size)
         conv.out = f"b_{to_ident(anchor.name)}__wide"
@@ -93,6 +104,61 @@ def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node], convs: list[
     low.kind, low.conv = "conv", conv
     low.describe = text + " + epilogue " + epilogue_text(bias, epilogue)
     return low
+
+
+def _cutlass_conv(cx: LowerContext, g: FusionGroup, anchor: Node, conv: Conv, bias: Expr | None,
+                  epilogue: list[Node], env: dict[str, Expr], text: str) -> Lowered:
+    """The convolution as CUTLASS's implicit GEMM (its kernel extension transposes to NHWC and
+    back), the bias and a first activation applied as it writes NCHW; the rest of the epilogue
+    stays one pointwise kernel."""
+    value, activation = anchor, "identity"
+    if epilogue and feeds_only(cx, anchor, epilogue[0]) and epilogue[0].args[:1] == ["%" + anchor.name]:
+        act = activation_of(epilogue[0])
+        if act is not None:
+            activation, value, epilogue = act, epilogue[0], epilogue[1:]
+    if bias is not None:
+        lf: Leaf = bias.leaf  # type: ignore[assignment]
+        conv.bias = cx.out.storage[lf.value] + (f" + {lf.offset}" if lf.offset else "")
+    math = "tf32" if cx.options.tf32 else "3xtf32"
+    tile, warp, stages = CUTLASS_CONV_TILES
+    conv.cutlass = CutlassConv(math=math, align=4 if conv.c % 4 == 0 and conv.k % 4 == 0 else 1, tile=tile,
+                               warp=warp, stages=stages, activation=activation,  # type: ignore[arg-type]
+                               bias=bias is not None)
+    conv.slot = cx.out.cutlass_slot(conv.cutlass)
+    cx.out.cutlass_convs.append(conv)
+    fused = [*(["bias"] if bias is not None else []), *([activation] if activation != "identity" else [])]
+    text += (f" via CUTLASS {'3xTF32' if math == '3xtf32' else 'TF32'} implicit GEMM"
+             + (f" (epilogue {' + '.join(fused)})" if fused else ""))
+    if not epilogue:
+        conv.out = cx.buffer(value.name)
+        return Lowered(g, "conv", conv=conv, describe=text)
+    low, conv.out = with_epilogue(cx, g, value, epilogue, None, env)
+    low.kind, low.conv = "conv", conv
+    low.describe = text + " + epilogue " + epilogue_text(None, epilogue)
+    return low
+
+
+# CUTLASS's conv iterators index a tensor in 32-bit bytes; a larger one stays with cuDNN (a GPU run
+# of a 16x128x1022x1022 output crashed the process)
+CUTLASS_CONV_MAX_ELEMENTS = 1 << 29
+
+# 64x64 warp tiles spill registers under 3xTF32; 64x32 ones do not (ptxas, sm_90)
+CUTLASS_CONV_TILES = ((128, 128, 16), (64, 32, 16), 3)
+
+
+def cutlass_conv_args(c: Conv, pointers: bool = True) -> str:
+    """The launcher's argument record for ``c`` (only its sizes when ``pointers`` is False: what the
+    workspace function reads at setup)."""
+    x, w, b, y = (f"a.{c.x}", f"a.{c.weight}", f"a.{c.bias}" if c.bias else "nullptr", f"a.{c.out}") \
+        if pointers else ("nullptr",) * 4
+    ws = "P.cutlass_ws_ptr, P.cutlass_ws_bytes" if pointers else "nullptr, 0"
+    return (f"ScConvArgs ca{{{c.n}, {c.h}, {c.w}, {c.c}, {c.k}, {c.r}, {c.s}, {c.p}, {c.q}, {c.pad[-2]}, {c.pad[-1]}, "
+            f"{c.stride[-2]}, {c.stride[-1]}, {c.dilation[-2]}, {c.dilation[-1]}, {x}, {w}, {b}, {y}, {ws}}};")
+
+
+def cutlass_conv_setup(c: Conv) -> str:
+    return (f"{{\n  {cutlass_conv_args(c, pointers=False)}\n  made->cutlass_ws_bytes = std::max<int64_t>("
+            f"made->cutlass_ws_bytes, sc_cutlass_conv_workspace({c.slot + 1})(&ca));\n}}")
 
 
 _CONV_ARGS = ["input", "weight", "bias", "stride", "padding", "dilation", "groups"]  # convNd
@@ -267,6 +333,9 @@ def conv_setup(c: Conv, math: str) -> list[str]:
 
 
 def conv_launch(c: Conv) -> str:
+    if c.cutlass is not None:
+        return (f"{{\n{cutlass_conv_args(c)}\nsc_cutlass_check(sc_cutlass_conv({c.slot})(&ca, stream), "
+                f"\"{c.cutlass.describe}\");\n}}")
     i = c.index
     x, out = f"a.{c.x}", f"a.{c.out}"
     if c.chunks > 1:  # one call per batch slice

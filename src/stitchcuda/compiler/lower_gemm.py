@@ -6,6 +6,7 @@ and the host code of both libraries' calls."""
 
 from __future__ import annotations
 
+from stitchcuda.compiler.cutlass_gemm import CutlassGemm
 from stitchcuda.compiler.expr import (
     VIEWS,
     Expr,
@@ -20,7 +21,7 @@ from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_pointwise import epilogue_text, with_epilogue
-from stitchcuda.compiler.lowered import SPLITS, Gemm, Lowered
+from stitchcuda.compiler.lowered import SPLITS, Gemm, Lowered, Lowering
 
 
 def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node], gemms: list[Node]) -> Lowered:
@@ -57,7 +58,12 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node], gemms: list[
     gemm = gemm_shape(cx, anchor, lhs, rhs)
     epilogue = nodes[nodes.index(anchor) + 1:]
     value = anchor
-    if bias is not None and cx.options.cublaslt:
+    if cx.options.cutlass:
+        value, epilogue, bias = _cutlass_epilogue(cx, gemm, anchor, epilogue, bias, env)
+        if not epilogue and bias is None:
+            gemm.out = cx.buffer(value.name)
+            return Lowered(g, "gemm", gemm=gemm, describe=describe_gemm(anchor, gemm))
+    elif bias is not None and cx.options.cublaslt:
         value, epilogue, bias = _lt_epilogue(cx, g, gemm, anchor, epilogue, bias)
     if gemm.lt is not None and not epilogue:  # bias (+ activation) in cuBLASLt's epilogue: no kernel
         gemm.out = cx.buffer(value.name)
@@ -95,7 +101,106 @@ def _lt_epilogue(cx: LowerContext, g: FusionGroup, gemm: Gemm, anchor: Node, epi
     return value, epilogue, None
 
 
+def activation_of(node: Node) -> str | None:
+    """The CUTLASS epilogue activation a node is, if it is one."""
+    if node.op == "aten.gelu":
+        approx = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+        return "gelu_tanh" if approx == "tanh" else "gelu"
+    return _ACTIVATIONS.get(node.op)
+
+
+_ACTIVATIONS = {"aten.relu": "relu", "aten.silu": "silu", "aten.sigmoid": "sigmoid"}
+
+
+def feeds_only(cx: LowerContext, node: Node, nxt: Node) -> bool:
+    """``node``'s value is read by ``nxt`` alone and is no graph output: an epilogue may absorb it."""
+    return cx.users.get(node.name, []) == [nxt.name] and node.name not in cx.graph.outputs
+
+
+def _cutlass_epilogue(cx: LowerContext, gemm: Gemm, anchor: Node, epilogue: list[Node], bias: Expr | None,
+                      env: dict[str, Expr]) -> tuple[Node, list[Node], Expr | None]:
+    """Fold what CUTLASS's epilogue D = act(alpha * A.B + beta * C) can do into the GEMM, in
+    graph order: the bias (a vector over the columns, read as C with ldc 0) or else a residual
+    add (C of the output's layout), a constant scale, then one activation. Returns (the node whose
+    value the GEMM now writes, the rest of the epilogue, the bias still to add or None)."""
+    value = anchor
+
+    def vector_over_n(e: Expr) -> bool:
+        lf = e.leaf if e.op == "leaf" else None
+        return (lf is not None and lf.plain and e.shape[-1:] == (gemm.n,) and numel(e.shape) == gemm.n
+                and lf.strides[-1] == 1)
+
+    def source(e: Expr) -> str:
+        lf: Leaf = e.leaf  # type: ignore[assignment]
+        return cx.out.storage[lf.value] + (f" + {lf.offset}" if lf.offset else "")
+
+    if bias is not None and vector_over_n(bias) and gemm.outer == 1:
+        gemm.c, gemm.ld_c_src, gemm.stride_c_src, gemm.beta, bias = source(bias), 0, 0, 1.0, None
+    if bias is None and not gemm.c and epilogue and epilogue[0].op == "aten.add" and feeds_only(cx, value, epilogue[0]) \
+            and gemm.outer == 1 and not epilogue[0].kwargs.get("alpha"):
+        add = epilogue[0]
+        others = [x for x in add.args if x != "%" + value.name]
+        other = cx.arg(env, add.name)(others[0]) if len(others) == 1 and len(add.args) == 2 else None
+        lf = other.leaf if other is not None and other.op == "leaf" else None
+        out_shape = tuple(cx.shape(add.name))
+        if other is not None and lf is not None and lf.plain and (
+                vector_over_n(other) or (other.shape == out_shape == tuple(cx.shape(value.name))
+                                         and lf.strides == contiguous_strides(other.shape))):
+            full = not vector_over_n(other)
+            gemm.c, gemm.beta = source(other), 1.0
+            gemm.ld_c_src, gemm.stride_c_src = (gemm.n, gemm.m * gemm.n) if full else (0, 0)
+            value, epilogue = add, epilogue[1:]
+    if bias is None and epilogue and epilogue[0].op in ("aten.mul", "aten.div") and feeds_only(cx, value, epilogue[0]):
+        op = epilogue[0]
+        consts = [x for x in op.args if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        if len(op.args) == 2 and op.args[0] == "%" + value.name and len(consts) == 1 and consts[0] != 0:
+            scale = float(consts[0]) if op.op == "aten.mul" else 1.0 / float(consts[0])
+            gemm.alpha, gemm.beta = gemm.alpha * scale, gemm.beta * scale
+            value, epilogue = op, epilogue[1:]
+    activation = "identity"
+    if bias is None and epilogue and feeds_only(cx, value, epilogue[0]) and epilogue[0].args[:1] == ["%" + value.name]:
+        act = activation_of(epilogue[0])
+        if act is not None:
+            activation, value, epilogue = act, epilogue[0], epilogue[1:]
+    assign_cutlass(cx.out, gemm, "tf32" if cx.options.tf32 else "3xtf32", activation)
+    return value, epilogue, bias
+
+
+def _offset(buf: str) -> int:
+    return int(buf.split(" + ")[1]) if " + " in buf else 0
+
+
+def _widest(*extents: int) -> int:
+    """The widest access (4, 2 or 1 floats) every extent, stride and offset allows."""
+    return next((w for w in (4, 2) if all(x % w == 0 for x in extents)), 1)
+
+
+def assign_cutlass(low: Lowering, gemm: Gemm, math: str, activation: str = "identity") -> None:
+    """Run ``gemm`` through a CUTLASS kernel extension: its configuration (layouts, the widest
+    accesses its extents, strides and offsets allow, a tile for its size) and launcher slot."""
+    lda = gemm.ld_a or (gemm.m if gemm.a_trans else gemm.k)
+    ldb = gemm.ld_b or (gemm.k if gemm.b_trans else gemm.n)
+    ldd = gemm.ld_c or gemm.n
+    align_a = _widest(lda, gemm.m if gemm.a_trans else gemm.k, _offset(gemm.a), gemm.stride_a, gemm.outer_a)
+    align_b = _widest(ldb, gemm.k if gemm.b_trans else gemm.n, _offset(gemm.b), gemm.stride_b, gemm.outer_b)
+    sources = (gemm.ld_c_src, _offset(gemm.c), gemm.stride_c_src) if gemm.c else ()
+    align_c = _widest(ldd, gemm.n, _offset(gemm.out), gemm.stride_c, gemm.outer_c, *sources)
+    tile, warp, stages = CutlassGemm.tiles_for(gemm.m, gemm.n, gemm.k, gemm.batch)
+    gemm.cutlass = CutlassGemm(math=math, a_col=gemm.a_trans, b_col=gemm.b_trans, align_a=align_a,  # type: ignore[arg-type]
+                               align_b=align_b, align_c=align_c, tile=tile, warp=warp, stages=stages,
+                               activation=activation)  # type: ignore[arg-type]
+    gemm.slot = low.cutlass_slot(gemm.cutlass)
+
+
 def describe_gemm(anchor: Node, gemm: Gemm) -> str:
+    if gemm.cutlass is not None:
+        c = gemm.cutlass
+        fused = [*(["bias" if gemm.ld_c_src == 0 else "residual"] if gemm.c else []),
+                 *(["scale"] if gemm.beta not in (0.0, 1.0) or gemm.alpha != 1.0 else []),
+                 *([c.activation] if c.activation != "identity" else [])]
+        return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . "
+                f"[{gemm.k} x {gemm.n}] via CUTLASS {'3xTF32' if c.math == '3xtf32' else 'TF32'} "
+                f"{'x'.join(map(str, c.tile))} tile" + (f" (epilogue {' + '.join(fused)})" if fused else ""))
     return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . "
             f"[{gemm.k} x {gemm.n}] via "
             + (f"cuBLASLt (epilogue {gemm.epilogue.lower().replace('_', ' + ')})" if gemm.lt is not None else
@@ -247,7 +352,28 @@ def lt_launch(g: Gemm) -> str:
         "}"])
 
 
+def cutlass_launch(g: Gemm) -> str:
+    """One call of the kernel extension's launcher through the program's slot table (a host loop
+    over an outer batch dimension that does not fold into the strided one)."""
+    lda = g.ld_a or (g.m if g.a_trans else g.k)
+    ldb = g.ld_b or (g.k if g.b_trans else g.n)
+
+    def ptr(buf: str, step: int) -> str:
+        return f"a.{buf}" + (f" + o * {step}LL" if g.outer > 1 and step else "")
+
+    c = f"a.{g.c}" if g.c else "nullptr"
+    call = (f"ScGemmArgs ga{{{g.m}, {g.n}, {g.k}, {g.batch}, {ptr(g.a, g.outer_a)}, {ptr(g.b, g.outer_b)}, {c}, "
+            f"{ptr(g.out, g.outer_c)}, {lda}, {ldb}, {g.ld_c_src}, {g.ld_c or g.n}, {g.stride_a}, {g.stride_b}, "
+            f"{g.stride_c_src}, {g.stride_c}, {c_float(g.alpha)}, {c_float(g.beta)}}};\n"
+            f"sc_cutlass_check(sc_cutlass_gemm({g.slot})(&ga, stream), \"{g.cutlass.describe}\");")
+    if g.outer > 1:
+        return f"for (int o = 0; o < {g.outer}; ++o) {{\n{call}\n}}"
+    return f"{{\n{call}\n}}"
+
+
 def gemm_launch(g: Gemm) -> str:
+    if g.cutlass is not None:
+        return cutlass_launch(g)
     if g.lt is not None:
         return lt_launch(g)
     # Row-major C[M,N] = A[M,K] B[K,N] is column-major C^T = B^T A^T: cuBLAS's first operand

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from stitchcuda.compiler.cutlass_conv import CutlassConv
 from stitchcuda.compiler.expr import Program
 from stitchcuda.compiler.families import C_TYPES, KernelCall  # noqa: F401  (re-exported: one table)
 from stitchcuda.compiler.fusion import FusionGroup
@@ -33,6 +34,9 @@ class CodegenOptions(BaseModel):
                                           "--tolerance paper)")
     cublaslt: bool = Field(True, description="single GEMMs with a bias (and ReLU / tanh-GELU) through cuBLASLt, the "
                                              "bias and activation applied in its epilogue")
+    cutlass: bool = Field(False, description="GEMMs and 2-d convolutions on tensor cores through CUTLASS: 3xTF32 "
+                                             "(fp32-accurate) under strict, TF32 where tf32 is on; bias, scaling, a "
+                                             "residual and an activation in its epilogue")
     vector_width: int = Field(4, description="elements per thread in pointwise kernels: 1 or 4 (float4)")
     block: int = Field(256, description="threads per block (a multiple of 32, at most 1024)")
 
@@ -62,6 +66,12 @@ class Gemm:
     lt: int | None = None  # index of its cuBLASLt descriptors, when it runs through cuBLASLt
     epilogue: Literal["", "BIAS", "RELU_BIAS", "GELU_BIAS"] = ""  # cuBLASLt epilogue (bias over n)
     bias: str = ""  # the bias buffer (+ offset), for an epilogue with a bias
+    cutlass: Any = None  # its CutlassGemm configuration, when it runs through CUTLASS
+    slot: int = -1  # where the program keeps that kernel extension's launcher
+    c: str = ""  # CUTLASS's source operand C: a bias broadcast over rows (ldc 0) or a residual
+    ld_c_src: int = 0
+    stride_c_src: int = 0
+    beta: float = 0.0
 
 
 @dataclass
@@ -86,6 +96,9 @@ class Conv:
     weight: str
     out: str = ""
     chunks: int = 1  # calls over equal batch slices: cuDNN's descriptors count elements in int
+    cutlass: Any = None  # its CutlassConv configuration, when it runs through CUTLASS (not cuDNN)
+    slot: int = -1  # the launcher's slot; the workspace function's is the next one
+    bias: str = ""  # the bias CUTLASS's path adds (+ offset)
 
     # the 2-d names of the last two spatial dims: input H x W, output P x Q, filter R x S
     @property
@@ -144,6 +157,25 @@ class Lowering:
     uses_dnn: bool = False  # a family lowering calls cuDNN
     convs: list[Conv] = field(default_factory=list)
     lt_gemms: list[Gemm] = field(default_factory=list)
+    cutlass: list[Any] = field(default_factory=list)  # distinct CUTLASS configurations, in slot order
+    cutlass_slots: list[int] = field(default_factory=list)  # the first slot of each
+    cutlass_convs: list[Conv] = field(default_factory=list)
+
+    def cutlass_slot(self, config: Any) -> int:
+        """The launcher slot of ``config``'s kernel extension, added on first use (a convolution's
+        extension takes two: its launcher and its workspace function)."""
+        if config not in self.cutlass:
+            self.cutlass.append(config)
+            self.cutlass_slots.append(sum(_slots(c) for c in self.cutlass[:-1]))
+        return self.cutlass_slots[self.cutlass.index(config)]
+
+    @property
+    def cutlass_slot_count(self) -> int:
+        return sum(_slots(c) for c in self.cutlass)
+
+
+def _slots(config: Any) -> int:
+    return 2 if isinstance(config, CutlassConv) else 1
 
 
 def to_ident(name: str) -> str:

@@ -8,12 +8,17 @@ import ast
 import hashlib
 import keyword
 
+from stitchcuda.compiler.cutlass_conv import CONV_ABI, CutlassConv
+from stitchcuda.compiler.cutlass_conv import kernel_sources as conv_sources
+from stitchcuda.compiler.cutlass_gemm import ABI as GEMM_ABI
+from stitchcuda.compiler.cutlass_gemm import CUDA_CFLAGS
+from stitchcuda.compiler.cutlass_gemm import kernel_sources as gemm_sources
 from stitchcuda.compiler.emit import Emitter
 from stitchcuda.compiler.expr import Unsupported
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import OpGraph
 from stitchcuda.compiler.lower import lower
-from stitchcuda.compiler.lower_conv import conv_launch, conv_members, conv_setup
+from stitchcuda.compiler.lower_conv import conv_launch, conv_members, conv_setup, cutlass_conv_setup
 from stitchcuda.compiler.lower_gemm import lt_members, lt_setup
 from stitchcuda.compiler.lowered import CodegenOptions, to_ident
 from stitchcuda.compiler.pymodule import REFERENCE_CLASS, reference_init_source
@@ -103,12 +108,17 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
             g, "CUBLAS_COMPUTE_32F_FAST_TF32" if options.tf32 else "CUBLAS_COMPUTE_32F")],
         dnn_setup=[line for c in low.convs for line in conv_setup(c, dnn_math)],
         launches=launches, args=inputs, intermediates=low.intermediates, outputs=low.outputs,
-        entry_mark=ENTRY_MARK, prelude=emitter.env.get_template("prelude.cu.j2").render())
+        entry_mark=ENTRY_MARK, prelude=emitter.env.get_template("prelude.cu.j2").render(),
+        cutlass=bool(low.cutlass), cutlass_slots=low.cutlass_slot_count, cutlass_abi=GEMM_ABI + CONV_ABI,
+        cutlass_setup=[cutlass_conv_setup(c) for c in low.cutlass_convs])
     ret = "at::Tensor" if len(low.outputs) == 1 else "std::vector<at::Tensor>"
     # torch's pybind casters instead of torch/extension.h: the binding compiles in seconds
+    bind = 'm.def("bind_cutlass", &bind_cutlass, "a CUTLASS launcher\'s address"); ' if low.cutlass else ""
     cpp_src = ("#include <torch/csrc/utils/pybind.h>\n#include <vector>\n"
                f"{ret} forward({', '.join(f'at::Tensor {i}' for _, i, _, _ in inputs)});\n"
-               'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward, "the whole forward pass"); }\n')
+               + ("void bind_cutlass(int64_t slot, int64_t address);\n" if low.cutlass else "")
+               + 'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward, "the whole forward pass"); '
+               + bind + "}\n")
     name = "stitchcuda_offline_" + hashlib.sha256((cuda_src + cpp_src).encode()).hexdigest()[:16]
     fwd_args = _signature(task, "forward")
     entry_inputs = [p for p in graph.placeholders if p.kind == "input"]
@@ -121,12 +131,18 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     for p in graph.placeholders:
         if p.name in entry:
             call_args.append(f"{by_name[p.name]}.contiguous()" if p.kind == "input" else _access(p.target, p.kind))
-    if "'''" in cuda_src:
+    if low.cutlass:
+        call_args = [f"_aligned({a})" for a in call_args]
+    cutlass_sources = [(c.extension_name, *(conv_sources(c) if isinstance(c, CutlassConv) else gemm_sources(c)))
+                       for c in low.cutlass]
+    if "'''" in cuda_src or any("'''" in text for source in cutlass_sources for text in source):
         raise Unsupported("generated CUDA contains a triple quote")
     return emitter.env.get_template("module.py.j2").render(
         task=task.name, options=options.model_dump(), name=name, cuda_src=cuda_src, cpp_src=cpp_src,
         blas=low.uses_blas, lt=bool(low.lt_gemms), dnn=bool(low.convs) or low.uses_dnn,
         reference_init=reference_init_source(task), reference_class=REFERENCE_CLASS,
         fwd_args=", ".join(["self", *fwd_names]), call_args=call_args,
+        cutlass=bool(low.cutlass), cutlass_sources=cutlass_sources, cutlass_flags=repr(CUDA_CFLAGS),
+        cutlass_describe=[c.describe for c in low.cutlass],
         multi=len(low.outputs) > 1, groups=[f"group {lg.group.id} ({lg.group.kind}): {lg.describe}"
                                             for lg in low.groups])

@@ -44,6 +44,11 @@ def feedback_for(verdict: Verdict) -> str:
                      f"(tolerance {verdict.tolerance.name}). First: trial {t.index} ({t.distribution}, {t.order}): {t.error}")
         if t.worst:
             lines.append(f"  Largest error at {t.worst}")
+        coarse = (verdict.precision.arithmetic or "").startswith(("TF32", "bf16", "fp16", "fp8"))
+        if coarse and verdict.tolerance.fp32_atol < 1e-3:
+            lines.append(f"  It computes in {verdict.precision.arithmetic}, whose rounding alone often exceeds "
+                         f"atol/rtol {verdict.tolerance.fp32_atol:g}: 3xTF32 keeps fp32 accuracy on tensor cores "
+                         "(note cutlass-3xtf32), or stay in fp32.")
         if verdict.correctness.passes_with_copied_weights:
             lines.append("  With the reference's parameters copied in, it passes: " + WEIGHTS_DIFFER.split(": ", 1)[1])
     for f in verdict.hacking.findings:
@@ -58,7 +63,7 @@ def feedback_for(verdict: Verdict) -> str:
         if best and "best" in verdict.speedup:
             text += f", {verdict.speedup['best']:.2f}x vs the best baseline ({best.name}, {best.stats.median_ms:.3f} ms)"  # type: ignore[union-attr]
         lines.append(text + ".")
-        if verdict.speedup.get("best", 0) < 1.0:
+        if best is not None and verdict.speedup.get("best", 0) < 1.0:
             lines.append(f"  Slower than a baseline anyone gets for free ({best.name}): fuse more operators, "  # type: ignore[union-attr]
                          "cut launches, or use the tensor cores where the tolerance allows.")
     if verdict.passed:
@@ -113,9 +118,12 @@ def bottleneck_lines(verdict: Verdict) -> list[str]:
     if counters.status in ("unavailable", "failed"):
         lines.append((0.05, f"No hardware counters ({counters.detail[:120]})."))
     roof = verdict.reference_profile.roofline if verdict.reference_profile else None
-    if roof is not None and verdict.timing and roof.floor_ms > 0:
-        gap = verdict.timing.candidate.median_ms / roof.floor_ms
-        bound = "compute" if roof.compute_floor_ms >= roof.memory_floor_ms else "memory"
-        lines.append((0.3, f"{gap:.1f}x above the roofline floor of {roof.floor_ms:.3f} ms ({bound}-bound: "
+    if roof is not None and verdict.timing and roof.floor_for_candidate_ms > 0:
+        floor = roof.floor_for_candidate_ms
+        gap = verdict.timing.candidate.median_ms / floor
+        compute = roof.arithmetic_compute_floor_ms or roof.compute_floor_ms
+        bound = "compute" if compute >= roof.memory_floor_ms else "memory"
+        at = f" at the {roof.arithmetic} peak of {roof.arithmetic_tflops:g} TFLOP/s" if roof.arithmetic_tflops else ""
+        lines.append((0.3, f"{gap:.1f}x above the roofline floor of {floor:.3f} ms{at} ({bound}-bound: "
                            f"{roof.flops / 1e9:.1f} GFLOP, {roof.min_bytes / 2**20:.0f} MiB minimum traffic)."))
     return [text for _, text in sorted(lines, key=lambda item: -item[0])]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stitchcuda.task.record import Candidate, Task
-from stitchcuda.verify import precision
+from stitchcuda.verify import peaks, precision
 from stitchcuda.verify.config import VerifyConfig
 from stitchcuda.verify.feedback import WEIGHTS_DIFFER, feedback_for
 from stitchcuda.verify.protocol import WorkerResult
@@ -136,6 +136,10 @@ def judge(
     verdict.precision = precision.assess(
         candidate.source, result.output_dtypes, result.flags_changed, result.correctness.rel_l2_error,
     )
+    ref = verdict.reference_profile
+    if ref is not None and ref.roofline is not None and verdict.precision.arithmetic:  # a copy: the reference's cached profile stays as measured
+        roof = peaks.with_arithmetic(ref.roofline, verdict.precision.arithmetic, verdict.device.capability)
+        verdict.reference_profile = ref.model_copy(update={"roofline": roof})
     verdict.feedback = feedback_for(verdict)
     return verdict
 

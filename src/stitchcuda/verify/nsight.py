@@ -164,8 +164,11 @@ def timing_estimate(profile: ProgramProfile | None, roofline: Roofline | None, c
         parts.append(f"launch-bound: the GPU idles {profile.idle_share:.0%} of the forward over "
                      f"{profile.launches} launches")
     if roofline is not None and candidate_ms:
-        bound = "compute" if roofline.compute_floor_ms >= roofline.memory_floor_ms else "memory"
-        parts.append(f"the work is {bound}-bound at this GPU's peaks (compute floor "
-                     f"{roofline.compute_floor_ms:.3f} ms, memory floor {roofline.memory_floor_ms:.3f} ms); the "
-                     f"candidate runs at {roofline.floor_ms / candidate_ms:.0%} of the floor's speed")
+        compute = roofline.arithmetic_compute_floor_ms or roofline.compute_floor_ms
+        bound = "compute" if compute >= roofline.memory_floor_ms else "memory"
+        at = (f"at the {roofline.arithmetic} peak ({roofline.arithmetic_tflops:g} TFLOP/s, {roofline.arithmetic_peak})"
+              if roofline.arithmetic_tflops else "at this GPU's peaks")
+        parts.append(f"the work is {bound}-bound {at} (compute floor {compute:.3f} ms, memory floor "
+                     f"{roofline.memory_floor_ms:.3f} ms); the candidate runs at "
+                     f"{roofline.floor_for_candidate_ms / candidate_ms:.0%} of the floor's speed")
     return "; ".join(parts) or None

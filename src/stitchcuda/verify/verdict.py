@@ -148,6 +148,11 @@ class Precision(BaseModel):
     source_hints: list[str] = Field([], description="reduced-precision constructs found in the candidate's source")
     flags_changed: list[str] = Field([], description="global precision flags the candidate changed")
     error_suggests: str | None = Field(None, description="what the measured error is consistent with")
+    arithmetic: str | None = Field(None, description=(
+        "what the candidate's math runs in, read from its own CUDA (CUTLASS math operators, mma/wmma types, "
+        "cuBLAS/cuDNN compute and math modes) and torch flags: fp32, 3xTF32 (fp32 accumulate), TF32 (fp32 "
+        "accumulate), bf16 (fp32 accumulate), fp16 (fp32 accumulate), bf16, fp16, fp8; several joined with "
+        "' + ', most accurate first; fp32 CUDA-core kernels beside them are not listed. None: not assessed"))
     summary: str = "unknown"
 
 
@@ -185,12 +190,29 @@ class Peaks(BaseModel):
 
 
 class Roofline(BaseModel):
+    """The reference's work (FLOPs, minimum bytes) against this GPU's ceilings. ``floor_ms`` uses the
+    best peak of any arithmetic (what no program can beat: the impossible-speedup check); the
+    ``arithmetic_*`` fields use the peak of the candidate's own arithmetic (see verify.peaks)."""
+
     flops: float
     min_bytes: float = Field(description="inputs + parameters read once, outputs written once")
     floor_ms: float = Field(description="max(flops / best peak, min bytes / copy bandwidth)")
     compute_floor_ms: float
     memory_floor_ms: float
     peaks: Peaks
+    arithmetic: str | None = Field(None, description="the candidate's arithmetic (Precision.arithmetic) that "
+                                                     "the fields below use; None in a reference-only profile")
+    arithmetic_tflops: float | None = Field(None, description="the peak of that arithmetic here (the fastest of "
+                                                              "a mixture); 3xTF32: a third of TF32's")
+    arithmetic_peak: str | None = Field(None, description="where that peak comes from: measured, or nominal dense "
+                                                          "(data-sheet) figures of this GPU")
+    arithmetic_compute_floor_ms: float | None = Field(None, description="flops / arithmetic peak")
+    arithmetic_floor_ms: float | None = Field(None, description="max(flops / arithmetic peak, memory floor)")
+
+    @property
+    def floor_for_candidate_ms(self) -> float:
+        """The floor at the candidate's arithmetic when known, else at the best peak."""
+        return self.arithmetic_floor_ms if self.arithmetic_floor_ms else self.floor_ms
 
 
 class ProgramProfile(BaseModel):

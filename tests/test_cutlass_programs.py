@@ -1,0 +1,121 @@
+"""The offline Coder's CUTLASS variant (``CodegenOptions(cutlass=True)``): which GEMMs and
+convolutions it routes through CUTLASS and what their epilogues absorb, what the program's Python
+module carries, and (nvcc) that the programs and their kernel extensions compile for sm_90
+against the nvidia-cutlass wheel's headers."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from stitchcuda.compiler import compile_task
+from stitchcuda.compiler.check import cuda_source
+from stitchcuda.compiler.codegen import CodegenOptions, generate, lower
+from stitchcuda.compiler.cutlass_conv import CutlassConv, compile_check_conv
+from stitchcuda.compiler.cutlass_gemm import CutlassGemm, compile_check_gemm, cutlass_include
+from stitchcuda.task import resolve_tasks
+
+CUTLASS = CodegenOptions(cutlass=True)
+
+
+def _lowered(name: str, options: CodegenOptions = CUTLASS):
+    task = resolve_tasks(name)[0]
+    compiled = compile_task(task)
+    return task, compiled, lower(compiled.graph, compiled.groups, options)
+
+
+def _gemms(low):
+    return [x.gemm for g in low.groups for x in g.launches() if x.gemm is not None]
+
+
+def test_mlp_gemms_take_bias_and_activation_into_cutlass_epilogue():
+    _, _, low = _lowered("mlp")
+    gemms = _gemms(low)
+    assert gemms and all(g.cutlass is not None and g.cutlass.math == "3xtf32" for g in gemms)
+    assert all(g.ld_c_src == 0 and g.beta == 1.0 and g.c for g in gemms)  # the bias, broadcast over rows
+    assert [g.cutlass.activation for g in gemms][:2] == ["gelu", "gelu"]
+    assert not low.uses_blas and not low.lt_gemms  # nothing left for cuBLAS
+    assert len(low.cutlass) == len({g.cutlass for g in gemms})  # one extension per distinct configuration
+
+
+def test_residual_and_tf32_under_paper():
+    _, _, low = _lowered("swiglu_ffn")
+    residual = [g for g in _gemms(low) if g.c and g.ld_c_src == g.n]
+    assert residual, "down_proj (no bias) takes the residual add as C in its epilogue"
+    _, _, low = _lowered("transformer_block")
+    assert all(g.cutlass is not None for g in _gemms(low))  # attention's products too
+    _, _, paper = _lowered("transformer_block", CodegenOptions(cutlass=True, tf32=True))
+    assert {g.cutlass.math for g in _gemms(paper)} == {"tf32"}
+
+
+def test_convolutions_run_as_cutlass_implicit_gemm_where_it_applies():
+    _, _, graphed = _lowered("unet_tiny")
+    assert not graphed.cutlass_convs  # a CUDA graph keeps cuDNN (see lower_conv: a replay bug)
+    _, _, low = _lowered("unet_tiny", CodegenOptions(cutlass=True, graph=False))
+    assert low.cutlass_convs and all(isinstance(c.cutlass, CutlassConv) for c in low.cutlass_convs)
+    assert all(c.cutlass.bias and c.cutlass.activation in ("relu", "identity") for c in low.cutlass_convs)
+    assert low.convs and all(c.transposed for c in low.convs)  # transposed ones stay with cuDNN
+    slots = [c.slot for c in low.cutlass_convs]
+    assert low.cutlass_slot_count == sum(2 if isinstance(c, CutlassConv) else 1 for c in low.cutlass)
+    assert max(slots) + 2 <= low.cutlass_slot_count  # the launcher and its workspace function
+
+
+def test_the_program_module_builds_and_binds_its_kernel_extensions():
+    task, compiled, low = _lowered("mlp")
+    program = generate(task, compiled.graph, compiled.groups, CUTLASS)
+    assert "CUTLASS_KERNELS = [" in program and "_ext.bind_cutlass(_slot, _address)" in program
+    assert program.count("stitchcuda_cutlass_") >= len(low.cutlass)
+    assert "OpMultiplyAddFastF32" in program  # the kernel sources travel inside the program
+    assert re.search(r"_aligned\(x\.contiguous\(\)\)", program)
+    assert "importlib" not in program  # the static checks read it as a way to reach the reference
+    assert "via CUTLASS 3xTF32" in program
+    cuda = cuda_source(program)
+    assert "sc_cutlass_check(sc_cutlass_gemm(" in cuda and "cublasSgemm" not in cuda
+
+
+def test_the_default_variant_is_unchanged():
+    task, compiled, low = _lowered("mlp", CodegenOptions())
+    assert not low.cutlass and all(g.cutlass is None for g in _gemms(low))
+    assert "CUTLASS" not in generate(task, compiled.graph, compiled.groups, CodegenOptions())
+
+
+@pytest.mark.nvcc
+def test_cutlass_programs_and_their_kernels_compile_for_sm90(tmp_path):
+    """mlp's, transformer_block's and unet_tiny's CUTLASS variants (whole programs, one nvcc run),
+    and every distinct kernel extension they use, against the wheel's headers."""
+    import shutil
+    import time
+    from pathlib import Path
+
+    from tests.test_offline_codegen import _compile_together
+
+    if cutlass_include() is None:
+        pytest.skip("the nvidia-cutlass wheel is not installed")
+    cuda_home = Path("/usr/local/cuda")
+    nvcc = shutil.which("nvcc") or str(cuda_home / "bin/nvcc")
+    sources, configs = [], []
+    for name, options in (("mlp", CUTLASS), ("transformer_block", CUTLASS),
+                          ("unet_tiny", CodegenOptions(cutlass=True, graph=False))):
+        task, compiled, low = _lowered(name, options)
+        sources.append(cuda_source(generate(task, compiled.graph, compiled.groups, options)))
+        configs += [c for c in low.cutlass if c not in configs]
+    _compile_together(sources, tmp_path, nvcc, cuda_home)
+    for config in configs:
+        started = time.perf_counter()
+        check = compile_check_conv(config) if isinstance(config, CutlassConv) else compile_check_gemm(config)
+        assert check.status == "compiled", check.detail
+        print(f"{config.describe}: {time.perf_counter() - started:.1f} s")
+    assert any(isinstance(c, CutlassGemm) for c in configs) and any(isinstance(c, CutlassConv) for c in configs)
+
+
+def test_a_folded_bias_keeps_c_so_a_residual_after_it_stays_in_the_epilogue_kernel():
+    """C holds one operand: a linear's bias taken as C leaves the residual add after it to the
+    epilogue kernel (a GPU run of transformer_block lost the bias when the residual replaced it)."""
+    _, _, low = _lowered("transformer_block")
+    for lowered in (x for g in low.groups for x in g.launches() if x.gemm is not None and x.gemm.c):
+        gemm = lowered.gemm
+        if gemm.ld_c_src == gemm.n:  # a residual as C: only where the product had no bias of its own
+            assert "bias" not in lowered.describe.split("epilogue", 1)[-1]
+    described = " ".join(g.describe for g in low.groups)
+    assert "(epilogue bias) + epilogue" in described and "aten.add" in described
