@@ -47,8 +47,8 @@ GemmFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ScGemmArgs), ctypes.c_voi
 def test_key_is_stable_and_names_follow_it():
     # Pinned: a change here renames every extension, so every program rebuilds its GEMMs.
     assert ROW_COL_RELU.key == CutlassGemm(**ROW_COL_RELU.model_dump()).key == "8005aa6b4a09"
-    assert ROW_COL_RELU.symbol == "sc_cutlass_gemm_4815b1cf7df6"
-    assert ROW_COL_RELU.extension_name == "stitchcuda_cutlass_4815b1cf7df6"
+    assert ROW_COL_RELU.symbol == "sc_cutlass_gemm_8005aa6b4a09"
+    assert ROW_COL_RELU.extension_name == "stitchcuda_cutlass_8005aa6b4a09"
     assert ROW_COL_RELU.describe == ("CUTLASS 3xTF32 GEMM 128x128x16 tile, 3 stages, A row/B col, "
                                      "align 4/4/4, bias+relu epilogue")
 
