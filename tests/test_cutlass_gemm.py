@@ -50,7 +50,7 @@ def test_key_is_stable_and_names_follow_it():
     assert ROW_COL_RELU.symbol == "sc_cutlass_gemm_8005aa6b4a09"
     assert ROW_COL_RELU.extension_name == "stitchcuda_cutlass_8005aa6b4a09"
     assert ROW_COL_RELU.describe == ("CUTLASS 3xTF32 GEMM 128x128x16 tile, 3 stages, A row/B col, "
-                                     "align 4/4/4, bias+relu epilogue")
+                                     "align 4/4/4, epilogue alpha.acc + beta.C + relu")
 
 
 def test_every_field_changes_the_key():
