@@ -16,13 +16,12 @@ from pydantic import ValidationError
 
 from stitchcuda.compiler.cutlass_conv import (
     CONV_ABI,
-    CUDA_CFLAGS,
     CutlassConv,
     compile_check_conv,
     conv_supported,
-    include_dirs,
     kernel_sources,
 )
+from stitchcuda.compiler.cutlass_gemm import CUDA_CFLAGS, cutlass_include
 
 
 class ScConvArgs(ctypes.Structure):
@@ -108,16 +107,16 @@ def test_include_override(tmp_path, monkeypatch):
     (tmp_path / "cutlass").mkdir()
     (tmp_path / "cutlass" / "cutlass.h").write_text("")
     monkeypatch.setenv("STITCHCUDA_CUTLASS_INCLUDE", str(tmp_path))
-    assert include_dirs()[:1] == [tmp_path]
+    assert (cutlass_include() or [])[:1] == [tmp_path]
     monkeypatch.setenv("STITCHCUDA_CUTLASS_INCLUDE", str(tmp_path / "missing"))
-    assert include_dirs() == []
+    assert (cutlass_include() or []) == []
     assert compile_check_conv(ALIGNED).status == "skipped"
 
 
 # ---- nvcc on the CPU machine ----
 
 def _need_headers():
-    if not include_dirs():
+    if not (cutlass_include() or []):
         pytest.skip("CUTLASS headers not found (pip install nvidia-cutlass)")
 
 
@@ -139,7 +138,7 @@ def test_launcher_refuses_bad_arguments_before_any_cuda_call(tmp_path):
     (tmp_path / "conv.cu").write_text(cuda)
     lib = tmp_path / "libconv.so"
     cmd = [shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc", "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC",
-           *CUDA_CFLAGS, *(f"-I{d}" for d in include_dirs()), str(tmp_path / "conv.cu"), "-o", str(lib)]
+           *CUDA_CFLAGS, *(f"-I{d}" for d in (cutlass_include() or [])), str(tmp_path / "conv.cu"), "-o", str(lib)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     so = ctypes.CDLL(str(lib))
@@ -176,7 +175,7 @@ def _extension(cfg: CutlassConv):
 
     cuda, cpp = kernel_sources(cfg)
     ext = load_inline(name=cfg.extension_name, cuda_sources=[cuda], cpp_sources=[cpp],
-                      extra_include_paths=[str(d) for d in include_dirs()], extra_cuda_cflags=list(CUDA_CFLAGS),
+                      extra_include_paths=[str(d) for d in (cutlass_include() or [])], extra_cuda_cflags=list(CUDA_CFLAGS),
                       no_implicit_headers=True)
     return LAUNCHER(ext.launcher_address()), WORKSPACE(ext.workspace_address())
 

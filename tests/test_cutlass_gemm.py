@@ -20,7 +20,6 @@ from stitchcuda.compiler.cutlass_gemm import (
     cutlass_include,
     kernel_sources,
     load_inline_kwargs,
-    tiles_for,
 )
 
 ROW_COL_RELU = CutlassGemm(math="3xtf32", a_col=False, b_col=True, align_a=4, align_b=4, align_c=4,
@@ -63,13 +62,13 @@ def test_every_field_changes_the_key():
 
 
 def test_tiles_for_keeps_to_two_shapes():
-    assert tiles_for(4096, 4096, 4096) == BIG
-    assert tiles_for(512, 1024, 768) == SMALL  # 32 tiles of 128x128: a quarter of one wave
-    assert tiles_for(257, 384, 520) == SMALL
-    assert tiles_for(2048, 2048, 64) == SMALL  # 256 tiles: just under 2 waves of 132 SMs
-    assert tiles_for(2048, 2048 + 128, 64) == BIG  # 272 tiles
-    assert tiles_for(1024, 1024, 64) == SMALL
-    assert tiles_for(512, 1024, 768, batch=16) == BIG  # batches fill the grid too
+    assert CutlassGemm.tiles_for(4096, 4096, 4096) == BIG
+    assert CutlassGemm.tiles_for(512, 1024, 768) == SMALL  # 32 tiles of 128x128: a quarter of one wave
+    assert CutlassGemm.tiles_for(257, 384, 520) == SMALL
+    assert CutlassGemm.tiles_for(2048, 2048, 64) == SMALL  # 256 tiles: just under 2 waves of 132 SMs
+    assert CutlassGemm.tiles_for(2048, 2048 + 128, 64) == BIG  # 272 tiles
+    assert CutlassGemm.tiles_for(1024, 1024, 64) == SMALL
+    assert CutlassGemm.tiles_for(512, 1024, 768, batch=16) == BIG  # batches fill the grid too
     assert CutlassGemm.tiles_for(1, 1, 1) == SMALL
     default = CutlassGemm(math="tf32", a_col=False, b_col=False, align_a=1, align_b=1, align_c=1)
     assert (default.tile, default.warp, default.stages) == BIG
@@ -264,7 +263,7 @@ def test_3xtf32_is_fp32_accurate_and_tf32_is_not(launcher):
     a, w = torch.randn(m, k, device="cuda", generator=g), torch.randn(n, k, device="cuda", generator=g)
     bias = torch.randn(n, device="cuda", generator=g)
     ref = torch.relu(0.5 * (a.double() @ w.double().T) + bias.double())
-    assert tiles_for(m, n, k) == SMALL
+    assert CutlassGemm.tiles_for(m, n, k) == SMALL
     errs = {}
     for math in ("3xtf32", "tf32"):
         cfg = SMALL_ROW_COL_RELU.model_copy(update={"math": math})

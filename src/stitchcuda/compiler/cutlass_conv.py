@@ -14,19 +14,12 @@ is one pass, around 1e-3 relative error.
 from __future__ import annotations
 
 import hashlib
-import shutil
-import subprocess
-import tempfile
-import time
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, model_validator
 
 from stitchcuda.compiler.check import CompileCheck
-from stitchcuda.compiler.cutlass_gemm import cutlass_include
-
-TEMPLATES = Path(__file__).parent / "templates"
+from stitchcuda.compiler.cutlass_gemm import compile_unit, templates
 
 CONV_ABI = """\
 #ifndef SC_CONV_ABI
@@ -46,7 +39,6 @@ typedef int64_t (*ScConvWorkspaceFn)(const ScConvArgs*);     // bytes the launch
 """
 
 # The flags load_inline should get for the CUDA source (torch adds its own on top).
-CUDA_CFLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]
 
 # What the math names mean to CUTLASS's warp-level MMA selection for float operands.
 _MATH_OPS = {"3xtf32": "cutlass::arch::OpMultiplyAddFastF32", "tf32": "cutlass::arch::OpMultiplyAdd"}
@@ -112,18 +104,9 @@ class CutlassConv(BaseModel, frozen=True):
                 f"{self.stages} stages, epilogue {epilogue}")
 
 
-def include_dirs() -> list[Path]:
-    """CUTLASS's include dirs, found as the GEMM extension finds them (same wheel, same override)."""
-    return cutlass_include() or []
-
-
 def kernel_sources(cfg: CutlassConv) -> tuple[str, str]:
     """(CUDA source, C++ binding source) of ``cfg``'s extension, for load_inline."""
-    from jinja2 import Environment, FileSystemLoader, StrictUndefined
-
-    env = Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined,
-                      trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
-    cuda = env.get_template("cutlass_conv.cu.j2").render(
+    cuda = templates().get_template("cutlass_conv.cu.j2").render(
         describe=cfg.describe, abi=CONV_ABI, align=cfg.align, tile=cfg.tile, warp=cfg.warp, stages=cfg.stages,
         math_op=_MATH_OPS[cfg.math], iterator=_ITERATORS[cfg.align], bias=cfg.bias,
         activation_body=_ACTIVATIONS[cfg.activation], symbol=cfg.symbol)
@@ -143,42 +126,7 @@ def kernel_sources(cfg: CutlassConv) -> tuple[str, str]:
 def compile_check_conv(cfg: CutlassConv, arch: str = "sm_90", timeout_s: float = 900) -> CompileCheck:
     """nvcc -c of ``cfg``'s CUDA source against CUTLASS's headers, with the defines torch's
     extension build adds (CUTLASS's half types must survive them)."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        try:
-            from torch.utils.cpp_extension import CUDA_HOME
-        except ImportError:
-            CUDA_HOME = None  # noqa: N806
-        candidate = Path(CUDA_HOME) / "bin" / "nvcc" if CUDA_HOME else None
-        nvcc = str(candidate) if candidate and candidate.exists() else None
-    if nvcc is None:
-        return CompileCheck(status="skipped", detail="nvcc not found: install the CUDA toolkit to compile-check")
-    includes = include_dirs()
-    if not includes:
-        return CompileCheck(status="skipped", detail="CUTLASS headers not found: pip install nvidia-cutlass "
-                                                     "or set STITCHCUDA_CUTLASS_INCLUDE")
-    try:
-        from torch.utils.cpp_extension import COMMON_NVCC_FLAGS as torch_flags
-    except ImportError:
-        torch_flags = []
-    cuda, _ = kernel_sources(cfg)
-    started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="stitchcuda-cutlass-") as tmp:
-        unit = Path(tmp) / f"{cfg.extension_name}.cu"
-        unit.write_text(cuda)
-        cmd = [nvcc, f"-arch={arch}", *CUDA_CFLAGS, *torch_flags, *(f"-I{d}" for d in includes), "-c", str(unit),
-               "-o", str(Path(tmp) / "conv.o")]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return CompileCheck(status="failed", detail=f"nvcc ran past {timeout_s:g} s",
-                                seconds=time.perf_counter() - started)
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        errors = [line for line in done.stderr.splitlines() if "error" in line][:5]
-        return CompileCheck(status="failed", detail="nvcc failed:\n" + ("\n".join(errors) or done.stderr[-1500:]),
-                            seconds=seconds)
-    return CompileCheck(status="compiled", detail=f"{cfg.describe}: compiled for {arch}", seconds=seconds)
+    return compile_unit(kernel_sources(cfg)[0], cfg.extension_name, cfg.describe, arch, timeout_s)
 
 
 def conv_supported(groups: int, transposed: bool, dims: int, dtype: str) -> str | None:

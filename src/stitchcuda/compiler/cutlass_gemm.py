@@ -13,6 +13,7 @@ The kernels are SM80 ones (``cp.async`` + ``mma.sync`` 16x8x8 TF32); they run un
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -110,10 +111,6 @@ class CutlassGemm(BaseModel, frozen=True):
         return SMALL if tiles < 2 * H100_SMS else BIG
 
 
-def tiles_for(m: int, n: int, k: int, batch: int = 1) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
-    return CutlassGemm.tiles_for(m, n, k, batch)
-
-
 def _epilogue(cfg: CutlassGemm) -> tuple[str, str]:
     header, functor = _EPILOGUES[cfg.activation]
     # C and D move align_c floats per access, so the epilogue computes that many per step.
@@ -124,12 +121,18 @@ def _epilogue(cfg: CutlassGemm) -> tuple[str, str]:
     return header, f"{functor}<{args}>"
 
 
-def kernel_sources(cfg: CutlassGemm) -> tuple[str, str]:
-    """(cuda_src, cpp_src) for load_inline(name=cfg.extension_name, no_implicit_headers=True, ...)."""
+@functools.cache
+def templates():
+    """The compiler's templates, rendered as the Emitter renders them."""
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-    env = Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined,
-                      trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    return Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined,
+                       trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+
+
+def kernel_sources(cfg: CutlassGemm) -> tuple[str, str]:
+    """(cuda_src, cpp_src) for load_inline(name=cfg.extension_name, no_implicit_headers=True, ...)."""
+    env = templates()
     header, epilogue = _epilogue(cfg)
     major = {False: "cutlass::layout::RowMajor", True: "cutlass::layout::ColumnMajor"}
     cuda_src = env.get_template("cutlass_gemm.cu.j2").render(
@@ -181,8 +184,10 @@ def _nvcc() -> str | None:
     return shutil.which("nvcc") or (str(fallback) if fallback.exists() else None)
 
 
-def compile_check_gemm(cfg: CutlassGemm, arch: str = "sm_90", timeout_s: float = 900) -> CompileCheck:
-    """nvcc -c of ``cfg``'s CUDA source for ``arch``: what one instantiation costs, in seconds."""
+def compile_unit(cuda_src: str, name: str, describe: str, arch: str = "sm_90", timeout_s: float = 900) -> CompileCheck:
+    """nvcc -c of one kernel extension's CUDA for ``arch`` against CUTLASS's headers, with the flags
+    torch adds to every extension build (so the check sees what the real build sees): what one
+    instantiation costs, in seconds."""
     nvcc = _nvcc()
     if nvcc is None:
         return CompileCheck(status="skipped", detail="nvcc not found: install the CUDA toolkit to compile-check")
@@ -190,7 +195,7 @@ def compile_check_gemm(cfg: CutlassGemm, arch: str = "sm_90", timeout_s: float =
     if include is None:
         return CompileCheck(status="skipped",
                             detail=f"CUTLASS headers not found: pip install nvidia-cutlass or set {INCLUDE_ENV}")
-    try:  # the flags torch adds to every extension build, so the check sees what the real build sees
+    try:
         from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
     except ImportError:
         COMMON_NVCC_FLAGS = []  # noqa: N806
@@ -198,10 +203,10 @@ def compile_check_gemm(cfg: CutlassGemm, arch: str = "sm_90", timeout_s: float =
              *(f"-I{p}" for p in include)]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="stitchcuda-cutlass-") as tmp:
-        unit = Path(tmp) / f"{cfg.extension_name}.cu"
-        unit.write_text(kernel_sources(cfg)[0])
+        unit = Path(tmp) / f"{name}.cu"
+        unit.write_text(cuda_src)
         try:
-            done = subprocess.run([nvcc, *flags, "-c", str(unit), "-o", str(Path(tmp) / "gemm.o")],
+            done = subprocess.run([nvcc, *flags, "-c", str(unit), "-o", str(Path(tmp) / "unit.o")],
                                   capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return CompileCheck(status="failed", detail=f"nvcc ran past {timeout_s:g} s",
@@ -211,4 +216,8 @@ def compile_check_gemm(cfg: CutlassGemm, arch: str = "sm_90", timeout_s: float =
         errors = [line for line in done.stderr.splitlines() if "error" in line][:5]
         return CompileCheck(status="failed", detail="nvcc failed:\n" + ("\n".join(errors) or done.stderr[-1500:]),
                             seconds=seconds)
-    return CompileCheck(status="compiled", detail=f"{cfg.describe}: compiled for {arch}", seconds=seconds)
+    return CompileCheck(status="compiled", detail=f"{describe}: compiled for {arch}", seconds=seconds)
+
+
+def compile_check_gemm(cfg: CutlassGemm, arch: str = "sm_90", timeout_s: float = 900) -> CompileCheck:
+    return compile_unit(kernel_sources(cfg)[0], cfg.extension_name, cfg.describe, arch, timeout_s)
