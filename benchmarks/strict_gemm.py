@@ -28,7 +28,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-VARIANTS = {"cublas": {}, "cutlass": {"cutlass": True}}
+VARIANTS = {"cublas": {}, "cutlass": {"cutlass": True}, "split": {"split_tf32": True}}
+LABELS = {"cublas": "cuBLAS", "cutlass": "CUTLASS", "split": "split"}
 
 
 def prepare(args: argparse.Namespace) -> None:
@@ -45,15 +46,19 @@ def prepare(args: argparse.Namespace) -> None:
             level, number = pick.split("/")
             folder = Path(args.kernelbench) / "KernelBench" / f"level{level[1:]}"
             specs += [str(p) for p in folder.glob(f"{number}_*.py")]
+    chosen = [v for v in (args.variants.split(",") if args.variants else VARIANTS)]
+    old = {e["task"]: e for e in json.loads((work / "manifest.json").read_text())} if (
+        work / "manifest.json").exists() else {}
     manifest = []
     for spec in specs:
         task = resolve_tasks(spec)[0]
         stem = (f"L{task.level}_" if task.level else "") + task.name
         (work / "tasks" / f"{stem}.py").write_text(task.source)
-        entry = {"task": stem, "programs": {}}
+        entry = {"task": stem, "programs": dict(old.get(stem, {}).get("programs", {}))}
         try:
             compiled = compile_task(task)
-            for variant, options in VARIANTS.items():
+            for variant in chosen:
+                options = VARIANTS[variant]
                 program = generate(task, compiled.graph, compiled.groups, CodegenOptions(**options))
                 (work / "programs" / f"{stem}-{variant}.py").write_text(program)
                 entry["programs"][variant] = f"programs/{stem}-{variant}.py"
@@ -121,7 +126,8 @@ def _strict(out, ref) -> bool:
                for o, r in zip(_flat(out), _flat(ref), strict=True))
 
 
-def run_task(work: Path, entry: dict, reps: int, compile_limit_s: float) -> dict:
+def run_task(work: Path, entry: dict, reps: int, compile_limit_s: float, variants: list[str],
+             skip_compile: bool = False) -> dict:
     import torch
 
     row = {"task": entry["task"], "error": entry.get("error")}
@@ -148,6 +154,8 @@ def run_task(work: Path, entry: dict, reps: int, compile_limit_s: float) -> dict
         del model64
         row["eager_err"] = _rel_error(ref32, out64)
         try:
+            if skip_compile:
+                raise RuntimeError("skipped (--skip-compile)")
             started = time.time()
             compiled = torch.compile(model)
             compiled(*inputs)
@@ -158,6 +166,8 @@ def run_task(work: Path, entry: dict, reps: int, compile_limit_s: float) -> dict
         except Exception as exc:  # noqa: BLE001
             row["compile_fail"] = f"{type(exc).__name__}: {exc}"[:200]
         for variant, path in entry["programs"].items():
+            if variant not in variants:
+                continue
             try:
                 program = _load(work / path, f"p_{variant}_{entry['task']}")
                 torch.manual_seed(0)
@@ -181,7 +191,8 @@ def run(args: argparse.Namespace) -> None:
     manifest = manifest[index - 1::count]
     if args.only:
         manifest = [e for e in manifest if e["task"] in args.only.split(",")]
-    paths = [work / p for e in manifest for p in e.get("programs", {}).values()]
+    variants = args.variants.split(",") if args.variants else list(VARIANTS)
+    paths = [work / p for e in manifest for v, p in e.get("programs", {}).items() if v in variants]
     started = time.time()
     with ThreadPoolExecutor(args.jobs) as pool:
         builds = list(pool.map(_build, paths))
@@ -193,7 +204,7 @@ def run(args: argparse.Namespace) -> None:
     results = out / f"strict-{index}of{count}.jsonl"
     for entry in manifest:
         try:
-            row = run_task(work, entry, args.reps, args.compile_limit_s)
+            row = run_task(work, entry, args.reps, args.compile_limit_s, variants, args.skip_compile)
         except Exception as exc:  # noqa: BLE001
             row = {"task": entry["task"], "error": f"{type(exc).__name__}: {exc}"[:300]}
         rows.append(row)
@@ -205,14 +216,20 @@ def run(args: argparse.Namespace) -> None:
 
 
 def table(rows: list[dict]) -> None:
-    print(f"{'task':44} {'eager':>8} {'compile':>8} {'cuBLAS':>8} {'CUTLASS':>8} {'best x':>7} {'err cuBLAS':>10} "
-          f"{'err CUTLASS':>11} strict")
-    speedups = []
+    """One line per task; rows of the same task from several runs merge, the later keys winning
+    (a run of one variant adds its column to an earlier run of the others)."""
+    merged: dict[str, dict] = {}
     for r in rows:
-        if r.get("error"):
+        merged.setdefault(r["task"], {}).update({k: v for k, v in r.items() if v is not None})
+    shown = [v for v in VARIANTS if any(f"{v}_ms" in r or f"{v}_fail" in r for r in merged.values())]
+    print(f"{'task':44} {'eager':>8} {'compile':>8} " + " ".join(f"{LABELS[v]:>8}" for v in shown)
+          + f" {'best x':>7} " + " ".join(f"{'err ' + LABELS[v]:>12}" for v in shown) + " strict")
+    speedups = []
+    for r in merged.values():
+        if r.get("error") and "eager_ms" not in r:
             print(f"{r['task'][:44]:44} {r['error'][:80]}")
             continue
-        ours = [r[f"{v}_ms"] for v in VARIANTS if f"{v}_ms" in r and r.get(f"{v}_strict")]
+        ours = [r[f"{v}_ms"] for v in shown if f"{v}_ms" in r and r.get(f"{v}_strict")]
         best = r["eager_ms"] / min(ours) if ours else float("nan")
         if ours:
             speedups.append(best)
@@ -221,11 +238,11 @@ def table(rows: list[dict]) -> None:
             return f"{r[key]:8.3f}" if key in r else f"{'-':>8}"
 
         def err(key, r=r):
-            return f"{r[key]:.1e}" if key in r else "-"
+            return f"{r[key]:12.1e}" if key in r else f"{'-':>12}"
 
-        strict = "/".join(("yes" if r.get(f"{v}_strict") else "NO") if f"{v}_strict" in r else "-" for v in VARIANTS)
-        print(f"{r['task'][:44]:44} {ms('eager_ms')} {ms('compile_ms')} {ms('cublas_ms')} {ms('cutlass_ms')} "
-              f"{best:7.2f} {err('cublas_err'):>10} {err('cutlass_err'):>11} {strict}")
+        strict = "/".join(("yes" if r.get(f"{v}_strict") else "NO") if f"{v}_strict" in r else "-" for v in shown)
+        print(f"{r['task'][:44]:44} {ms('eager_ms')} {ms('compile_ms')} " + " ".join(ms(f"{v}_ms") for v in shown)
+              + f" {best:7.2f} " + " ".join(err(f"{v}_err") for v in shown) + f" {strict}")
     if speedups:
         print(f"geomean of our best strict variant over eager: "
               f"{math.exp(sum(map(math.log, speedups)) / len(speedups)):.2f}x over {len(speedups)} tasks")
@@ -239,6 +256,7 @@ def main() -> None:
     p.add_argument("--kernelbench", default="../shared/kernelbench")
     p.add_argument("--pick", default="", help="L1/1,L2/12,...: KernelBench tasks by level and number")
     p.add_argument("--out", required=True)
+    p.add_argument("--variants", default="", help="comma-separated: add these to an existing manifest")
     r = sub.add_parser("run")
     r.add_argument("--work", required=True)
     r.add_argument("--out", required=True)
@@ -247,6 +265,8 @@ def main() -> None:
     r.add_argument("--jobs", type=int, default=14)
     r.add_argument("--reps", type=int, default=20)
     r.add_argument("--compile-limit-s", type=float, default=120.0)
+    r.add_argument("--variants", default="", help="comma-separated: time only these of our variants")
+    r.add_argument("--skip-compile", action="store_true", help="leave torch.compile out (timed in an earlier run)")
     t = sub.add_parser("table")
     t.add_argument("results", nargs="+")
     args = parser.parse_args()

@@ -257,13 +257,16 @@ def test_offline_coder_picks_the_next_variant_from_the_verdict():
     from stitchcuda.agents.offline import Signals, choose_next, variants
 
     opts = variants("strict")
-    assert opts[0]["cutlass"] and opts[1]["cublaslt"] and not opts[2]["cublaslt"] and opts[0]["graph"]
+    assert opts[0]["split_tf32"] and opts[1]["cutlass"] and opts[2]["cublaslt"] and not opts[3]["cublaslt"]
+    assert opts[0]["graph"] and not any(o["cutlass"] for o in opts if o["split_tf32"])
     assert choose_next(opts, [], Signals()) == 0
     library = Signals.from_verdict(_verdict(ms=1.2, top="library"))
     assert choose_next(opts, [0], library) == 1  # the other GEMM path
+    wrong = Signals.from_verdict(_verdict(correct=False, errors=("incorrect in 2 of 5 trials: max abs diff 3e-4",)))
+    assert not any(opts[choose_next(opts, [0], wrong, base=0)][k] for k in ("split_tf32",))  # split ruled out
     own = Signals.from_verdict(_verdict(ms=1.2, top="own"))
-    nxt = choose_next(opts, [0, 1], own)
-    assert (opts[nxt]["block"], opts[nxt]["vector_width"]) != (opts[1]["block"], opts[1]["vector_width"])
+    nxt = choose_next(opts, [0, 1, 2], own, base=2)
+    assert (opts[nxt]["block"], opts[nxt]["vector_width"]) != (opts[2]["block"], opts[2]["vector_width"])
     failed = Signals.from_verdict(_verdict(correct=False, errors=(
         "build of 'x' failed at program.cu:120: identifier cublasLtMatmulDescCreate undefined",)))
     assert not opts[choose_next(opts, [1], failed)]["cublaslt"]
@@ -283,20 +286,22 @@ def test_offline_coder_searches_from_the_fastest_verified_variant():
     from stitchcuda.agents.records import CoderRequest
 
     opts = variants("strict")
-    nxt = choose_next(opts, [0, 1], Signals.from_verdict(_verdict(ms=0.83, top="library")), base=1)
-    assert not opts[nxt]["cublaslt"] and sum(opts[nxt][k] != v for k, v in opts[1].items()) == 1
-    assert len({tuple(sorted(o.items())) for o in opts}) == len(opts) == 36  # every option on every other
+    nxt = choose_next(opts, [0, 1, 2], Signals.from_verdict(_verdict(ms=0.83, top="library")), base=2)
+    assert not opts[nxt]["cublaslt"] and sum(opts[nxt][k] != v for k, v in opts[2].items()) == 1
+    assert len({tuple(sorted(o.items())) for o in opts}) == len(opts) == 48  # every option on every other
+    assert len(variants("paper")) == 48 + 36  # TF32 itself needs no split
 
     task = TASKS["mlp"]
     coder = OfflineCoder(task, "strict")
-    answers = [coder.answer(CoderRequest(skill="scratch")) for _ in range(3)]  # nothing shown: a walk
-    assert [variant_of(a.text, coder.variants) for a in answers] == [0, 1, 2]  # CUTLASS, cuBLASLt, cuBLAS
-    assert coder.variants[2] == {**coder.variants[1], "cublaslt": False}
-    # the loop kept variant 1 as the fastest, so the step starts from it: the search goes on from 1, not 2
-    program = extract_program(answers[1].text)
+    answers = [coder.answer(CoderRequest(skill="scratch")) for _ in range(4)]  # nothing shown: a walk
+    # split 3xTF32, CUTLASS, cuBLASLt, cuBLAS
+    assert [variant_of(a.text, coder.variants) for a in answers] == [0, 1, 2, 3]
+    assert coder.variants[3] == {**coder.variants[2], "cublaslt": False}
+    # the loop kept variant 2 as the fastest, so the step starts from it: the search goes on from 2, not 3
+    program = extract_program(answers[2].text)
     request = CoderRequest(skill="optimize", program=program, verdict=_verdict(ms=0.8, top="own"))
     chosen = coder.variants[variant_of(coder.answer(request).text, coder.variants)]
-    changed = {k for k, v in chosen.items() if coder.variants[1][k] != v}
+    changed = {k for k, v in chosen.items() if coder.variants[2][k] != v}
     assert changed in ({"block"}, {"vector_width"})  # our kernel on top: another block size or width
 
 
@@ -304,7 +309,7 @@ def test_offline_coder_goes_on_from_the_fastest_it_was_shown():
     """Moving to the next subtask, the loop carries the last program even when it was slower;
     the Coder remembers the times the verdicts gave and searches from the fastest."""
     from stitchcuda.agents.extract import extract_program
-    from stitchcuda.agents.offline import OfflineCoder, variant_of
+    from stitchcuda.agents.offline import GEMM_PATH, OfflineCoder, variant_of
     from stitchcuda.agents.records import CoderRequest
 
     task = TASKS["mlp"]
@@ -317,7 +322,10 @@ def test_offline_coder_goes_on_from_the_fastest_it_was_shown():
     coder.answer(carrying(0, 2.116))  # the first, timed
     chosen = variant_of(coder.answer(carrying(1, 2.218)).text, coder.variants)
     assert coder.verified_ms == {0: 2.116, 1: 2.218}
-    assert chosen is not None and coder.variants[chosen]["cutlass"]  # a neighbour of 0 (CUTLASS), not of 1
+    assert chosen is not None and chosen not in (0, 1, 2)
+    base = coder.variants[0]  # the fastest: the next differs from it in one option
+    assert sum(coder.variants[chosen][k] != v for k, v in base.items() if k not in GEMM_PATH) + any(
+        coder.variants[chosen][k] != base[k] for k in GEMM_PATH) == 1
 
 
 def test_the_loop_hands_a_typed_coder_the_program_and_its_verdict(tmp_path):

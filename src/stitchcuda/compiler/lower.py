@@ -27,7 +27,7 @@ from stitchcuda.compiler.graph import Node, OpGraph
 from stitchcuda.compiler.lower_attention import lower_attention
 from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_conv import lower_conv
-from stitchcuda.compiler.lower_gemm import assign_cutlass, lower_gemm
+from stitchcuda.compiler.lower_gemm import assign_cutlass, assign_split, lower_gemm
 from stitchcuda.compiler.lower_pointwise import lower_pointwise
 from stitchcuda.compiler.lower_recurrent import batch_recurrent_inputs, lower_recurrent
 from stitchcuda.compiler.lower_rows import lower_group_norm, lower_row
@@ -300,7 +300,11 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
         for gemm in gemms:
             if gemm.cutlass is None and gemm.lt is None:
                 assign_cutlass(low, gemm, "tf32" if lowerer.cx.options.tf32 else "3xtf32")
-    low.uses_blas = any(g.lt is None and g.cutlass is None for g in gemms)
+    if lowerer.cx.options.split_tf32:  # attention's and recurrent cells' products too, where one call does
+        for gemm in gemms:
+            if gemm.split is None and gemm.lt is None and gemm.cutlass is None and gemm.outer == 1:
+                assign_split(low, gemm)
+    low.uses_blas = any(g.lt is None and g.cutlass is None and g.split is None for g in gemms)
     return low
 
 

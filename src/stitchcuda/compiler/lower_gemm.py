@@ -22,6 +22,7 @@ from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_pointwise import epilogue_text, with_epilogue
 from stitchcuda.compiler.lowered import SPLITS, Gemm, Lowered, Lowering
+from stitchcuda.compiler.split_tf32 import plan_split
 
 
 def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node], gemms: list[Node]) -> Lowered:
@@ -58,32 +59,37 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node], gemms: list[
     gemm = gemm_shape(cx, anchor, lhs, rhs)
     epilogue = nodes[nodes.index(anchor) + 1:]
     value = anchor
-    if cx.options.cutlass:
+    split = cx.options.split_tf32 and gemm.outer == 1
+    if split:
+        value, epilogue, bias = _lt_fold(cx, gemm, anchor, epilogue, bias)
+    elif cx.options.cutlass:
         value, epilogue, bias = _cutlass_epilogue(cx, gemm, anchor, epilogue, bias, env)
-        if not epilogue and bias is None:
-            gemm.out = cx.buffer(value.name)
-            return Lowered(g, "gemm", gemm=gemm, describe=describe_gemm(anchor, gemm))
     elif bias is not None and cx.options.cublaslt:
-        value, epilogue, bias = _lt_epilogue(cx, g, gemm, anchor, epilogue, bias)
-    if gemm.lt is not None and not epilogue:  # bias (+ activation) in cuBLASLt's epilogue: no kernel
+        value, epilogue, bias = _lt_fold(cx, gemm, anchor, epilogue, bias)
+        if gemm.epilogue:
+            gemm.lt = len(cx.out.lt_gemms)
+            cx.out.lt_gemms.append(gemm)
+    rest = ""
+    if not epilogue and bias is None:  # nothing left after what the library's epilogue applies
         gemm.out = cx.buffer(value.name)
-        return Lowered(g, "gemm", gemm=gemm, describe=describe_gemm(anchor, gemm))
-    if bias is None and not epilogue:
-        gemm.out = cx.buffer(anchor.name)
-        return Lowered(g, "gemm", gemm=gemm, describe=describe_gemm(anchor, gemm))
-    low, gemm.out = with_epilogue(cx, g, value, epilogue, bias, env)
-    low.kind, low.gemm = "gemm", gemm
-    low.describe = describe_gemm(anchor, gemm) + " + epilogue " + epilogue_text(bias, epilogue)
+        low = Lowered(g, "gemm", gemm=gemm)
+    else:
+        low, gemm.out = with_epilogue(cx, g, value, epilogue, bias, env)
+        low.kind, low.gemm, rest = "gemm", gemm, " + epilogue " + epilogue_text(bias, epilogue)
+    if split:
+        assign_split(cx.out, gemm)
+    low.describe = describe_gemm(anchor, gemm) + rest
     return low
 
 
-def _lt_epilogue(cx: LowerContext, g: FusionGroup, gemm: Gemm, anchor: Node, epilogue: list[Node],
-                 bias: Expr) -> tuple[Node, list[Node], Expr | None]:
+def _lt_fold(cx: LowerContext, gemm: Gemm, anchor: Node, epilogue: list[Node],
+             bias: Expr | None) -> tuple[Node, list[Node], Expr | None]:
     """Move the bias, and a ReLU or tanh-GELU right after it, into a cuBLASLt epilogue where the
-    GEMM is a single one and the bias a packed vector over its columns; returns (the node whose
-    value the GEMM now writes, the rest of the epilogue, the bias still to add or None)."""
-    lf = bias.leaf if bias.op == "leaf" else None
-    if gemm.batch != 1 or gemm.outer != 1 or gemm.alpha != 1.0 or lf is None or not lf.plain \
+    GEMM is a single one and the bias a packed vector over its columns (``gemm.epilogue`` and
+    ``gemm.bias`` say so); returns (the node whose value the GEMM now writes, the rest of the
+    epilogue, the bias still to add or None)."""
+    lf = bias.leaf if bias is not None and bias.op == "leaf" else None
+    if bias is None or gemm.batch != 1 or gemm.outer != 1 or gemm.alpha != 1.0 or lf is None or not lf.plain \
             or bias.shape[-1:] != (gemm.n,) or numel(bias.shape) != gemm.n or lf.strides[-1] != 1:
         return anchor, epilogue, bias
     value, kind = anchor, "BIAS"
@@ -95,10 +101,25 @@ def _lt_epilogue(cx: LowerContext, g: FusionGroup, gemm: Gemm, anchor: Node, epi
         alone = cx.users.get(anchor.name, []) == [first.name] and anchor.name not in cx.graph.outputs
         if act and alone and first.args[0] == "%" + anchor.name:
             value, kind, epilogue = first, act, epilogue[1:]
-    gemm.epilogue, gemm.lt = kind, len(cx.out.lt_gemms)  # type: ignore[assignment]
+    gemm.epilogue = kind  # type: ignore[assignment]
     gemm.bias = cx.out.storage[lf.value] + (f" + {lf.offset}" if lf.offset else "")
-    cx.out.lt_gemms.append(gemm)
     return value, epilogue, None
+
+
+def assign_split(low: Lowering, gemm: Gemm) -> None:
+    """Run ``gemm`` as 3xTF32 by split operands (:mod:`split_tf32`): two scratch buffers for the
+    operands' halves and two cuBLASLt GEMMs on TF32 tensor cores."""
+    index = len(low.lt_gemms)
+    scratch = []
+    for side, rows_cols, shared in (("a", gemm.m * gemm.k, not gemm.stride_a), ("b", gemm.k * gemm.n, not gemm.stride_b)):
+        ident = f"x_split{index}_{side}"
+        low.intermediates.append((ident, [2 * rows_cols * (1 if shared else gemm.batch)]))
+        scratch.append(ident)
+    plan = plan_split(gemm, *scratch)
+    for part in (plan.cross, plan.main):
+        part.lt, part.fast_tf32 = len(low.lt_gemms), True
+        low.lt_gemms.append(part)
+    gemm.split = plan
 
 
 def activation_of(node: Node) -> str | None:
@@ -201,6 +222,10 @@ def describe_gemm(anchor: Node, gemm: Gemm) -> str:
         return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . "
                 f"[{gemm.k} x {gemm.n}] via CUTLASS {'3xTF32' if c.math == '3xtf32' else 'TF32'} "
                 f"{'x'.join(map(str, c.tile))} tile" + (f" (epilogue {' + '.join(fused)})" if fused else ""))
+    if gemm.split is not None:
+        fused = f" (epilogue {gemm.epilogue.lower().replace('_', ' + ')})" if gemm.epilogue else ""
+        return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.batch} x [{gemm.m} x {gemm.k}] . [{gemm.k} x "
+                f"{gemm.n}] via 3xTF32 split operands on cuBLASLt TF32 tensor cores{fused}")
     return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . "
             f"[{gemm.k} x {gemm.n}] via "
             + (f"cuBLASLt (epilogue {gemm.epilogue.lower().replace('_', ' + ')})" if gemm.lt is not None else
@@ -328,28 +353,47 @@ def lt_setup(g: Gemm, compute: str) -> list[str]:
     (_, ar, ac, ald, aal), (_, br, bc, bld, bal), (_, dr, dc, dld, dal) = _lt_operands(g)
     op_a = "CUBLAS_OP_T" if g.b_trans else "CUBLAS_OP_N"
     op_b = "CUBLAS_OP_T" if g.a_trans else "CUBLAS_OP_N"
-    return [
+    compute = "CUBLAS_COMPUTE_32F_FAST_TF32" if g.fast_tf32 else compute
+    lines = [
         f"SC_CUBLAS_CHECK(cublasLtMatmulDescCreate(&{m}lt_desc{i}, {compute}, CUDA_R_32F));",
         f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_TRANSA, {op_a});",
         f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_TRANSB, {op_b});",
-        f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_{g.epilogue});",
+        f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_{g.epilogue or 'DEFAULT'});",
         f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_a{i}, CUDA_R_32F, {ar}, {ac}, {ald}));",
         f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_b{i}, CUDA_R_32F, {br}, {bc}, {bld}));",
         f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_d{i}, CUDA_R_32F, {dr}, {dc}, {dld}));",
-        f"{m}lt_algo{i} = sc_lt_algo({m}lt, {m}lt_desc{i}, {m}lt_a{i}, {m}lt_b{i}, {m}lt_d{i}, {aal}, {bal}, {dal});",
     ]
+    if g.batch > 1:  # strided batches: cuBLASLt's A is our B, its B our A
+        lines += [f"sc_lt_batch({m}lt_a{i}, {g.batch}, {g.stride_b});", f"sc_lt_batch({m}lt_b{i}, {g.batch}, {g.stride_a});",
+                  f"sc_lt_batch({m}lt_d{i}, {g.batch}, {g.stride_c});"]
+    return [*lines, f"{m}lt_algo{i} = sc_lt_algo({m}lt, {m}lt_desc{i}, {m}lt_a{i}, {m}lt_b{i}, {m}lt_d{i}, "
+                    f"{aal}, {bal}, {dal});"]
 
 
-def lt_launch(g: Gemm) -> str:
+def lt_launch(g: Gemm, accumulate: bool = False) -> str:
+    """One cuBLASLt call; ``accumulate``: D = A.B + D (C is the output itself, beta 1)."""
     i = g.lt
-    return "\n".join([
-        "{",
-        f"  const float* bias = a.{g.bias};",
-        f"  SC_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(P.lt_desc{i}, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, "
-        "sizeof(bias)));",
-        f"  SC_CUBLAS_CHECK(cublasLtMatmul(P.lt, P.lt_desc{i}, &kOne, a.{g.b}, P.lt_a{i}, a.{g.a}, P.lt_b{i}, &kZero, "
-        f"a.{g.out}, P.lt_d{i}, a.{g.out}, P.lt_d{i}, &P.lt_algo{i}, P.lt_workspace_ptr, kLtWorkspaceBytes, stream));",
-        "}"])
+    lines = ["{"]
+    if g.bias:
+        lines += [f"  const float* bias = a.{g.bias};",
+                  f"  SC_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(P.lt_desc{i}, CUBLASLT_MATMUL_DESC_BIAS_POINTER, "
+                  "&bias, sizeof(bias)));"]
+    alpha = "&kOne"
+    if g.alpha != 1.0:
+        lines.append(f"  const float kAlpha = {c_float(g.alpha)};")
+        alpha = "&kAlpha"
+    beta = "&kOne" if accumulate else "&kZero"
+    lines += [f"  SC_CUBLAS_CHECK(cublasLtMatmul(P.lt, P.lt_desc{i}, {alpha}, a.{g.b}, P.lt_a{i}, a.{g.a}, P.lt_b{i}, "
+              f"{beta}, a.{g.out}, P.lt_d{i}, a.{g.out}, P.lt_d{i}, &P.lt_algo{i}, P.lt_workspace_ptr, "
+              "kLtWorkspaceBytes, stream));", "}"]
+    return "\n".join(lines)
+
+
+def split_launch(g: Gemm) -> str:
+    """3xTF32 by split operands: both operands' TF32 halves, the cross products, then the big one
+    on top of them (C = the output) with the epilogue."""
+    plan = g.split
+    return "\n".join(["{", plan.a.launch(), plan.b.launch(), lt_launch(plan.cross), lt_launch(plan.main, True), "}"])
 
 
 def cutlass_launch(g: Gemm) -> str:
@@ -372,6 +416,8 @@ def cutlass_launch(g: Gemm) -> str:
 
 
 def gemm_launch(g: Gemm) -> str:
+    if g.split is not None:
+        return split_launch(g)
     if g.cutlass is not None:
         return cutlass_launch(g)
     if g.lt is not None:

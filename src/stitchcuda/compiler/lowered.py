@@ -37,6 +37,10 @@ class CodegenOptions(BaseModel):
     cutlass: bool = Field(False, description="GEMMs and 2-d convolutions on tensor cores through CUTLASS: 3xTF32 "
                                              "(fp32-accurate) under strict, TF32 where tf32 is on; bias, scaling, a "
                                              "residual and an activation in its epilogue")
+    split_tf32: bool = Field(False, description="GEMMs as 3xTF32 by split operands on cuBLASLt's TF32 tensor cores "
+                                                "(wgmma on Hopper): about 2.5x fp32 SGEMM's speed, error about 1e-5 "
+                                                "of the largest output (Hopper's accumulation), so the tolerance "
+                                                "decides; bias and ReLU / tanh-GELU in cuBLASLt's epilogue")
     vector_width: int = Field(4, description="elements per thread in pointwise kernels: 1 or 4 (float4)")
     block: int = Field(256, description="threads per block (a multiple of 32, at most 1024)")
 
@@ -72,6 +76,8 @@ class Gemm:
     ld_c_src: int = 0
     stride_c_src: int = 0
     beta: float = 0.0
+    split: Any = None  # its SplitPlan, when it runs as 3xTF32 by split operands (split_tf32.py)
+    fast_tf32: bool = False  # a cuBLASLt GEMM on TF32 tensor cores: one of a split plan's two parts
 
 
 @dataclass

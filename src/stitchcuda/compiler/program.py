@@ -22,6 +22,7 @@ from stitchcuda.compiler.lower_conv import conv_launch, conv_members, conv_setup
 from stitchcuda.compiler.lower_gemm import lt_members, lt_setup
 from stitchcuda.compiler.lowered import CodegenOptions, to_ident
 from stitchcuda.compiler.pymodule import REFERENCE_CLASS, reference_init_source
+from stitchcuda.compiler.split_tf32 import KERNEL as SPLIT_KERNEL
 from stitchcuda.task.record import Task
 
 TORCH_TYPES = {"float": "at::kFloat", "bool": "at::kBool", "int64_t": "at::kLong", "int32_t": "at::kInt"}
@@ -69,7 +70,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     digest = hashlib.sha256((graph.model_dump_json() + options.model_dump_json()).encode()).hexdigest()[:12]
     prefix = f"sc{digest}"
     emitter = Emitter(low, options, prefix)
-    kernels, launches = [], []
+    kernels, launches = ([SPLIT_KERNEL] if any(g.fast_tf32 for g in low.lt_gemms) else []), []
     emitted_family: set[str] = set()
     for lg in low.groups:
         head = f"// group {lg.group.id} ({lg.group.kind}): {lg.describe}"

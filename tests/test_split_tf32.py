@@ -1,0 +1,110 @@
+"""3xTF32 by split operands (``CodegenOptions(split_tf32=True)``): which GEMMs take it, how each
+operand's two TF32 halves are laid out for the depth-2K cross GEMM and the big one, what the
+program emits, that the Verifier's precision detection names it 3xTF32, and (nvcc) that the
+programs compile. The halves' arithmetic itself is checked in numpy, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stitchcuda.compiler import compile_task
+from stitchcuda.compiler.check import cuda_source
+from stitchcuda.compiler.codegen import CodegenOptions, generate, lower
+from stitchcuda.compiler.lowered import Gemm
+from stitchcuda.compiler.split_tf32 import plan_split
+from stitchcuda.task import resolve_tasks
+from stitchcuda.verify.precision import X3TF32, arithmetic_of
+
+SPLIT = CodegenOptions(split_tf32=True)
+
+
+def _lowered(name: str, options: CodegenOptions = SPLIT):
+    task = resolve_tasks(name)[0]
+    compiled = compile_task(task)
+    return task, compiled, lower(compiled.graph, compiled.groups, options)
+
+
+def _gemms(low):
+    return [x.gemm for g in low.groups for x in g.launches() if x.gemm is not None]
+
+
+def _tf32(x: np.ndarray) -> np.ndarray:  # the kernel's rounding, in numpy
+    u = x.astype(np.float32).view(np.uint32)
+    return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def test_the_halves_are_exact_tf32_and_the_product_misses_only_small_small():
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((64, 256), dtype=np.float32), rng.standard_normal((256, 32), dtype=np.float32)
+    (ab, bb) = _tf32(a), _tf32(b)
+    as_, bs = _tf32(a - ab), _tf32(b - bb)
+    for half in (ab, as_, bb, bs):
+        assert not (half.view(np.uint32) & np.uint32(0x1FFF)).any()  # 10 mantissa bits: tensor cores read them as is
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    three = (ab.astype(np.float64) @ bb + ab.astype(np.float64) @ bs + as_.astype(np.float64) @ bb)
+    plain = ab.astype(np.float64) @ bb
+    err = lambda y: np.abs(y - ref).max() / np.abs(ref).max()  # noqa: E731
+    assert err(three) < 1e-6 < 1e-4 < err(plain)
+
+
+def test_operand_layouts_for_the_cross_and_big_gemms():
+    # linear: A [M, K] row-major, B = W^T stored as W [N, K]: both halves side by side along K
+    g = Gemm(1, 8, 16, 32, "x", "w", a_trans=False, b_trans=True, out="o")
+    plan = plan_split(g, "xa", "xb")
+    assert (plan.a.rows, plan.a.cols, plan.a.off_small, plan.a.off_big, plan.a.d_row) == (8, 32, 0, 32, 64)
+    assert (plan.b.rows, plan.b.cols, plan.b.off_big, plan.b.off_small, plan.b.d_row) == (16, 32, 0, 32, 64)
+    assert (plan.cross.k, plan.cross.ld_a, plan.cross.ld_b, plan.cross.a, plan.cross.b) == (64, 64, 64, "xa", "xb")
+    assert (plan.main.k, plan.main.a, plan.main.b) == (32, "xa + 32", "xb")
+    # bmm with B [K, N] row-major: B's halves one above the other; a shared operand splits once
+    g = Gemm(4, 8, 16, 32, "x", "y", a_trans=False, b_trans=False, out="o", stride_a=256, stride_b=0, stride_c=128)
+    plan = plan_split(g, "xa", "xb")
+    assert (plan.b.rows, plan.b.cols, plan.b.off_small, plan.b.d_row, plan.b.batch, plan.b.d_batch) == (32, 16, 512, 16, 1, 0)
+    assert (plan.a.batch, plan.a.d_batch, plan.cross.stride_a, plan.main.stride_b) == (4, 512, 512, 0)
+
+
+def test_mlp_runs_split_with_bias_and_activation_in_the_epilogue():
+    task, compiled, low = _lowered("mlp")
+    gemms = _gemms(low)
+    assert gemms and all(g.split is not None for g in gemms)
+    assert not low.uses_blas and len(low.lt_gemms) == 2 * len(gemms)
+    assert all(p.fast_tf32 for p in low.lt_gemms)
+    assert any(g.split.main.epilogue.endswith("BIAS") for g in gemms)
+    assert all(not g.split.cross.bias for g in gemms)  # the bias is added once, by the big GEMM
+    program = generate(task, compiled.graph, compiled.groups, SPLIT)
+    cuda = cuda_source(program)
+    assert "sc_split_tf32<<<" in cuda and "CUBLAS_COMPUTE_32F_FAST_TF32" in cuda and "cublasSgemm" not in cuda
+    assert "3xTF32 split operands" in program
+    assert arithmetic_of(program) == [X3TF32]  # not plain TF32: the split is visible to the Verifier
+
+
+def test_products_split_where_one_strided_call_does():
+    _, _, low = _lowered("transformer_block")
+    gemms = _gemms(low)
+    assert all((g.split is not None) == (g.outer == 1) for g in gemms)  # attention's 2-d batch stays on SGEMM
+    assert low.uses_blas and sum(g.split is not None for g in gemms) == 4
+    plan = plan_split(Gemm(12, 512, 512, 64, "q", "k", False, True, out="s", stride_a=32768, stride_b=32768,
+                           stride_c=262144), "xa", "xb")
+    assert (plan.cross.batch, plan.cross.stride_a, plan.cross.stride_b) == (12, 65536, 65536)
+
+
+def test_the_default_variant_has_no_split():
+    task, compiled, low = _lowered("mlp", CodegenOptions())
+    assert all(g.split is None for g in _gemms(low))
+    assert "sc_split_tf32" not in generate(task, compiled.graph, compiled.groups, CodegenOptions())
+
+
+@pytest.mark.nvcc
+def test_split_programs_compile_for_sm90(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from tests.test_offline_codegen import _compile_together
+
+    cuda_home = Path("/usr/local/cuda")
+    nvcc = shutil.which("nvcc") or str(cuda_home / "bin/nvcc")
+    sources = []
+    for name in ("mlp", "transformer_block", "lm_head_nll"):
+        task, compiled, _ = _lowered(name)
+        sources.append(cuda_source(generate(task, compiled.graph, compiled.groups, SPLIT)))
+    _compile_together(sources, tmp_path, nvcc, cuda_home)
