@@ -14,8 +14,11 @@ from stitchcuda.agents.knowledge import KnowledgeBase, load_notes
 from stitchcuda.agents.knowledge.index import NOTES_DIR
 from stitchcuda.compiler.cutlass_gemm import cutlass_include
 from stitchcuda.verify.precision import arithmetic_of
+from tests.cuda_headers import HeadersMissing, toolkit
+from tests.cuda_headers import include_dirs as cuda_include_dirs
 
 NOTE = NOTES_DIR / "cutlass-3xtf32.md"
+SPLIT_NOTE = NOTES_DIR / "split-tf32.md"
 
 
 def cuda_blocks(text: str) -> list[str]:
@@ -45,17 +48,26 @@ def test_note_is_loaded_with_its_sections():
                    "64x32x16", "alignment 1"):
         assert needle in note.text, needle
     assert len(cuda_blocks(note.text)) == 2
+    split = next(n for n in load_notes() if n.name == "split-tf32")
+    assert "CUBLAS_COMPUTE_32F_FAST_TF32" in split.text and "tf32_round(x - big)" in split.text
+    assert len(cuda_blocks(split.text)) == 1
 
 
 @pytest.mark.parametrize("query", ["fp32 tensor core gemm strict", "3xTF32", "cutlass",
                                    "fp32 accurate convolution tensor cores", "implicit gemm convolution cutlass"])
 def test_search_finds_the_note(kb, query):
-    assert kb.search(query, k=1, kind="note")[0].source.startswith("notes/cutlass-3xtf32.md")
+    top = kb.search(query, k=1, kind="note")[0].source
+    assert top.startswith("notes/cutlass-3xtf32.md") or (query == "3xTF32" and top.startswith("notes/split-tf32.md"))
+
+
+@pytest.mark.parametrize("query", ["split operands tf32 cublaslt", "wgmma fp32 accurate hopper gemm"])
+def test_search_finds_the_split_note(kb, query):
+    assert kb.search(query, k=1, kind="note")[0].source.startswith("notes/split-tf32.md")
 
 
 def test_snippets_are_named_3xtf32_by_the_verdict():
     """What the note teaches is what the verdict reports: 3xTF32, not TF32 nor plain fp32."""
-    for block in cuda_blocks(NOTE.read_text()):
+    for block in cuda_blocks(NOTE.read_text()) + cuda_blocks(SPLIT_NOTE.read_text()):
         assert arithmetic_of(block) == ["3xTF32 (fp32 accumulate)"]
     plain = cuda_blocks(NOTE.read_text())[0].replace("OpMultiplyAddFastF32", "OpMultiplyAdd")
     assert arithmetic_of(plain) == ["TF32 (fp32 accumulate)"]
@@ -64,11 +76,16 @@ def test_snippets_are_named_3xtf32_by_the_verdict():
 @pytest.mark.nvcc
 def test_snippets_compile_with_nvcc(tmp_path: Path):
     include = cutlass_include()
-    if include is None:
-        pytest.skip("CUTLASS headers not found (pip install nvidia-cutlass)")
+    assert include, "CUTLASS headers not found: nvidia-cutlass is a dependency (pip install -e .)"
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
     unit = tmp_path / "note.cu"
-    unit.write_text("\n".join(cuda_blocks(NOTE.read_text())))  # the conv block reuses the GEMM's Epilogue
+    blocks = cuda_blocks(NOTE.read_text()) + cuda_blocks(SPLIT_NOTE.read_text())
+    unit.write_text("\n".join(blocks))  # the conv block reuses the GEMM's Epilogue
+    try:
+        found = toolkit()
+        include = [*include, *cuda_include_dirs(found[1] if found else Path("/usr/local/cuda"))]  # cublasLt.h for the split snippet
+    except HeadersMissing as exc:
+        pytest.skip(f"cuBLASLt's header is not here: {exc}")
     done = subprocess.run([nvcc, "-c", "-arch=sm_90", "-std=c++17", "--expt-relaxed-constexpr", "-Xptxas", "-v",
                            *(f"-I{p}" for p in include), str(unit), "-o", str(tmp_path / "note.o")],
                           capture_output=True, text=True, timeout=900)
