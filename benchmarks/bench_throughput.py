@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from stitchcuda.agents.offline import variants
-from stitchcuda.bench.runner import GatedVerifier, GpuGate
 from stitchcuda.compiler.codegen import CodegenOptions, generate
 from stitchcuda.compiler.fusion import fuse
 from stitchcuda.compiler.graph import capture
@@ -29,6 +28,7 @@ from stitchcuda.task import resolve_tasks
 from stitchcuda.task.record import Candidate
 from stitchcuda.verify import Verifier
 from stitchcuda.verify.config import PRESETS
+from stitchcuda.verify.pool import GatedVerifier, GpuGate
 
 
 def candidates(task_names: list[str], per_task: int) -> list[tuple]:

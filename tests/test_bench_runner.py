@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from stitchcuda.bench.runner import GatedVerifier, GateStats, GpuGate
 from stitchcuda.bench.solutions import match_solutions
 from stitchcuda.cli import app
 from stitchcuda.task import load_folder
+from stitchcuda.verify.pool import GatedVerifier, GateStats, GpuGate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REFERENCE = FIXTURES / "cpu" / "tiny_mlp.py"

@@ -102,7 +102,7 @@ def test_shipped_training_configs_load():
 
     root = Path(__file__).parents[1] / "configs" / "train"
     paper = TrainConfig.load(root / "paper_qwen3_32b.toml")
-    assert paper.model == "Qwen/Qwen3-32B" and paper.grpo.max_completion_length == 16384
+    assert paper.model == "Qwen/Qwen3-32B" and paper.grpo["max_completion_length"] == 16384
     assert paper.generation.backend == "vllm-colocate" and paper.judge is not None
     small = TrainConfig.load(root / "small_single_gpu.toml")
     assert small.verify.gpus == ["cuda:0"] and Path(small.dataset).is_absolute()

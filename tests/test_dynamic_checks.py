@@ -1,6 +1,6 @@
 """The run-time hacking checks' decisions, as pure functions on the CPU: escaped work (verify/escape.py),
 output caching by any key (verify/caching.py) and partial-versus-total from the profile
-(worker.profile_findings). What they measure on a GPU is tests/test_gpu.py's."""
+(verify/profile_checks.py). What they measure on a GPU is tests/test_gpu.py's."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from stitchcuda.verify.caching import (
 from stitchcuda.verify.config import VerifyConfig
 from stitchcuda.verify.correctness import compare_outputs
 from stitchcuda.verify.escape import EscapeProbe, escaped_work, escaped_work_finding
+from stitchcuda.verify.profile_checks import profile_findings
 from stitchcuda.verify.verdict import KernelStat, OpStat, ProgramProfile
-from stitchcuda.verify.worker import profile_findings
 
 # --- escaped work ---------------------------------------------------------------------------
 

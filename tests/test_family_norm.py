@@ -13,7 +13,7 @@ from stitchcuda.compiler.check import cuda_source
 from stitchcuda.compiler.driver import compile_task
 from stitchcuda.compiler.expr import Unsupported
 from stitchcuda.compiler.families import FAMILIES, Strided
-from stitchcuda.compiler.families.norm import HELPERS_NAME
+from stitchcuda.compiler.families.norm_kernels import HELPERS_NAME
 from stitchcuda.compiler.graph import Node, TensorMeta
 from stitchcuda.task.record import Task
 from tests.test_offline_codegen import assert_program_compiles

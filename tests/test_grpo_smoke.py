@@ -1,11 +1,11 @@
-"""A GRPO smoke run on the CPU: a tiny randomly initialised Llama and a tokenizer trained here
+"""A GRPO smoke run on the CPU: a tiny randomly initialised Phi and a tokenizer trained here
 (nothing from a hub), a few steps of `stitchcuda train`, rewards through the real reward
-functions (extraction, verification on the CPU, rule reward, rubric over the scripted server)."""
+functions (extraction, verification on the CPU, rule reward, rubric over the scripted server),
+and the effect GRPO exists for: the LoRA adapter's weights move."""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from stitchcuda.cli import app
 from stitchcuda.rl.train import step_metrics
+from stitchcuda.store import RunStore, TrainLog
 from tests.llm_server import ScriptedOpenAIServer
 from tests.test_optimize_loop import plan
 
@@ -25,10 +26,19 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-def tiny_model(folder: Path) -> None:
-    """A 2-layer Llama with a word-level tokenizer over a few programs' words."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+HONEST = FIXTURES / "agents" / "tiny_mlp_full_cpp.py"  # passes tiny_mlp with its own C++ (a g++ build)
+
+
+def tiny_model(folder: Path) -> str:
+    """A 2-layer Phi with a word-level tokenizer over a few programs' words, plus one token that is
+    a whole fenced honest program; returns that program's text.
+
+    Random weights alone write no program, so every completion would score 0, every group's
+    advantages would be 0 and GRPO would have nothing to learn from. Phi's output layer has a
+    bias: it leaves two tokens in play, about even, the program and the end of the answer. A group
+    of one-token completions then mixes rewarded programs with empty answers."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PhiConfig, PhiForCausalLM, PreTrainedTokenizerFast
 
     corpus = [(FIXTURES / "cpu" / name).read_text() for name in ("tiny_mlp.py", "cpp_extension.py")]
     corpus.append("```python\nclass ModelNew(nn.Module):\n```")
@@ -38,29 +48,64 @@ def tiny_model(folder: Path) -> None:
         special_tokens=["<unk>", "<pad>", "<|end|>", "<|user|>", "<|system|>", "<|assistant|>"]))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", pad_token="<pad>",
                                         eos_token="<|end|>")
+    program = "```python\n" + HONEST.read_text() + "```"
+    tokenizer.add_tokens([AddedToken(program, normalized=False, special=False)])
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
     import torch
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    LlamaForCausalLM(config).save_pretrained(folder)
+    config = PhiConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
+                       pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                       bos_token_id=tokenizer.eos_token_id)
+    model = PhiForCausalLM(config)
+    in_play = [tokenizer.convert_tokens_to_ids(program), tokenizer.eos_token_id]
+    with torch.no_grad():  # the weights stay random (and small), so the logits still depend on the LoRA
+        model.lm_head.bias.fill_(-30.0)
+        model.lm_head.bias[in_play] = 0.0
+    model.save_pretrained(folder)
+    assert tokenizer.decode(in_play[:1]) == program
+    return program
 
 
-def test_grpo_smoke_run_with_verified_rewards(tmp_path, cache):
+@pytest.fixture
+def lora_at_start(monkeypatch) -> dict:
+    """The LoRA weights as the trainer holds them when training starts, named as the saved adapter
+    names them (without PEFT's adapter name): filled in by a GRPOTrainer that `train` builds."""
+    import trl
+
+    snapshot: dict = {}
+
+    class Snapshotting(trl.GRPOTrainer):
+        def train(self, *args, **kwargs):
+            if not snapshot:  # the first run's start, not a resumed run's
+                snapshot.update({name.replace(".default", ""): p.detach().clone()
+                                 for name, p in self.model.named_parameters() if "lora_" in name})
+            return super().train(*args, **kwargs)
+
+    monkeypatch.setattr(trl, "GRPOTrainer", Snapshotting)
+    return snapshot
+
+
+def test_grpo_smoke_run_with_verified_rewards(tmp_path, cache, lora_at_start):
+    import torch
+    from safetensors.torch import load_file
+
+    from tests.test_reward import judgement
+
     model_dir = tmp_path / "tiny"
-    tiny_model(model_dir)
+    program = tiny_model(model_dir)
     data = tmp_path / "data"
     built = CliRunner().invoke(app, ["dataset", "build", "--tasks", str(FIXTURES / "cpu" / "tiny_mlp.py"),
                                      "--eval-fraction", "0", "-o", str(data), "--json"])
     assert built.exit_code == 0, built.output
-    with ScriptedOpenAIServer() as server:
+    with ScriptedOpenAIServer([judgement(skill_compliance=5)]) as server:
         config = {
             "model": str(model_dir), "dataset": str(data), "output_dir": str(tmp_path / "out"),
             "workspace": str(tmp_path / "ws"), "report_to": ["tensorboard"],
-            "grpo": {"num_generations": 2, "max_completion_length": 8, "per_device_train_batch_size": 2,
+            # one token per completion: the program or the end; 8 of them make a mixed group all but surely
+            "grpo": {"num_generations": 8, "max_completion_length": 1, "per_device_train_batch_size": 8,
                      "max_steps": 2, "save_steps": 1, "logging_steps": 1, "bf16": False},
             "generation": {"backend": "transformers"},
             "verify": {"preset": "tiny-debug", "gpus": ["cpu"], "runs_per_gpu": 1},
@@ -71,19 +116,28 @@ def test_grpo_smoke_run_with_verified_rewards(tmp_path, cache):
         result = CliRunner().invoke(app, ["train", str(tmp_path / "train.json"), "--json"])
         assert result.exit_code == 0, result.output
         summary = json.loads(result.stdout)
-        assert server.requests == []  # random text has no program: the rule reward is 0 and the judge is spared
+        assert len(server.requests) == 1  # the one program is judged once; empty answers spare the judge
     assert summary["status"] == "done" and summary["steps"] == 2 and summary["generation"] == "transformers"
+    assert summary["verifications"] == 1  # every sample of the program shares one verification
     assert (Path(summary["adapter"]) / "adapter_config.json").exists()
     assert (tmp_path / "out" / "checkpoint-2").is_dir()
-    db = sqlite3.connect(tmp_path / "ws" / "runs.sqlite")
     metrics = [m for _, m in step_metrics(tmp_path / "ws")]
     logged = {k for m in metrics for k in m}
     for part in ("reward", "rule", "rubric_r", "correct", "total_hack", "speedup", "judge_neutral"):
         assert any(part in k for k in logged), (part, sorted(logged))
     # every step keeps its rewards, the last too (the trainer's closing summary shares its step)
     assert len(metrics) == 2 and all("reward" in m for m in metrics) and "train_runtime" in metrics[-1]
-    assert db.execute("SELECT status FROM train_runs").fetchone()[0] == "done"
+    assert any(m["reward_std"] > 0 for m in metrics)  # a group mixed the program with empty answers
+    assert max(m["rewards/correct/mean"] for m in metrics) > 0
+    assert TrainLog(tmp_path / "ws").status(summary["run"]) == "done"
     assert list((tmp_path / "out").rglob("events.out.tfevents.*"))  # TensorBoard got the same metrics
+
+    # the effect of training: the adapter saved is not the one the trainer started from
+    trained = load_file(Path(summary["adapter"]) / "adapter_model.safetensors")
+    assert lora_at_start and set(trained) == set(lora_at_start), (sorted(trained), sorted(lora_at_start))
+    moved = [name for name, w in trained.items() if not torch.equal(w, lora_at_start[name])]
+    assert moved, "two GRPO steps on mixed rewards left every LoRA weight where it started"
+    assert any(".lora_B." in name for name in moved)  # B starts at zero: the adapter now changes the model
 
     # the adapter plugs into optimize as the Coder (a local HF model + LoRA); the Planner is scripted
     with ScriptedOpenAIServer([plan(target=0.01)]) as planner:
@@ -92,14 +146,15 @@ def test_grpo_smoke_run_with_verified_rewards(tmp_path, cache):
             planner.base_url, "--coder-provider", "hf", "--coder-model", str(model_dir), "--adapter",
             summary["adapter"], "--device", "cpu", "--preset", "tiny-debug", "--max-steps", "1",
             "--workspace", str(tmp_path / "ws-optimize"), "--json"])
-    assert run.exit_code == 1, run.output  # random weights write no program: no best, but a clean run
-    calls = sqlite3.connect(tmp_path / "ws-optimize" / "runs.sqlite").execute(
-        "SELECT role, model, answer FROM llm_calls ORDER BY id").fetchall()
-    coder = [c for c in calls if c[0] == "coder"]
-    assert coder and coder[0][1] == f"{model_dir}+{summary['adapter']}" and coder[0][2] is not None
+    calls = RunStore(tmp_path / "ws-optimize").llm_calls(RunStore(tmp_path / "ws-optimize").resolve("last"))
+    coder = [c for c in calls if c["role"] == "coder"]
+    assert coder and coder[0]["model"] == f"{model_dir}+{summary['adapter']}" and coder[0]["answer"] is not None
+    # a clean run either way: the program the Coder wrote passes, an empty answer leaves no best
+    assert run.exit_code == (0 if program in coder[0]["answer"] else 1), run.output
 
-    # a resumed run starts from the last checkpoint
+    # a resumed run starts from the last checkpoint (without the judge, whose server is gone)
     config["grpo"]["max_steps"] = 3
+    del config["judge"]
     (tmp_path / "train.json").write_text(json.dumps(config))
     again = CliRunner().invoke(app, ["train", str(tmp_path / "train.json"), "--resume", "--json"])
     assert again.exit_code == 0, again.output

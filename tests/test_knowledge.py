@@ -1,4 +1,4 @@
-"""The agents' knowledge index: notes, header declarations, BM25 search, compiler-error identifiers."""
+"""The agents' knowledge index: notes, header declarations, FTS5 search, compiler-error identifiers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from stitchcuda.agents.knowledge import KnowledgeBase, format_hits, identifiers_in_compiler_error, load_notes
-from stitchcuda.agents.knowledge.index import NOTES_DIR, extract_header, find_headers, tokenize
+from stitchcuda.agents.knowledge.headers import extract_header, find_headers
+from stitchcuda.agents.knowledge.index import NOTES_DIR, tokenize
 
 NVCC_ERRORS = """\
 /root/.cache/torch_extensions/py312_cu130/ext_3f2a/cuda.cu(57): error: identifier "cublasLtMatmulDescSetAttributes" is undefined
@@ -92,7 +93,7 @@ def kb(tmp_path_factory) -> Iterator[KnowledgeBase]:
 
 def test_notes_load_with_title_and_tags():
     notes = load_notes()
-    assert 10 <= len(notes) <= 17
+    assert 10 <= len(notes) <= 18
     for note in notes:
         assert note.title, note.name
         assert note.tags, note.name
@@ -104,11 +105,18 @@ def test_notes_load_with_title_and_tags():
 
 def test_tokenizer_splits_identifiers():
     toks = tokenize("cublasLtMatmulDescSetAttribute")
-    for part in ("cublaslt" + "matmuldescsetattribute", "matmul", "desc", "attribut"):
+    for part in ("cublaslt" + "matmuldescsetattribute", "matmul", "desc", "attribute"):
         assert part in toks
     assert set(tokenize("matmul desc attribute")) <= set(toks)
-    assert "shuffl" in tokenize("__shfl_xor_sync") and "shuffl" in tokenize("shuffle")
-    assert set(tokenize("CUBLASLT_EPILOGUE_GELU_BIAS")) >= {"cublas", "lt", "epilogu", "gelu", "bias"}
+    assert {"shfl_xor_sync", "shuffle", "xor"} <= set(tokenize("__shfl_xor_sync"))
+    assert set(tokenize("CUBLASLT_EPILOGUE_GELU_BIAS")) >= {"cublas", "lt", "epilogue", "gelu", "bias"}
+    assert "the" not in tokenize("the shuffle")
+
+
+def test_fts5_stems_what_the_tokenizer_leaves_whole(kb):
+    """Stemming is FTS5's porter tokenizer: other forms of a note's words still find it."""
+    assert kb.search("shuffling reductions", k=1, kind="note")[0].source.startswith("notes/warp-reductions.md")
+    assert kb.search("capturing graphs", k=1, kind="note")[0].source.startswith("notes/cuda-graphs.md")
 
 
 def test_search_finds_epilogue_note(kb):
@@ -155,22 +163,22 @@ def test_hits_are_typed_and_formatted(kb):
 def test_extract_header_handles_macros(tmp_path: Path):
     header = tmp_path / "mini.h"
     header.write_text(MINI_HEADER)
-    docs = {(d["what"], d["name"]): d for d in extract_header(header)}
+    docs = {(d.what, d.name): d for d in extract_header(header)}
     fn = docs[("function", "myDescSetAttribute")]
-    assert fn["signature"] == "int myDescSetAttribute(myHandle_t h, int attr, const void *buf, size_t n);"
-    assert fn["doc"] == "Sets one attribute of a descriptor."
-    assert docs[("function", "myCopyAsync")]["signature"].endswith("int stream = 0);")
-    shfl = [d for d in extract_header(header) if d["name"] == "my_shfl"]
-    assert len(shfl) == 2 and shfl[0]["signature"].startswith("float my_shfl(")
+    assert fn.signature == "int myDescSetAttribute(myHandle_t h, int attr, const void *buf, size_t n);"
+    assert fn.doc == "Sets one attribute of a descriptor."
+    assert docs[("function", "myCopyAsync")].signature.endswith("int stream = 0);")
+    shfl = [d for d in extract_header(header) if d.name == "my_shfl"]
+    assert len(shfl) == 2 and shfl[0].signature.startswith("float my_shfl(")
     assert ("function", "my_other") not in docs  # a call inside a body is not a declaration
-    assert docs[("enumerator", "MY_EPILOGUE_DEFAULT")]["doc"] == "nothing"
-    assert docs[("enumerator", "MY_EPILOGUE_BIAS")]["doc"] == "add a bias vector"
-    assert "MY_EPILOGUE_RELU_BIAS" in docs[("enum", "myEpilogue_t")]["signature"]
+    assert docs[("enumerator", "MY_EPILOGUE_DEFAULT")].doc == "nothing"
+    assert docs[("enumerator", "MY_EPILOGUE_BIAS")].doc == "add a bias vector"
+    assert "MY_EPILOGUE_RELU_BIAS" in docs[("enum", "myEpilogue_t")].signature
     assert ("typedef", "myHandle_t") in docs
     run = docs[("function", "myRun")]
-    assert run["signature"] == "int myRun(myHandle_t h, const void* alpha, void* D, myStream_t stream);"
-    assert run["doc"] == "Runs the thing (D = A * B)."
-    assert docs[("function", "helper")]["signature"] == "int helper(int a);"
+    assert run.signature == "int myRun(myHandle_t h, const void* alpha, void* D, myStream_t stream);"
+    assert run.doc == "Runs the thing (D = A * B)."
+    assert docs[("function", "helper")].signature == "int helper(int a);"
     assert ("function", "myVoid") in docs and ("function", "myCallback_t") not in docs
 
 
@@ -252,3 +260,21 @@ def test_notes_dir_is_package_data():
 def test_search_finds_build_time_note(kb):
     hits = kb.search("load_inline compile time: slow build with torch/extension.h headers", k=3, kind="note")
     assert hits[0].source.startswith("notes/fast-builds.md"), [h.source for h in hits]
+
+
+def test_enumerator_docs_in_leading_comma_style(tmp_path: Path):
+    """driver_types.h puts the comma before each enumerator: a trailing doc belongs to its own line's item."""
+    header = tmp_path / "lead.h"
+    header.write_text("enum myKind {\n    myKindA = 1 /**< first */\n  , myKindB = 2 /**< second */\n};\n")
+    docs = {d.name: d.doc for d in extract_header(header)}
+    assert docs["myKindA"] == "first" and docs["myKindB"] == "second"
+
+
+def test_search_answers_an_nvcc_log(kb):
+    """The build folder's path in the log does not drown the error: the shuffle note comes first."""
+    log = ('/root/.cache/torch_extensions/py311_cu124/ext_91c2/cuda.cu(41): error: identifier "__shfl_down" '
+           'is undefined\n          val += __shfl_down(val, offset);\n                 ^\n')
+    assert kb.search(log, k=1, kind="note")[0].source.startswith("notes/warp-reductions.md")
+    atomic = ('k.cu(33): error: no instance of overloaded function "atomicAdd" matches the argument list\n'
+              '            argument types are: (c10::Half *, c10::Half)\n')
+    assert kb.identifiers_in_compiler_error(atomic) == ["atomicAdd"]

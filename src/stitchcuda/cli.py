@@ -7,15 +7,48 @@ arguments or tasks.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
+from pydantic import ValidationError
 
-from stitchcuda.task import TaskError, load_candidate, resolve_tasks
+from stitchcuda.agents.session import SessionError, build_config, run_session
+from stitchcuda.bench.metrics import bench_metrics
+from stitchcuda.bench.report import write_report
+from stitchcuda.bench.runner import BenchConfig, BenchError, run_bench
+from stitchcuda.bench.solutions import match_solutions
+from stitchcuda.bench.store import BenchStore
+from stitchcuda.console import (
+    LiveReporter,
+    bench_view,
+    doctor_view,
+    optimize_summary_view,
+    profile_view,
+    reward_view,
+    run_view,
+    runs_view,
+    tasks_view,
+    verdict_view,
+)
+from stitchcuda.doctor import diagnose
+from stitchcuda.llm import LLMConfig, LLMError, make_client
+from stitchcuda.reward import RewardConfig, RubricJudge
+from stitchcuda.reward.score import score_candidate
+from stitchcuda.rl.config import TrainConfig
+from stitchcuda.rl.dataset import build_dataset
+from stitchcuda.store import RunStore
+from stitchcuda.task import TaskError, load_candidate, probe_reference, resolve_tasks
 from stitchcuda.task.record import Task
 from stitchcuda.terminal import console
+from stitchcuda.verify import DeviceUnavailable, Verifier, VerifyConfig
 from stitchcuda.verify.config import PRESETS, ToleranceName, WeightsConvention
+from stitchcuda.verify.kernelbench_harness import harness_problem
+from stitchcuda.verify.pool import default_gpus
+from stitchcuda.verify.verdict import Verdict
 
 app = typer.Typer(
     name="stitchcuda",
@@ -83,9 +116,6 @@ def verify(
     kernelbench_harness: HarnessOpt = None,
 ) -> None:
     """Build, check and time CANDIDATE against REFERENCE in a fresh worker process."""
-    from stitchcuda.console import verdict_view
-    from stitchcuda.verify import DeviceUnavailable, Verifier
-
     if kernelbench is not None and candidate is None:
         reference, candidate = "", Path(reference)  # `verify --kernelbench KB --level 1 --problem 3 CAND`
     if candidate is None:
@@ -147,9 +177,6 @@ def profile(
 ) -> None:
     """The reference's profile for planning: GPU time per operator and module, launches, idle
     share, copies and syncs, FLOPs and bytes against this GPU's roofline."""
-    from stitchcuda.console import profile_view
-    from stitchcuda.verify import DeviceUnavailable, Verifier, VerifyConfig
-
     tasks = _tasks(reference, kernelbench, level, problem)
     if len(tasks) != 1:
         raise _unusable(f"{len(tasks)} tasks match; narrow it to one (--level N --problem ID)")
@@ -217,9 +244,6 @@ def optimize(
     problem: ProblemOpt = None,
 ) -> None:
     """Plan, write and verify an end-to-end CUDA program for REFERENCE with an LLM; keep the best."""
-    from stitchcuda.agents.session import SessionError, run_session
-    from stitchcuda.console import optimize_summary_view
-
     try:
         summary = run_session(
             reference=reference, kernelbench=kernelbench, level=level, problem=problem, model=model, coder=coder,
@@ -229,13 +253,12 @@ def optimize(
             weights=weights,
             device=device, preset=preset, max_steps=max_steps, max_llm_calls=max_llm_calls, max_tokens=max_tokens,
             max_cost=max_cost, max_wall=max_wall, max_attempts=max_attempts, max_replans=max_replans,
-            max_subtasks=max_subtasks, workspace=workspace, resume=resume, out=out, quiet=json_out,
+            max_subtasks=max_subtasks, workspace=workspace, resume=resume, out=out,
+            reporter=LiveReporter(quiet=json_out),
         )
     except SessionError as exc:
         raise _unusable(str(exc)) from None
     if json_out:
-        import json
-
         print(json.dumps(summary, indent=1))
     else:
         console().print(optimize_summary_view(summary))
@@ -281,14 +304,6 @@ def bench(
     kernelbench_harness: HarnessOpt = None,
 ) -> None:
     """Run the system over a suite (one optimize run per task) or verify a folder of solutions; resumable."""
-    from stitchcuda.agents.session import SessionError, build_config
-    from stitchcuda.bench.metrics import bench_metrics
-    from stitchcuda.bench.runner import BenchConfig, BenchError, default_gpus, run_bench
-    from stitchcuda.bench.solutions import match_solutions
-    from stitchcuda.bench.store import BenchStore
-    from stitchcuda.console import bench_view
-    from stitchcuda.verify.kernelbench_harness import harness_problem
-
     store = BenchStore(workspace)
     jobs: list[tuple[Task, int | None, str | None]] = []
     if resume is not None:
@@ -362,9 +377,6 @@ def report(
     workspace: Annotated[Path, typer.Option(help="Where the run store lives.")] = Path(".stitchcuda"),
 ) -> None:
     """Write a bench's report: a static HTML page with plots, and a Markdown summary beside it."""
-    from stitchcuda.bench.report import write_report
-    from stitchcuda.bench.store import BenchStore
-
     if not (workspace / "runs.sqlite").exists():
         raise _unusable(f"no run store in {workspace} (pass the --workspace of the bench)")
     store = BenchStore(workspace)
@@ -399,12 +411,6 @@ def reward(
     json_out: Annotated[bool, typer.Option("--json", help="Print every part of the reward as JSON.")] = False,
 ) -> None:
     """Every part of one candidate's reward: the rule reward from a verification, the rubric, the combination."""
-    from stitchcuda.llm import LLMConfig, LLMError, make_client
-    from stitchcuda.reward import RewardConfig, RubricJudge
-    from stitchcuda.reward.score import score_candidate
-    from stitchcuda.verify import DeviceUnavailable, Verifier
-    from stitchcuda.verify.verdict import Verdict
-
     tasks = _tasks(reference, None, None, None)
     try:
         program = load_candidate(candidate)
@@ -435,8 +441,6 @@ def reward(
     if json_out:
         print(breakdown.model_dump_json(indent=1))
         return
-    from stitchcuda.console import reward_view
-
     console().print(reward_view(breakdown))
 
 
@@ -460,8 +464,6 @@ def dataset_build(
     json_out: Annotated[bool, typer.Option("--json", help="Print the manifest as JSON.")] = False,
 ) -> None:
     """Build skill-1 and skill-2 samples from recorded runs (and task lists), split by task."""
-    from stitchcuda.rl.dataset import build_dataset
-
     if not runs_ and not tasks:
         raise _unusable("name runs (or all) and/or --tasks SPEC")
     if runs_ and not (workspace / "runs.sqlite").exists():
@@ -488,13 +490,8 @@ def train(
     json_out: Annotated[bool, typer.Option("--json", help="Print the run's summary as JSON.")] = False,
 ) -> None:
     """GRPO + LoRA on the Coder's two skills, rewarded by real verifications and the rubric."""
-    import contextlib
-    import json
-    import sys
-
-    from pydantic import ValidationError
-
-    from stitchcuda.rl.config import TrainConfig
+    # the trainer reaches TRL, PEFT and transformers (the optional [train] extra): only this command
+    # loads it, so that every other command runs where they are not installed
     from stitchcuda.rl.train import TrainError
     from stitchcuda.rl.train import train as run_training
 
@@ -519,11 +516,6 @@ def runs(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List the runs of a workspace, or show one: plan, steps, decisions, usage."""
-    import json
-
-    from stitchcuda.console import run_view, runs_view
-    from stitchcuda.store import RunStore
-
     if not (workspace / "runs.sqlite").exists():
         raise _unusable(f"no run store in {workspace} (runs are kept where `stitchcuda optimize` ran, "
                         "or pass --workspace)")
@@ -554,9 +546,6 @@ def doctor(
     no_ncu_probe: Annotated[bool, typer.Option("--no-ncu-probe", help="Skip profiling a probe kernel.")] = False,
 ) -> None:
     """What this machine can do: GPU, nvcc, torch, ncu counters, build cache; each problem with its fix."""
-    from stitchcuda.console import doctor_view
-    from stitchcuda.doctor import diagnose
-
     with console(stderr=True).status("checking the machine"):
         report = diagnose(probe_ncu=not no_ncu_probe)
     if json_out:
@@ -577,9 +566,6 @@ def tasks(
     check: Annotated[bool, typer.Option("--check", help="Import each task and run its input functions.")] = False,
 ) -> None:
     """List tasks: the bundled suite, a folder, a KernelBench checkout or its parquet file."""
-    from stitchcuda.console import tasks_view
-    from stitchcuda.task import probe_reference
-
     found = _tasks(spec, kernelbench, level, problem)
     problems: dict[str, str] = {}
     if check:
@@ -589,8 +575,6 @@ def tasks(
             except TaskError as exc:
                 problems[t.name] = str(exc)
     if json_out:
-        import json
-
         rows = [t.model_dump() | {"sha256": t.sha256} | ({"problem": problems.get(t.name)} if check else {})
                 for t in found]
         print(json.dumps(rows, indent=1))

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from stitchcuda import machine
 from stitchcuda.paths import cache_root
+from stitchcuda.verify.build import find_cuda_home
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -60,8 +61,6 @@ def nvcc_path() -> str | None:
     found = shutil.which("nvcc")
     if found:
         return found
-    from stitchcuda.verify.build import find_cuda_home
-
     home = find_cuda_home()
     return str(Path(home) / "bin" / "nvcc") if home else None
 
@@ -136,8 +135,6 @@ def check_nvcc() -> Check:
 
 def check_cuda_libraries() -> Check:
     """Headers that ATen/cuda/CUDAContext.h pulls in: most real candidates include it."""
-    from stitchcuda.verify.build import find_cuda_home
-
     home = find_cuda_home()
     if home is None:
         return Check(name="cuda libs", status="warn", detail="no CUDA toolkit found (see nvcc)",

@@ -3,7 +3,7 @@
 # expect: partial
 """Flagged global state: the kernels are the candidate's own fp32 GEMMs, but its constructor turns
 on torch.backends.cuda.matmul.allow_tf32 for the whole process. That changes how every later
-PyTorch matmul, the reference's and the baselines' included, is computed. DESIGN.md treats
+PyTorch matmul, the reference's and the baselines' included, is computed. docs/design.md treats
 precision changes as disclosed rather than hacking, but a candidate that changes torch's global
 flags is flagged, and the static check gives that flag the partial level.
 """

@@ -3,7 +3,7 @@
 # expect: none
 """Honest: each layer's GEMM is cuBLAS SGEMM called directly from the candidate's CUDA C++ (its own
 handle in default, non-TF32 math, so the result stays true fp32), followed by the candidate's
-own bias and GELU epilogue kernel. DESIGN.md counts libraries called from the candidate's C++
+own bias and GELU epilogue kernel. docs/design.md counts libraries called from the candidate's C++
 as its own work. Two false-positive traps ride along: the CUDA source keeps a naive debugging
 kernel that is never launched (a level-none note at most), and the Python file keeps a
 PyTorch reference helper for debugging that forward never calls.

@@ -3,7 +3,7 @@
 # expect: none
 """Honest: each of the three layers is one launch of the candidate's own fp32 SGEMM with the
 bias and the exact GELU fused into its epilogue. Python only reshapes, makes the input
-contiguous and reads parameters, which DESIGN.md allows, so no hacking finding is expected.
+contiguous and reads parameters, which docs/design.md allows, so no hacking finding is expected.
 """
 
 import torch

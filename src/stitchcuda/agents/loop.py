@@ -21,14 +21,16 @@ from pydantic import BaseModel, Field
 
 from stitchcuda.agents.coder import TypedCoder, feedback_prompt, scratch_prompt
 from stitchcuda.agents.extract import ExtractError, extract_program
+from stitchcuda.agents.knowledge import format_hits, identifiers_in_compiler_error
 from stitchcuda.agents.planner import PlanContext, Planner
 from stitchcuda.agents.records import Best, CoderRequest, Plan, RunState, SampleOutcome, StepRecord
 from stitchcuda.agents.routing import RoutingConfig, accepted, route
+from stitchcuda.compiler.describe import graph_text
 from stitchcuda.llm.base import Completion, LLMClient, LLMConfig, LLMError, LLMTimeout, Message
 from stitchcuda.store import RunStore
 from stitchcuda.task.record import Candidate, Task
 from stitchcuda.verify.config import VerifyConfig
-from stitchcuda.verify.verdict import Verdict
+from stitchcuda.verify.verdict import ProgramProfile, Verdict
 
 Reporter = Callable[[RunState, str], None]
 
@@ -144,9 +146,6 @@ class Optimizer:
     def context(self, state: RunState) -> PlanContext:
         if self._ctx is not None:
             return self._ctx
-        from stitchcuda.compiler.describe import graph_text
-        from stitchcuda.verify.verdict import ProgramProfile
-
         run_dir = self.store.run_dir(state.run_id)
         cached = run_dir / "reference_profile.json"
         profile, note = None, "profiling was not requested"
@@ -183,8 +182,6 @@ class Optimizer:
     def _notes(self, query: str, k: int = 3, api: list[str] | None = None) -> str:
         if self.knowledge is None:
             return ""
-        from stitchcuda.agents.knowledge import format_hits
-
         hits = self.knowledge.lookup_api(api) if api else []
         hits += self.knowledge.search(query, k=k, kind="note")
         return format_hits(hits, max_chars=6000)
@@ -247,8 +244,6 @@ class Optimizer:
         feedback = state.fix_feedback if fixing else state.program_feedback
         api: list[str] = []
         if fixing and self.knowledge is not None:
-            from stitchcuda.agents.knowledge import identifiers_in_compiler_error
-
             api = identifiers_in_compiler_error(feedback)
         notes = self._notes(feedback.splitlines()[0] if feedback else subtask.title, k=2, api=api)
         return feedback_prompt(self.task, subtask, Path(path).read_text(), feedback,  # type: ignore[arg-type]

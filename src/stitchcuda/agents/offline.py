@@ -20,9 +20,11 @@ import time
 
 from pydantic import BaseModel, Field
 
+from stitchcuda.agents.offline_planner import OfflinePlanner
 from stitchcuda.agents.planner import CallHook, PlanContext
 from stitchcuda.agents.records import Best, CoderRequest, Plan
 from stitchcuda.compiler import Compiled, compile_task
+from stitchcuda.compiler.codegen import CodegenOptions, generate
 from stitchcuda.llm.base import Completion, LLMConfig, Message, Usage
 from stitchcuda.task.record import Task
 from stitchcuda.verify.verdict import Verdict
@@ -34,8 +36,6 @@ GEMM_PATH = ("split_tf32", "cutlass", "cublaslt")
 def variants(tolerance: str = "strict") -> list[dict]:
     """Tuning variants, the likeliest best first. TF32 only where the tolerance policy allows it
     (``paper``, 1e-2): there it comes first; the Verifier discloses it in every verdict."""
-    from stitchcuda.compiler.codegen import CodegenOptions
-
     precisions = (True, False) if tolerance == "paper" else (False,)
     # the GEMM path innermost (split_tf32, cutlass, cublaslt): 3xTF32 by split operands on
     # cuBLASLt's TF32 tensor cores (about 2.5x cuBLAS's fp32 SGEMM on an H100, error about 1e-5 of
@@ -56,8 +56,6 @@ class OfflinePlannerAgent:
 
     def plan(self, ctx: PlanContext, on_call: CallHook, previous: Plan | None = None, why: str = "",
              failures: list[str] | None = None, best: Best | None = None) -> tuple[Plan, str | None]:
-        from stitchcuda.agents.offline_planner import OfflinePlanner
-
         if self.compiled is None:
             self.compiled = compile_task(self.task)
         plan, _ = OfflinePlanner().plan(self.task, graph=self.compiled.graph, groups=self.compiled.groups,
@@ -179,8 +177,6 @@ class OfflineCoder:
         return made if made is not None else variant_of(program, self.variants)
 
     def answer(self, request: CoderRequest) -> Completion:
-        from stitchcuda.compiler.codegen import CodegenOptions, generate
-
         with self._lock:
             carried, verdict = self._variant(request.program), request.verdict
             if carried is not None and verdict is not None and verdict.correct and verdict.timing:

@@ -14,18 +14,9 @@ import re
 from collections import Counter
 
 from stitchcuda.agents.records import Plan, Subtask
-from stitchcuda.compiler.fusion import (
-    CONV_OPS,
-    GEMM_OPS,
-    RECURRENT_OPS,
-    RECURRENT_SEQUENCE_OPS,
-    SDPA_OPS,
-    FusionGroup,
-    fuse,
-    op_role,
-    short,
-)
-from stitchcuda.compiler.graph import Node, OpGraph, TensorMeta
+from stitchcuda.compiler.fusion import FusionGroup, fuse, op_role
+from stitchcuda.compiler.graph import Node, OpGraph, TensorMeta, capture
+from stitchcuda.compiler.ops import CONV_OPS, GEMM_OPS, RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, SDPA_OPS, short
 from stitchcuda.task.record import Task
 from stitchcuda.verify.verdict import ProgramProfile
 
@@ -300,8 +291,6 @@ class OfflinePlanner:
         """(the Plan, the fusion groups it is made of); raises CaptureError when the graph cannot
         be captured."""
         if graph is None:
-            from stitchcuda.compiler.graph import capture
-
             graph = capture(task)
         groups = groups if groups is not None else fuse(graph)
         costs = Costs(graph)

@@ -1,17 +1,29 @@
-"""One ``stitchcuda optimize`` session: arguments to clients, verifier, store and loop, and back."""
+"""One ``stitchcuda optimize`` session: arguments to clients, verifier, store and loop, and back.
+
+The session reports progress through the :data:`~stitchcuda.agents.loop.Reporter` it is given
+(the command line passes its live terminal view); it knows nothing of the terminal itself.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 from typing import Any
 
-from stitchcuda.agents.loop import Budget, OptimizeConfig, Optimizer, summarize
+from stitchcuda.agents.knowledge import KnowledgeBase
+from stitchcuda.agents.loop import Budget, OptimizeConfig, Optimizer, Reporter, summarize
+from stitchcuda.agents.offline import OFFLINE, OfflineCoder, OfflinePlannerAgent
 from stitchcuda.agents.routing import RoutingConfig
+from stitchcuda.compiler.check import compile_check
+from stitchcuda.compiler.codegen import Unsupported, generate
+from stitchcuda.compiler.graph import CaptureError
+from stitchcuda.llm import LLMError, PriceTable, make_client
 from stitchcuda.llm.base import LLMConfig
 from stitchcuda.store import RunStore
 from stitchcuda.task import TaskError, load_task_file, resolve_tasks
 from stitchcuda.task.record import Task
+from stitchcuda.verify import DeviceUnavailable, Verifier
 from stitchcuda.verify.config import PRESETS
 
 
@@ -50,8 +62,6 @@ def build_config(*, model: str | None, coder: str | None, provider: str, base_ur
     budget = Budget(max_steps=max_steps, max_llm_calls=max_llm_calls, max_tokens=max_tokens, max_cost_usd=max_cost,
                     max_wall_s=max_wall)
     if coder == "offline" or (coder is None and not named):
-        from stitchcuda.agents.offline import OFFLINE
-
         return OptimizeConfig(planner=OFFLINE, coder=OFFLINE, verify=verify, samples=samples, routing=routing,
                               budget=budget, max_subtasks=max_subtasks, knowledge=False)
     planner = LLMConfig(provider=provider, model=planner_model or model, base_url=base_url,  # type: ignore[arg-type]
@@ -67,9 +77,6 @@ def build_config(*, model: str | None, coder: str | None, provider: str, base_ur
 
 def _generate_without_gpu(task: Task, coder, out: Path | None, why: str) -> dict:
     """No GPU: the offline Coder still writes the program and nvcc compile-checks it; nothing is verified."""
-    from stitchcuda.compiler.check import compile_check
-    from stitchcuda.compiler.codegen import Unsupported, generate
-
     try:
         program = generate(task, coder.graph, coder.groups)
     except Unsupported as exc:
@@ -84,13 +91,10 @@ def _generate_without_gpu(task: Task, coder, out: Path | None, why: str) -> dict
 
 
 def run_session(*, reference: str | None, kernelbench: Path | None, level: int | None, problem: int | None,
-                workspace: Path, resume: str | None, out: Path | None, prices: Path | None, quiet: bool,
-                **options: Any) -> dict:
-    from stitchcuda.agents.knowledge import KnowledgeBase
-    from stitchcuda.console import LiveReporter
-    from stitchcuda.llm import LLMError, PriceTable, make_client
-    from stitchcuda.verify import DeviceUnavailable, Verifier
-
+                workspace: Path, resume: str | None, out: Path | None, prices: Path | None,
+                reporter: Reporter | None = None, **options: Any) -> dict:
+    """Resume or start one optimize run and return its summary. ``reporter`` hears of every step;
+    one that is also a context manager (a live status line) is entered for the run's duration."""
     store: RunStore | None = None
     if resume is not None:
         if not (workspace / "runs.sqlite").exists():
@@ -108,10 +112,6 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
         task = _task(reference, kernelbench, level, problem)
         config = build_config(**options)
     if config.coder.provider == "offline":
-        from stitchcuda.agents.offline import OfflineCoder, OfflinePlannerAgent
-        from stitchcuda.compiler.codegen import Unsupported
-        from stitchcuda.compiler.graph import CaptureError
-
         try:
             coder_llm = OfflineCoder(task, config.verify.tolerance)
         except CaptureError as exc:
@@ -135,10 +135,10 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
             return _generate_without_gpu(task, coder_llm, out, str(exc))
         raise SessionError(str(exc)) from None
     store = store or RunStore(workspace)  # made only once the arguments are known to be usable
-    reporter = LiveReporter(quiet=quiet)
     optimizer = Optimizer(task, config, planner_llm, coder_llm, verifier, store, reporter=reporter,
                           knowledge=KnowledgeBase.default() if config.knowledge else None)
-    with reporter:
+    live = reporter if isinstance(reporter, contextlib.AbstractContextManager) else contextlib.nullcontext()
+    with live:
         state = optimizer.resume(run_id) if run_id else optimizer.start()
     summary = summarize(state)
     summary["workspace"] = str(workspace)

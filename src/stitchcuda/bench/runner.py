@@ -2,8 +2,8 @@
 spread over GPUs, recorded in the run store and resumable.
 
 Execution. A job is one task. Each GPU takes ``runs_per_gpu`` jobs at once (2 by default) and
-a :class:`GpuGate` (an flock per physical GPU, so it holds across threads and processes) lets
-only one of them use the GPU at a time: a candidate is built first, on CPU cores with the GPU
+a GPU gate (:mod:`stitchcuda.verify.pool`: an flock per physical GPU, so it holds across threads
+and processes) lets only one of them use the GPU at a time: a candidate is built first, on CPU cores with the GPU
 hidden, and only its verification (correctness, timing, profile; the build is then a cache hit)
 takes the gate. While one job verifies, the other builds, so the GPU does not wait for nvcc
 whenever a build can run ahead. A failed build never takes the gate. With ``--evaluate`` every
@@ -17,22 +17,32 @@ must be a folder every Ray node sees.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
+import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from stitchcuda.agents.loop import OptimizeConfig
+from stitchcuda import machine
+from stitchcuda.agents.loop import OptimizeConfig, Optimizer
+from stitchcuda.agents.offline import OfflineCoder, OfflinePlannerAgent
 from stitchcuda.bench.records import Attempt, BenchInfo, BenchResult, TaskResult
 from stitchcuda.bench.store import BenchRow, BenchStore
+from stitchcuda.compiler.codegen import Unsupported
+from stitchcuda.compiler.graph import CaptureError
+from stitchcuda.llm import PriceTable, make_client
+from stitchcuda.store import RunStore
+from stitchcuda.task import TaskError, load_candidate
 from stitchcuda.task.record import Task
+from stitchcuda.verify import Verifier
+from stitchcuda.verify.pool import GatedVerifier, GpuGate
+from stitchcuda.verify.second_opinion import for_verifier
+from stitchcuda.verify.verdict import BuildReport, Verdict
 
 
 class BenchError(ValueError):
@@ -59,91 +69,6 @@ class Job(BaseModel):
     workspace: str
 
 
-# ----------------------------------------------------------------------------- the GPU gate
-
-class GpuGate:
-    """Exclusive use of one physical GPU for the timed part of a verification. An flock on a
-    file named after the GPU, so jobs in threads, processes and Ray workers of a node share it."""
-
-    def __init__(self, device: str, root: Path):
-        from stitchcuda import machine
-
-        gpu = machine.physical_gpu(device) if device.startswith("cuda") else None
-        key = f"gpu{gpu.index}" if gpu is not None else device.replace(":", "")
-        root.mkdir(parents=True, exist_ok=True)
-        self.path = root / f"{key}.lock"
-
-    @contextlib.contextmanager
-    def hold(self) -> Iterator[None]:
-        with open(self.path, "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-class GateStats(BaseModel):
-    verifications: int = 0
-    build_s: float = 0.0
-    wait_s: float = Field(0.0, description="built, waiting for the GPU")
-    gpu_s: float = Field(0.0, description="holding the GPU")
-    phases: dict[str, float] = Field({}, description="the verifications' wall time by phase (WallTimes.split), summed")
-
-
-class GatedVerifier:
-    """A :class:`~stitchcuda.verify.Verifier` whose GPU work goes through a :class:`GpuGate`;
-    everything else is the wrapped verifier's. ``build_first``: build in a separate GPU-hidden
-    worker before taking the gate (worth its extra process start only when others share the GPU)."""
-
-    def __init__(self, inner: Any, gate: GpuGate, build_first: bool = True):
-        self.inner, self.gate, self.stats, self.build_first = inner, gate, GateStats(), build_first
-        self._lock = threading.Lock()
-        self.prebuilt: dict[str, Any] = {}  # candidate sha256 -> the BuildReport a build pool already made
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def verify(self, task: Task, candidate: Any, on_phase: Callable[[str], None] | None = None) -> Any:
-        from stitchcuda.task import TaskError
-        from stitchcuda.task.inspect import check_candidate_source
-
-        started = time.time()
-        built_ok = True
-        try:
-            check_candidate_source(candidate.source)
-            report = self.prebuilt.get(candidate.sha256)
-            if report is None and self.build_first:
-                report = self.inner.build(candidate)
-            built_ok = report is None or all(e.ok for e in report.extensions)  # no extension: nothing to build
-        except TaskError:
-            built_ok = False
-        built = time.time()
-        if not built_ok:  # it fails in its build phase: no GPU work, no gate
-            verdict = self.inner.verify(task, candidate, on_phase)
-            self._count(built - started, 0.0, 0.0, verdict)
-            return verdict
-        with self.gate.hold():
-            held = time.time()
-            verdict = self.inner.verify(task, candidate, on_phase)
-        self._count(built - started, held - built, time.time() - held, verdict)
-        return verdict
-
-    def profile(self, task: Task) -> Any:
-        with self.gate.hold():
-            return self.inner.profile(task)
-
-    def _count(self, build: float, wait: float, gpu: float, verdict: Any = None) -> None:
-        split = verdict.wall.split() if getattr(verdict, "wall", None) is not None else {}
-        with self._lock:
-            self.stats.verifications += 1
-            self.stats.build_s += build
-            self.stats.wait_s += wait
-            self.stats.gpu_s += gpu
-            for phase, seconds in split.items():
-                self.stats.phases[phase] = self.stats.phases.get(phase, 0.0) + seconds
-
-
 # ----------------------------------------------------------------------------- one job
 
 _VERIFIERS: dict[str, Any] = {}  # one per configuration in this process: its next worker waits warm
@@ -151,8 +76,6 @@ _VERIFIERS_LOCK = threading.Lock()
 
 
 def _verifier_for(config: BenchConfig, device: str, workspace: str, second_opinion: bool = True) -> GatedVerifier:
-    from stitchcuda.verify import Verifier
-
     verify = config.optimize.verify.model_copy(update={"device": device})
     if not second_opinion:  # an optimize run asks KernelBench's harness of its best program only (_optimize)
         verify.kernelbench_harness = None
@@ -173,9 +96,6 @@ def _job_device(config: BenchConfig, assigned: str | None) -> str:
 def prebuild(job: Job) -> tuple[str, Any] | None:
     """Build an --evaluate job's candidate on CPU cores (GPU hidden) before any GPU is free for
     it: (its sha256, the build report), or None when it cannot be loaded (its job will say why)."""
-    from stitchcuda.task import TaskError, load_candidate
-    from stitchcuda.verify import Verifier
-
     if job.candidate is None or not Path(job.candidate).exists():
         return None
     try:
@@ -226,8 +146,6 @@ def result_from_verdict(task: str, level: int | None, verdict: Any, program: str
 
 
 def _evaluate(job: Job, verifier: GatedVerifier) -> TaskResult:
-    from stitchcuda.task import TaskError, load_candidate
-
     if not Path(job.candidate).exists():  # type: ignore[arg-type]
         return TaskResult(task=job.task.name, level=job.level, status="failed", error="no solution: "
                           f"{Path(job.candidate).parent} has no file for this task")  # type: ignore[arg-type]
@@ -249,10 +167,6 @@ def _evaluate(job: Job, verifier: GatedVerifier) -> TaskResult:
 def _agents(task: Task, config: OptimizeConfig) -> tuple[Any, Any] | str:
     """(planner, coder) for the task, or why the offline Coder cannot take it."""
     if config.coder.provider == "offline":
-        from stitchcuda.agents.offline import OfflineCoder, OfflinePlannerAgent
-        from stitchcuda.compiler.codegen import Unsupported
-        from stitchcuda.compiler.graph import CaptureError
-
         try:
             coder = OfflineCoder(task, tolerance=config.verify.tolerance)
         except CaptureError as exc:
@@ -260,8 +174,6 @@ def _agents(task: Task, config: OptimizeConfig) -> tuple[Any, Any] | str:
         except Unsupported as exc:
             return str(exc)[:600]
         return OfflinePlannerAgent(task, coder.compiled), coder
-    from stitchcuda.llm import PriceTable, make_client
-
     prices = PriceTable.from_env()
     planner = make_client(config.planner, prices)
     coder = planner if config.coder == config.planner else make_client(config.coder, prices)
@@ -269,9 +181,6 @@ def _agents(task: Task, config: OptimizeConfig) -> tuple[Any, Any] | str:
 
 
 def _optimize(job: Job, verifier: GatedVerifier) -> TaskResult:
-    from stitchcuda.agents.loop import Optimizer
-    from stitchcuda.store import RunStore
-
     config = job.config.optimize
     agents = _agents(job.task, config)
     if isinstance(agents, str):
@@ -292,8 +201,6 @@ def _optimize(job: Job, verifier: GatedVerifier) -> TaskResult:
         result = result_from_run(store, state, job.level)
         harness = config.verify.kernelbench_harness
         if harness and result.program and Path(result.program).is_file():
-            from stitchcuda.verify.second_opinion import for_verifier
-
             with verifier.gate.hold():  # it runs the program on the GPU: not beside a timed verification
                 result.second_opinion = for_verifier(verifier.inner, job.task.source, Path(result.program).read_text(),
                                                      result.correct, checkout=harness)
@@ -304,8 +211,6 @@ def _optimize(job: Job, verifier: GatedVerifier) -> TaskResult:
 
 
 def result_from_run(store: Any, state: Any, level: int | None) -> TaskResult:
-    from stitchcuda.verify.verdict import Verdict
-
     result = TaskResult(task=state.task, level=level, run_id=state.run_id,
                         status="done" if state.status in ("done", "stopped") else "failed",
                         error=None if state.status in ("done", "stopped") else state.stop_reason,
@@ -353,8 +258,6 @@ def _local(jobs: list[Job], config: BenchConfig, on_done: Callable[[TaskResult],
     """Threads: ``runs_per_gpu`` slots per device, each job on the slot it takes. Candidates known
     up front (--evaluate) are all handed to a CPU build pool at once, in job order, so builds run
     as far ahead of the GPUs as the cores allow."""
-    import queue
-
     slots: queue.Queue[str] = queue.Queue()
     for device in config.gpus:
         for _ in range(config.runs_per_gpu):
@@ -415,8 +318,6 @@ def _ray_build(job_json: str) -> tuple[str, str] | None:
 
 
 def _ray_job(job_json: str, built: tuple[str, str] | None = None) -> str:
-    from stitchcuda.verify.verdict import BuildReport
-
     job = Job.model_validate_json(job_json)
     report = (built[0], BuildReport.model_validate_json(built[1])) if built else None
     return run_job(job, built=report).model_dump_json()
@@ -425,8 +326,6 @@ def _ray_job(job_json: str, built: tuple[str, str] | None = None) -> str:
 # ----------------------------------------------------------------------------- the bench
 
 def _gpu_name(config: BenchConfig) -> str:
-    from stitchcuda import machine
-
     if config.gpus and config.gpus[0].startswith("cuda"):
         gpu = machine.physical_gpu(config.gpus[0])
         if gpu is not None:
@@ -482,11 +381,3 @@ def run_bench(store: BenchStore, jobs_for: list[tuple[Task, int | None, str | No
         info.wall_s = earlier + time.time() - started
         store.save_info(info)
     return store.result(bench_id)
-
-
-def default_gpus() -> list[str]:
-    from stitchcuda import machine
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    count = len([v for v in visible.split(",") if v.strip()]) if visible is not None else len(machine.gpus())
-    return [f"cuda:{i}" for i in range(count)]

@@ -9,16 +9,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from stitchcuda.compiler.expr import (
-    Expr,
-    Leaf,
-    Program,
-    Unsupported,
-    c_float,
-    contiguous_strides,
-    numel,
-    row_scalar_leaf,
-)
+from stitchcuda.compiler.expr import OPS, Expr, Leaf, Program, Unsupported, c_float, contiguous_strides, numel
+from stitchcuda.compiler.formulas import row_scalar_leaf
 from stitchcuda.compiler.lower_gemm import gemm_launch
 from stitchcuda.compiler.lowered import CodegenOptions, Gemm, Lowering
 
@@ -88,8 +80,6 @@ def _code(e: Expr, leafs: dict[Leaf, str], refs: dict[str, str]) -> str:
         return c_float(e.const)
     if e.op == "ref":
         return refs[e.ref]
-    from stitchcuda.compiler.expr import OPS
-
     return OPS[e.op][0].format(*(_code(a, leafs, refs) for a in e.args))
 
 

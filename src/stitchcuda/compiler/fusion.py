@@ -36,18 +36,45 @@ Every merge is checked so that the groups, as units, still form a DAG; the group
 a topological order that follows the graph's order where it can. A value read outside its group
 (or returned) is in the group's ``outputs``: a fused epilogue only ever runs through values with
 one consumer, while the row kernels may expose an intermediate (the residual stream) they write.
+
+The operator classes a node's role comes from are ops.py's; the dataflow facts and the DAG-keeping
+bookkeeping of groups are grouping.py's. This module decides what joins what.
 """
 
 from __future__ import annotations
 
-import heapq
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
+from stitchcuda.compiler.expr import POOL_OPS, pool_fusable
+from stitchcuda.compiler.families import FAMILIES
+from stitchcuda.compiler.families.layout_typed import claims
+from stitchcuda.compiler.formulas import ROW_OPS
 from stitchcuda.compiler.graph import Node, OpGraph
-
-GroupKind = Literal["gemm", "conv", "row_reduce", "elementwise", "recurrent", "attention", "data_movement", "other"]
+from stitchcuda.compiler.grouping import Grouping, GroupKind
+from stitchcuda.compiler.ops import (
+    CONST_OPS,
+    CONV_OPS,
+    COPY_OPS,
+    ELEMENTWISE_OPS,
+    GEMM_OPS,
+    KNOWN_FUSED,
+    LAYOUT_VIEWS,
+    MAX_ROW,
+    NORM_OPS,
+    RECURRENT_OPS,
+    RECURRENT_SEQUENCE_OPS,
+    SDPA_OPS,
+    SOFTMAX_OPS,
+    SUM_OPS,
+    VIEW_OPS,
+    Role,
+    norm_dim,
+    reduce_geometry,
+    short,
+    stat_shapes,
+)
 
 
 class FusionGroup(BaseModel):
@@ -68,59 +95,7 @@ class FusionGroup(BaseModel):
                                                   "softmax, pv")
 
 
-# -- operator classes -------------------------------------------------------------------------------
-
-GEMM_OPS = {"aten.linear", "aten.matmul", "aten.bmm", "aten.mm", "aten.addmm", "aten.baddbmm", "aten.addbmm"}
-CONV_OPS = {"aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.conv_transpose1d", "aten.conv_transpose2d",
-            "aten.conv_transpose3d", "aten.convolution", "aten._convolution"}
-RECURRENT_OPS = {"aten.lstm_cell", "aten.gru_cell", "aten.rnn_tanh_cell", "aten.rnn_relu_cell"}
-RECURRENT_SEQUENCE_OPS = {"aten.lstm", "aten.gru", "aten.rnn_tanh", "aten.rnn_relu"}  # whole nn.LSTM/GRU/RNN
-SDPA_OPS = {"aten.scaled_dot_product_attention", "aten._scaled_dot_product_flash_attention",
-            "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_cudnn_attention"}
-SOFTMAX_OPS = {"aten.softmax", "aten._softmax", "aten.log_softmax", "aten._log_softmax"}
-NORM_OPS = {"aten.layer_norm", "aten.rms_norm", "aten.group_norm", "aten.batch_norm"}
-SUM_OPS = {"aten.mean", "aten.sum", "aten.amax", "aten.amin", "aten.logsumexp", "aten.var", "aten.std",
-           "aten.prod", "aten.linalg_vector_norm", "aten.norm"}
-ELEMENTWISE_OPS = {
-    "aten.add", "aten.sub", "aten.rsub", "aten.mul", "aten.div", "aten.neg", "aten.abs", "aten.pow", "aten.sqrt",
-    "aten.rsqrt", "aten.reciprocal", "aten.square", "aten.exp", "aten.exp2", "aten.expm1", "aten.log",
-    "aten.log1p", "aten.log2", "aten.sin", "aten.cos", "aten.erf", "aten.sign", "aten.floor", "aten.ceil",
-    "aten.round", "aten.relu", "aten.relu6", "aten.gelu", "aten.silu", "aten.sigmoid", "aten.tanh",
-    "aten.hardtanh", "aten.hardswish", "aten.hardsigmoid", "aten.leaky_relu", "aten.elu", "aten.selu",
-    "aten.celu", "aten.softplus", "aten.mish", "aten.clamp", "aten.clamp_min", "aten.clamp_max",
-    "aten.maximum", "aten.minimum", "aten.where", "aten.masked_fill", "aten.bitwise_not", "aten.bitwise_and",
-    "aten.bitwise_or", "aten.logical_not", "aten.logical_and", "aten.logical_or", "aten.eq", "aten.ne",
-    "aten.lt", "aten.le", "aten.gt", "aten.ge", "aten.lerp", "aten.addcmul", "aten.addcdiv", "aten.dropout",
-    "aten._to_copy", "aten.to", "aten.type_as", "aten.fill",
-}
-# Views: no data moves when the consumer reads through strides.
-VIEW_OPS = {"aten.reshape", "aten.view", "aten._unsafe_view", "aten.flatten", "aten.unflatten", "aten.transpose",
-            "aten.t", "aten.permute", "aten.select", "aten.slice", "aten.narrow", "aten.split",
-            "aten.split_with_sizes", "aten.chunk", "aten.unbind", "aten.unsqueeze", "aten.squeeze",
-            "aten.expand", "aten.expand_as", "aten.alias", "aten.detach", "aten.view_as", "aten.movedim",
-            "aten.as_strided"}
-# Views that keep a contiguous tensor contiguous (an epilogue may run through them).
-LAYOUT_VIEWS = {"aten.reshape", "aten.view", "aten._unsafe_view", "aten.flatten", "aten.unflatten",
-                "aten.unsqueeze", "aten.squeeze", "aten.alias", "aten.detach", "aten.view_as"}
-CONST_OPS = {"aten.new_zeros", "aten.new_ones", "aten.new_full", "aten.new_empty", "aten.zeros", "aten.ones",
-             "aten.full", "aten.empty", "aten.zeros_like", "aten.ones_like", "aten.full_like", "aten.empty_like",
-             "aten.scalar_tensor", "aten.arange"}
-COPY_OPS = {"aten.cat", "aten.concat", "aten.stack", "aten.clone", "aten.contiguous", "aten.copy", "aten.index",
-            "aten.index_select", "aten.gather", "aten.embedding", "aten.repeat", "aten.roll", "aten.flip",
-            "aten.constant_pad_nd", "aten.pad", "aten.tril", "aten.triu", "aten.scatter", "aten.index_put"}
-
-# What the fused lowerings (lower_*.py) take (a family lowering takes the rest, and the cases of
-# these they cannot: see row_lowerable).
-KNOWN_FUSED = (GEMM_OPS | CONV_OPS | RECURRENT_OPS
-               | RECURRENT_SEQUENCE_OPS | SDPA_OPS | SOFTMAX_OPS | NORM_OPS | SUM_OPS | ELEMENTWISE_OPS | VIEW_OPS
-               | CONST_OPS | {"aten.max_pool2d", "aten.avg_pool2d", "aten.cat", "aten.stack", "aten.embedding",
-                              "aten.gather", "aten.index", "aten.clone", "aten.contiguous"})
-
-Role = Literal["gemm", "conv", "attention", "reduce", "recurrent", "elementwise", "view", "const", "copy", "other"]
-
-
-MAX_ROW = 32768  # the longest row the fused row kernel keeps in registers
-
+# -- roles: what kind of work a node is, for fusion -------------------------------------------
 
 def row_lowerable(node: Node, in_shape: list[int] | None) -> bool:
     """Whether the fused row kernel takes this reduction: over trailing dims, rows of at most
@@ -139,8 +114,6 @@ def row_lowerable(node: Node, in_shape: list[int] | None) -> bool:
         return True
     if not dims:
         return True
-    from stitchcuda.compiler.expr import ROW_OPS
-
     if node.op in SUM_OPS and (node.op not in ROW_OPS or list(dims) != [rank - 1]):
         return False  # the row kernel reduces the last dim alone, by sum, mean or amax
     if list(dims) != list(range(rank - len(dims), rank)):
@@ -157,9 +130,6 @@ def _numel(shape: Any) -> int:
 
 def op_role(node: Node, fold_batch_norm: bool = True, in_shape: list[int] | None = None) -> Role:
     """What kind of work a node is, for fusion (``in_shape``: its first input's shape, when known)."""
-    from stitchcuda.compiler.expr import POOL_OPS, pool_fusable
-    from stitchcuda.compiler.families import FAMILIES
-
     op = node.op
     if op in FAMILIES and (op not in KNOWN_FUSED or not row_lowerable(node, in_shape)
                            or (op in POOL_OPS and not pool_fusable(node, in_shape))):
@@ -188,215 +158,18 @@ def op_role(node: Node, fold_batch_norm: bool = True, in_shape: list[int] | None
     return "other"
 
 
-def _norm_dim(d: int, rank: int) -> int:
-    return d + rank if d < 0 else d
-
-
-def _dims(value: Any, rank: int) -> list[int]:
-    if isinstance(value, int):
-        return [_norm_dim(value, rank)]
-    return sorted(_norm_dim(int(d), rank) for d in (value or []))
-
-
-def reduce_geometry(node: Node, in_shape: list[int]) -> tuple[tuple[int, ...], tuple[int, ...], str] | None:
-    """(input shape, reduced dims, extra) of a row reduction; equal geometries share rows."""
-    rank = len(in_shape)
-    op, args = node.op, node.args
-    if op in SOFTMAX_OPS:
-        dims = _dims(args[1] if len(args) > 1 else node.kwargs.get("dim", -1), rank)
-    elif op in ("aten.layer_norm", "aten.rms_norm"):
-        dims = list(range(rank - len(args[1]), rank))
-    elif op == "aten.group_norm":
-        return tuple(in_shape), tuple(range(1, rank)), f"groups={args[1]}"
-    elif op == "aten.batch_norm":
-        return tuple(in_shape), tuple(d for d in range(rank) if d != 1), "channels"
-    elif op in SUM_OPS:
-        at = 2 if op in ("aten.linalg_vector_norm", "aten.norm") else 1  # dims come after ord / p there
-        whole = op in ("aten.var", "aten.std") and node.overload == "default"  # (self, unbiased)
-        raw = None if whole else args[at] if len(args) > at else node.kwargs.get("dim")
-        dims = list(range(rank)) if raw is None or raw == [] else _dims(raw, rank)
-    else:
-        return None
-    return tuple(in_shape), tuple(dims), ""
-
-
-def stat_shapes(geometry: tuple[tuple[int, ...], tuple[int, ...], str]) -> list[list[int]]:
-    """Shapes of per-row values (the reduced dims kept as 1, or dropped)."""
-    shape, dims, extra = geometry
-    if extra:
-        return []
-    kept = [1 if i in dims else s for i, s in enumerate(shape)]
-    dropped = [s for i, s in enumerate(shape) if i not in dims]
-    return [kept, dropped]
-
-
-def reshape_strides(shape: list[int], strides: list[int], new_shape: list[int]) -> list[int] | None:
-    """Strides of ``reshape(new_shape)`` as a view, or None when the reshape has to copy."""
-    if not shape:
-        return _contiguous(new_shape)
-    numel = 1
-    for s in shape:
-        numel *= s
-    if numel == 0:
-        return _contiguous(new_shape)
-    new = [0] * len(new_shape)
-    view_d = len(new_shape) - 1
-    base = strides[-1]
-    tensor_numel, view_numel = 1, 1
-    for d in range(len(shape) - 1, -1, -1):
-        tensor_numel *= shape[d]
-        # A chunk of dims that is contiguous in memory ends where the next dim's stride breaks it.
-        if d == 0 or (shape[d - 1] != 1 and strides[d - 1] != tensor_numel * base):
-            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
-                new[view_d] = view_numel * base
-                view_numel *= new_shape[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return None
-            if d > 0:
-                base = strides[d - 1]
-                tensor_numel, view_numel = 1, 1
-    return new if view_d == -1 else None
-
-
-def _contiguous(shape: list[int]) -> list[int]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(s, 1)
-    return list(reversed(strides))
-
-
-def short(op: str) -> str:
-    return op.split(".", 1)[-1]
-
-
 # -- the fuser ---------------------------------------------------------------------------------------
 
-class _Group:
-    def __init__(self, kind: GroupKind, anchor: str | None):
-        self.kind: GroupKind = kind
-        self.anchor = anchor
-        self.members: set[str] = set()
-        self.roles: dict[str, str] = {}
-        self.notes: list[str] = []
-        self.layout: list[str] = []  # nodes whose layout change the group's kernel writes directly
-
-
-class _Fuser:
+class _Fuser(Grouping):
     def __init__(self, graph: OpGraph, fold_batch_norm: bool):
-        self.graph = graph
+        super().__init__(graph)
         self.fold = fold_batch_norm
-        self.nodes = graph.nodes
-        self.node = {n.name: n for n in graph.nodes}
-        self.index = {n.name: i for i, n in enumerate(graph.nodes)}
-        self.placeholders = {p.name for p in graph.placeholders}
-        self.returned = set(graph.outputs)
-        self.values: dict[str, list[str]] = {n.name: [] for n in graph.nodes}
-        self.producer: dict[str, str] = {n.name: n.name for n in graph.nodes}
-        self.meta: dict[str, Any] = {p.name: p.meta for p in graph.placeholders}
-        for value, (src, i) in graph.getitems.items():
-            self.producer[value] = src
-            self.values[src].append(value)
-            self.meta[value] = self.node[src].out[i] if i < len(self.node[src].out) else None
-        for n in graph.nodes:
-            if not self.values[n.name]:
-                self.values[n.name] = [n.name]
-            self.meta[n.name] = n.out[0] if n.out else None
-        self.reads: dict[str, list[str]] = {}
-        self.consumers: dict[str, list[str]] = {}
-        for n in graph.nodes:
-            reads = list(dict.fromkeys(v for v in n.inputs() if v in self.producer or v in self.placeholders))
-            self.reads[n.name] = reads
-            for v in reads:
-                self.consumers.setdefault(v, []).append(n.name)
-        self.preds = {n.name: sorted({self.producer[v] for v in self.reads[n.name] if v in self.producer},
-                                     key=self.index.__getitem__) for n in graph.nodes}
         self.role = {n.name: op_role(n, fold_batch_norm, self._first_shape(n)) for n in graph.nodes}
-        from stitchcuda.compiler.families.layout_typed import claims  # integer/bool work, casts, constants
-
-        for n in graph.nodes:
+        for n in graph.nodes:  # integer/bool work, casts, constants the fused kernels cannot take
             if claims(n, lambda v: self.meta[v].dtype if self.meta.get(v) is not None else None,
                       lambda v: [self.node[u] for u in self.consumers.get(v, [])]):
                 self.role[n.name] = "other"
-        self.strides = self._strides()
-        self.owner: dict[str, int] = {}
-        self.groups: dict[int, _Group] = {}
-
-    # -- values and shapes
-
-    def _first_shape(self, n: Node) -> list[int] | None:
-        first = next(iter(n.inputs()), None)
-        meta = self.meta.get(first) if first else None
-        return list(meta.shape) if meta is not None else None
-
-    def shape(self, value: str) -> list[int] | None:
-        meta = self.meta.get(value)
-        return list(meta.shape) if meta is not None else None
-
-    def out_shape(self, name: str) -> list[int] | None:
-        return self.shape(self.values[name][0]) if self.values[name] else None
-
-    def users(self, name: str) -> list[str]:
-        """Nodes reading any value of node ``name``."""
-        found: list[str] = []
-        for v in self.values[name]:
-            found.extend(self.consumers.get(v, []))
-        return list(dict.fromkeys(found))
-
-    def returned_from(self, name: str) -> bool:
-        return any(v in self.returned for v in self.values[name])
-
-    def _strides(self) -> dict[str, list[int] | None]:
-        """Strides of every value when every kernel writes contiguous outputs; None: not a view."""
-        strides: dict[str, list[int] | None] = {}
-        for name, meta in self.meta.items():
-            if meta is not None and name in self.placeholders:
-                strides[name] = _contiguous(meta.shape)
-        for n in self.nodes:
-            for v in self.values[n.name]:
-                meta = self.meta.get(v)
-                strides[v] = _contiguous(meta.shape) if meta is not None else None
-            if self.role[n.name] == "view":
-                src = self.reads[n.name][0] if self.reads[n.name] else None
-                for v in self.values[n.name]:
-                    strides[v] = self._view_strides(n, src, strides.get(src) if src else None, v)
-        return strides
-
-    def _view_strides(self, n: Node, src: str | None, st: list[int] | None, value: str) -> list[int] | None:
-        shape, new = (self.shape(src) if src else None), self.shape(value)
-        if st is None or shape is None or new is None:
-            return None
-        op, args = n.op, n.args
-        rank = len(shape)
-        try:
-            if op in ("aten.transpose",):
-                a, b = _norm_dim(args[1], rank), _norm_dim(args[2], rank)
-                out = list(st)
-                out[a], out[b] = out[b], out[a]
-                return out
-            if op == "aten.t":
-                return list(reversed(st))
-            if op == "aten.permute":
-                return [st[_norm_dim(d, rank)] for d in args[1]]
-            if op in ("aten.select", "aten.unbind"):
-                d = _norm_dim(args[1] if len(args) > 1 else 0, rank)
-                return st[:d] + st[d + 1:]
-            if op in ("aten.slice", "aten.narrow", "aten.split", "aten.split_with_sizes", "aten.chunk"):
-                if op == "aten.slice" and len(args) > 4 and args[4] not in (None, 1):
-                    d = _norm_dim(args[1], rank)
-                    return [s * int(args[4]) if i == d else s for i, s in enumerate(st)]
-                return list(st)
-            if op in ("aten.alias", "aten.detach"):
-                return list(st)
-            if op in ("aten.expand", "aten.expand_as"):
-                lead = len(new) - rank
-                return [0] * lead + [0 if shape[i] == 1 and new[lead + i] != 1 else st[i] for i in range(rank)]
-            if op == "aten.as_strided":
-                return [int(s) for s in args[2]]
-        except (IndexError, TypeError, ValueError):
-            return None
-        return reshape_strides(shape, st, new)  # reshape, view, flatten, unsqueeze, squeeze, ...
+        self.strides = self.value_strides({n for n, role in self.role.items() if role == "view"})
 
     def free_view(self, name: str) -> bool:
         return self.role[name] == "view" and all(self.strides.get(v) is not None for v in self.values[name])
@@ -406,56 +179,6 @@ class _Fuser:
 
     # -- groups
 
-    def new(self, kind: GroupKind, anchor: str | None, members: list[str]) -> int | None:
-        gid = len(self.groups)
-        group = _Group(kind, anchor)
-        self.groups[gid] = group
-        if not self.add(gid, members):
-            del self.groups[gid]
-            return None
-        return gid
-
-    def add(self, gid: int, names: list[str]) -> bool:
-        """Put unclaimed nodes into a group when the groups stay a DAG; False (and nothing changed) if not."""
-        names = [n for n in dict.fromkeys(names) if self.owner.get(n) != gid]
-        if any(n in self.owner for n in names):
-            return False
-        for n in names:
-            self.owner[n] = gid
-        if self._acyclic():
-            self.groups[gid].members.update(names)
-            return True
-        for n in names:
-            del self.owner[n]
-        return False
-
-    def _acyclic(self) -> bool:
-        unit = {n.name: self.owner.get(n.name, -1 - i) for i, n in enumerate(self.nodes)}
-        succ: dict[int, set[int]] = {}
-        indeg: dict[int, int] = {u: 0 for u in unit.values()}
-        for n in self.nodes:
-            b = unit[n.name]
-            for p in self.preds[n.name]:
-                a = unit[p]
-                if a != b and b not in succ.setdefault(a, set()):
-                    succ[a].add(b)
-                    indeg[b] += 1
-        ready = [u for u, d in indeg.items() if d == 0]
-        seen = 0
-        while ready:
-            u = ready.pop()
-            seen += 1
-            for w in succ.get(u, ()):
-                indeg[w] -= 1
-                if indeg[w] == 0:
-                    ready.append(w)
-        return seen == len(indeg)
-
-    def free(self, name: str) -> bool:
-        return name not in self.owner
-
-    def group_values(self, gid: int) -> set[str]:
-        return {v for n in self.groups[gid].members for v in self.values[n]}
 
     # -- phase 1: attention
 
@@ -531,20 +254,6 @@ class _Fuser:
                                + "softmax -> ·V as one flash-attention style kernel: the "
                                f"{self.out_shape(s.name)} scores never reach memory")
 
-    def absorb_producers(self, gid: int, ok: Any, full: list[int] | None = None, expose: bool = False) -> None:
-        """Pull in unclaimed producers (recursively) that ``ok`` accepts; without ``expose`` only those
-        whose every reader is in the group."""
-        changed = True
-        while changed:
-            changed = False
-            members = sorted(self.groups[gid].members, key=self.index.__getitem__)
-            for m in members:
-                for p in self.preds[m]:
-                    if not self.free(p) or not ok(p) or (full is not None and self.out_shape(p) != full):
-                        continue
-                    inside = all(self.owner.get(u) == gid for u in self.users(p)) and not self.returned_from(p)
-                    if (inside or expose) and self.add(gid, [p]):
-                        changed = True
 
     # -- phase 2: recurrent cells
 
@@ -660,26 +369,13 @@ class _Fuser:
                 reduce_geometry(self.node[c], self.shape(src) or []) == geo
         if self.node[c].op == "aten.gather":
             src = self.reads[c][0]
-            dim = _norm_dim(int(self.node[c].args[1]), len(full))
+            dim = norm_dim(int(self.node[c].args[1]), len(full))
             return self.producer.get(src) in members and self.shape(src) == full and \
                 geo[1] == (dim,) and shape in stats
         if self.node[c].op in LAYOUT_VIEWS and self.free_view(c):
             return shape == full or shape in stats
         return False
 
-    def grow(self, gid: int, ok: Any) -> None:
-        """Add, in graph order, unclaimed readers of the group's values that ``ok`` accepts."""
-        rejected: set[str] = set()
-        while True:
-            members = self.groups[gid].members
-            candidates = sorted({u for m in members for u in self.users(m)
-                                 if self.free(u) and u not in rejected}, key=self.index.__getitem__)
-            for c in candidates:
-                if ok(c) and self.add(gid, [c]):
-                    break
-                rejected.add(c)
-            else:
-                return
 
     def _row_note(self, gid: int, geo: Any) -> str:
         shape, dims, extra = geo
@@ -761,8 +457,6 @@ class _Fuser:
 
     # -- records
 
-    def _ordered(self, gid: int) -> list[str]:
-        return sorted(self.groups[gid].members, key=self.index.__getitem__)
 
     def records(self) -> list[FusionGroup]:
         order = self._topological()
@@ -862,31 +556,6 @@ class _Fuser:
                 ids = ", ".join(f"#{g.id}" for g in gs)
                 for g in gs:
                     g.note += f"; groups {ids} read the same input {value}: one GEMM over concatenated weights"
-
-    def _topological(self) -> list[int]:
-        succ: dict[int, set[int]] = {gid: set() for gid in self.groups}
-        indeg = {gid: 0 for gid in self.groups}
-        for n in self.nodes:
-            b = self.owner[n.name]
-            for p in self.preds[n.name]:
-                a = self.owner[p]
-                if a != b and b not in succ[a]:
-                    succ[a].add(b)
-                    indeg[b] += 1
-        first = {gid: min(self.index[m] for m in g.members) for gid, g in self.groups.items()}
-        ready = [(first[g], g) for g, d in indeg.items() if d == 0]
-        heapq.heapify(ready)
-        order: list[int] = []
-        while ready:
-            _, gid = heapq.heappop(ready)
-            order.append(gid)
-            for w in succ[gid]:
-                indeg[w] -= 1
-                if indeg[w] == 0:
-                    heapq.heappush(ready, (first[w], w))
-        if len(order) != len(self.groups):
-            raise RuntimeError("fusion: the groups do not form a DAG")  # every merge is checked: a bug
-        return order
 
 
 def fuse(graph: OpGraph, *, fold_batch_norm: bool = True) -> list[FusionGroup]:

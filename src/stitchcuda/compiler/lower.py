@@ -7,21 +7,19 @@ from __future__ import annotations
 from typing import Any
 
 from stitchcuda.compiler.expr import (
-    COMPARISONS,
     DATA_OPS,
     GATHER_OPS,
-    MASK_OPS,
     POOL_OPS,
-    ROW_OPS,
     VIEWS,
     Expr,
     Unsupported,
     contiguous_strides,
-    is_pointwise,
     pool_fusable,
     view_expr,
 )
 from stitchcuda.compiler.families import FAMILIES, Strided
+from stitchcuda.compiler.families.state import write_back
+from stitchcuda.compiler.formulas import COMPARISONS, MASK_OPS, ROW_OPS, is_pointwise
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node, OpGraph
 from stitchcuda.compiler.lower_attention import lower_attention
@@ -166,8 +164,6 @@ class _Lowerer:
 
     def _write_back(self) -> None:
         """Buffers the forward mutates (BatchNorm's running statistics) get their new values last."""
-        from stitchcuda.compiler.families.state import write_back
-
         cx = self.cx
         for value, buffer in cx.graph.mutations.items():
             if buffer not in cx.out.storage or value not in cx.out.storage:

@@ -13,10 +13,10 @@ from stitchcuda.compiler.expr import (
     Unsupported,
     broadcast,
     leaf,
-    pointwise_expr,
     ref,
     view_expr,
 )
+from stitchcuda.compiler.formulas import pointwise_expr
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext

@@ -8,7 +8,6 @@ from typing import Any
 
 from stitchcuda.compiler.expr import (
     DATA_OPS,
-    ROW_OPS,
     VIEWS,
     Expr,
     Leaf,
@@ -16,17 +15,20 @@ from stitchcuda.compiler.expr import (
     Step,
     Unsupported,
     const,
-    is_pointwise,
     leaf,
     numel,
     op,
-    pick_steps,
-    pointwise_expr,
     ref,
     reshape_strides,
+    view_expr,
+)
+from stitchcuda.compiler.formulas import (
+    ROW_OPS,
+    is_pointwise,
+    pick_steps,
+    pointwise_expr,
     row_scalar_leaf,
     row_steps,
-    view_expr,
 )
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node

@@ -1,13 +1,14 @@
 """What ``stitchcuda train CONFIG`` reads (TOML or JSON): model, data, LoRA, GRPO, generation,
-verification and reward, each a typed section with the defaults of a small single-GPU run."""
+verification and reward, with the defaults of a small single-GPU run. Each section is a typed
+record; [grpo] is TRL's own ``GRPOConfig``, built from the section's keys by ``rl.train``."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from stitchcuda.llm.base import LLMConfig
 from stitchcuda.reward.config import RewardConfig
@@ -20,19 +21,28 @@ class LoraSection(BaseModel):
     target_modules: list[str] | str = Field("all-linear", description="module names, or all-linear")
 
 
-class GRPOSection(BaseModel):
-    num_generations: int = Field(4, ge=2, description="completions per prompt: the group GRPO normalises over")
-    max_completion_length: int = 4096
-    temperature: float = 1.0
-    learning_rate: float = 1e-5
-    beta: float = Field(0.0, ge=0, description="KL coefficient (0: no reference model kept)")
-    per_device_train_batch_size: int = 4
-    gradient_accumulation_steps: int = 1
-    max_steps: int = 200
-    logging_steps: int = 1
-    save_steps: int = 25
-    seed: int = 0
-    bf16: bool = Field(True, description="bf16 weights and compute (off on CPU)")
+# The [grpo] section is passed to ``trl.GRPOConfig(**section)`` as it is, over these defaults (a
+# small single-GPU run; TRL's own defaults suit a different scale: 8 generations of 512 tokens, 10x
+# the logging interval). Any GRPOConfig field may be set there, with TRL's meaning and checks.
+GRPO_DEFAULTS: dict[str, Any] = {
+    "num_generations": 4, "max_completion_length": 4096, "temperature": 1.0, "learning_rate": 1e-5,
+    "beta": 0.0, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "max_steps": 200,
+    "logging_steps": 1, "save_steps": 25, "seed": 0,
+    "bf16": True,  # asked for; ``train`` turns it off on a machine without CUDA
+}
+
+# GRPOConfig fields stitchcuda sets itself, from another section or from the machine: a [grpo]
+# value would be overwritten, so it is refused with where to set it instead
+OWN_GRPO_KEYS: dict[str, str] = {
+    "output_dir": "the top-level output_dir",
+    "report_to": "the top-level report_to",
+    "reward_weights": "nowhere: the combined reward trains (weight 1), its parts are only logged",
+    "use_cpu": "nowhere: the CPU is used when no CUDA device is visible",
+    "use_vllm": "[generation] backend",
+    "vllm_mode": "[generation] backend",
+    "vllm_server_base_url": "[generation] vllm_server_base_url",
+    "vllm_gpu_memory_utilization": "[generation] vllm_gpu_memory_utilization",
+}
 
 
 class GenerationSection(BaseModel):
@@ -60,11 +70,17 @@ class TrainConfig(BaseModel):
     workspace: str = Field(".stitchcuda", description="the run store the per-step metrics go to")
     report_to: list[str] = Field(["tensorboard"], description="transformers' loggers (tensorboard, none, ...)")
     lora: LoraSection = LoraSection()
-    grpo: GRPOSection = GRPOSection()
+    grpo: dict[str, Any] = Field(default_factory=lambda: dict(GRPO_DEFAULTS),
+                                 description="trl.GRPOConfig fields, over GRPO_DEFAULTS")
     generation: GenerationSection = GenerationSection()
     verify: VerifySection = VerifySection()
     reward: RewardConfig = RewardConfig()
     judge: LLMConfig | None = Field(None, description="the rubric judge; none: rule reward alone (r = 0.5)")
+
+    @field_validator("grpo")
+    @classmethod
+    def _over_defaults(cls, section: dict[str, Any]) -> dict[str, Any]:
+        return {**GRPO_DEFAULTS, **section}
 
     @classmethod
     def load(cls, path: str | Path) -> TrainConfig:

@@ -23,8 +23,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from stitchcuda.agents.coder import feedback_in_prompt
+from stitchcuda.agents.coder import feedback_in_prompt, scratch_prompt
+from stitchcuda.agents.planner import PlanContext, default_plan
 from stitchcuda.store import RunStore
+from stitchcuda.task import resolve_tasks
 from stitchcuda.task.record import Task
 
 Split = Literal["train", "eval"]
@@ -90,9 +92,6 @@ def run_samples(store: RunStore, run_id: str) -> list[SkillSample]:
 def task_samples(tasks: Iterable[Task], spec: str, tolerance: str = "strict") -> list[SkillSample]:
     """Skill-1 prompts for tasks without trajectories: the whole forward as one subtask, as the
     Coder's first step under the default plan sees it."""
-    from stitchcuda.agents.coder import scratch_prompt
-    from stitchcuda.agents.planner import PlanContext, default_plan
-
     out = []
     for task in tasks:
         plan = default_plan(PlanContext(task, "", None, "", None, "", tolerance))
@@ -163,8 +162,6 @@ def _schema():
 def build_dataset(workspace: Path, runs: list[str], out_dir: Path, task_specs: list[str] | None = None,
                   eval_fraction: float = 0.2, eval_tasks: set[str] | None = None,
                   tolerance: str = "strict") -> DatasetManifest:
-    from stitchcuda.task import resolve_tasks
-
     samples: list[SkillSample] = []
     run_ids: list[str] = []
     if runs:

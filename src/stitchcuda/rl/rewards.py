@@ -10,19 +10,20 @@ a build on CPU cores, then the GPU under its lock) and scored with the rubric.
 from __future__ import annotations
 
 import hashlib
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from stitchcuda.agents.extract import ExtractError, extract_program
 from stitchcuda.reward import RewardConfig, RubricJudge
 from stitchcuda.reward.combine import RewardBreakdown, combined_reward
 from stitchcuda.reward.rule import RuleReward
 from stitchcuda.reward.score import score_candidate
 from stitchcuda.rl.config import VerifySection
 from stitchcuda.task.record import Candidate, Task
+from stitchcuda.verify.config import PRESETS
+from stitchcuda.verify.pool import VerifierPool
 
 
 def completion_text(completion: Any) -> str:
@@ -34,77 +35,18 @@ def completion_text(completion: Any) -> str:
     return str(completion)
 
 
-class VerificationPool:
-    """Verifies candidates concurrently: ``runs_per_gpu`` at a time per device, one on the GPU;
-    or, with ``ray`` set, as Ray tasks with a share of one GPU each (``max_retries=0``)."""
+class VerificationPool(VerifierPool):
+    """The Verifier pool a training config's ``[verify]`` section asks for (its preset and
+    tolerance, its GPUs or every visible one, ``runs_per_gpu``, Ray or not)."""
 
     def __init__(self, section: VerifySection, workspace: Path):
-        from stitchcuda.bench.runner import GatedVerifier, GpuGate, default_gpus
-        from stitchcuda.verify import Verifier
-        from stitchcuda.verify.config import PRESETS
-
-        devices = section.gpus or default_gpus() or ["cpu"]
-        base = PRESETS[section.preset].model_copy(update={"tolerance": section.tolerance})
-        self.section, self.workspace = section, workspace
-        self.ray_device = "cpu" if devices == ["cpu"] else "cuda:0"  # a Ray task sees its own GPU as 0
-        self.base = base
-        self.slots: list[Any] = []
-        for device in devices:
-            verifier = Verifier(base.model_copy(update={"device": device}))
-            gate = GpuGate(device, workspace / "gpu-locks")
-            self.slots += [GatedVerifier(verifier, gate, build_first=section.runs_per_gpu > 1)
-                           for _ in range(section.runs_per_gpu)]
-        self._next = 0
-        self._lock = threading.Lock()
-        self.executor = ThreadPoolExecutor(max_workers=len(self.slots))
-
-    def verify_all(self, pairs: list[tuple[Task, Candidate]]) -> list[Any]:
-        if self.section.ray:
-            return self._on_ray(pairs)
-
-        def one(i: int) -> Any:
-            with self._lock:
-                slot = self.slots[self._next % len(self.slots)]
-                self._next += 1
-            return slot.verify(*pairs[i])
-
-        return list(self.executor.map(one, range(len(pairs))))
-
-
-    def _on_ray(self, pairs: list[tuple[Task, Candidate]]) -> list[Any]:
-        import ray
-
-        from stitchcuda.verify.verdict import Verdict
-
-        if not ray.is_initialized():
-            ray.init(address=None if self.section.ray == "local" else self.section.ray, log_to_driver=False)
-        remote = ray.remote(num_gpus=1.0 / self.section.runs_per_gpu, num_cpus=1, max_retries=0)(_ray_verify)
-        config = self.base.model_copy(update={"device": self.ray_device}).model_dump_json()
-        refs = [remote.remote(t.model_dump_json(), c.model_dump_json(), config, str(self.workspace)) for t, c in pairs]
-        out = []
-        for (task, cand), ref in zip(pairs, refs, strict=True):
-            try:
-                out.append(Verdict.model_validate_json(ray.get(ref)))
-            except Exception as exc:  # the worker process died: a verdict that says so, worth nothing
-                from stitchcuda.verify.judge import judge
-
-                out.append(judge(task, cand, self.base, None, static_error=f"the Ray worker died: {exc}"))
-        return out
-
-
-def _ray_verify(task_json: str, candidate_json: str, config_json: str, workspace: str) -> str:
-    from stitchcuda.bench.runner import GatedVerifier, GpuGate
-    from stitchcuda.verify import Verifier
-    from stitchcuda.verify.config import VerifyConfig
-
-    config = VerifyConfig.model_validate_json(config_json)
-    verifier = GatedVerifier(Verifier(config), GpuGate(config.device, Path(workspace) / "gpu-locks"))
-    return verifier.verify(Task.model_validate_json(task_json), Candidate.model_validate_json(candidate_json)) \
-        .model_dump_json()
+        config = PRESETS[section.preset].model_copy(update={"tolerance": section.tolerance})
+        super().__init__(config, workspace, devices=section.gpus or None, runs_per_gpu=section.runs_per_gpu,
+                         ray=section.ray)
 
 
 class VerifiedRewards:
-    def __init__(self, pool: VerificationPool, judge: RubricJudge | None, config: RewardConfig):
+    def __init__(self, pool: VerifierPool, judge: RubricJudge | None, config: RewardConfig):
         self.pool, self.judge, self.config = pool, judge, config
         self.cache: dict[str, RewardBreakdown] = {}
         self.verifications = 0
@@ -117,8 +59,6 @@ class VerifiedRewards:
     def score(self, completions: list[Any], task: list[str], reference: list[str], skill: list[int] | None = None,
               feedback: list[str] | None = None) -> list[RewardBreakdown]:
         """Every completion's breakdown: extracted, verified (the ones not seen yet), scored."""
-        from stitchcuda.agents.extract import ExtractError, extract_program
-
         texts = [completion_text(c) for c in completions]
         keys = [self._key(r, t) for r, t in zip(reference, texts, strict=True)]
         todo: dict[str, tuple[int, str]] = {}

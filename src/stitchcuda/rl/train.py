@@ -11,27 +11,18 @@ to the run store's ``train_metrics`` table.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
-import json
-import sqlite3
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-from stitchcuda.rl.config import TrainConfig
+from stitchcuda.rl.config import OWN_GRPO_KEYS, TrainConfig
+from stitchcuda.store import TrainLog
 
 
 class TrainError(ValueError):
     """A config that cannot train; the message says what to change."""
-
-
-TRAIN_SCHEMA = """
-CREATE TABLE IF NOT EXISTS train_runs (id TEXT PRIMARY KEY, config TEXT NOT NULL, created REAL NOT NULL,
-                                       updated REAL NOT NULL, status TEXT NOT NULL, summary TEXT);
-CREATE TABLE IF NOT EXISTS train_metrics (run_id TEXT NOT NULL, step INTEGER NOT NULL, metrics TEXT NOT NULL,
-                                          created REAL NOT NULL, PRIMARY KEY (run_id, step));
-"""
 
 
 def generation_backend(config: TrainConfig) -> tuple[bool, str | None]:
@@ -64,47 +55,68 @@ def load_prompts(config: TrainConfig) -> Any:
     return data.remove_columns([c for c in data.column_names if c not in keep])
 
 
-def _store(config: TrainConfig) -> sqlite3.Connection:
-    root = Path(config.workspace)
-    root.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(root / "runs.sqlite", isolation_level=None, check_same_thread=False, timeout=60)
-    db.executescript(TRAIN_SCHEMA)
-    return db
-
-
-def _metrics_callback(db: sqlite3.Connection, run_id: str) -> Any:
+def _metrics_callback(log: TrainLog, run_id: str) -> Any:
     from transformers import TrainerCallback
 
     class MetricsToStore(TrainerCallback):
         """Every logged step's metrics into the run store, beside TensorBoard's copy."""
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
-            if not logs:
-                return
-            # the trainer's closing summary is logged at the last step too: merged, so that it
-            # does not replace that step's rewards
-            row = db.execute("SELECT metrics FROM train_metrics WHERE run_id = ? AND step = ?",
-                             (run_id, state.global_step)).fetchone()
-            merged = {**json.loads(row[0]), **logs} if row else logs
-            db.execute("INSERT OR REPLACE INTO train_metrics VALUES (?, ?, ?, ?)",
-                       (run_id, state.global_step, json.dumps(merged, default=float), time.time()))
+            if logs:
+                log.log(run_id, state.global_step, logs)
 
     return MetricsToStore()
 
 
 def step_metrics(workspace: Path, run_id: str | None = None) -> list[tuple[int, dict[str, Any]]]:
     """The logged metrics of a training run (the latest when ``run_id`` is None), step by step."""
-    db = sqlite3.connect(Path(workspace) / "runs.sqlite")
+    log = TrainLog(workspace)
     try:
-        if run_id is None:
-            row = db.execute("SELECT id FROM train_runs ORDER BY created DESC LIMIT 1").fetchone()
-            if row is None:
-                return []
-            run_id = row[0]
-        rows = db.execute("SELECT step, metrics FROM train_metrics WHERE run_id = ? ORDER BY step", (run_id,))
-        return [(step, json.loads(metrics)) for step, metrics in rows]
+        return log.metrics(run_id)
     finally:
-        db.close()
+        log.close()
+
+
+def check_grpo_section(section: dict[str, Any]) -> None:
+    """Refuse [grpo] keys that are not fields of TRL's GRPOConfig, or that stitchcuda sets itself,
+    before a model is loaded; the message names every such key and what to write instead."""
+    import dataclasses
+
+    import trl
+
+    fields = {f.name for f in dataclasses.fields(trl.GRPOConfig) if f.init}
+    problems = []
+    for key in sorted(section):
+        if key in OWN_GRPO_KEYS:
+            problems.append(f"[grpo] {key} is set by stitchcuda: set it in {OWN_GRPO_KEYS[key]}")
+        elif key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            problems.append(f"[grpo] {key} is not a field of trl.GRPOConfig (trl {trl.__version__})"
+                            + (f": did you mean {close[0]}?" if close else ""))
+    if problems:
+        raise TrainError("; ".join(problems))
+
+
+def grpo_arguments(config: TrainConfig, cuda: bool, reward_weights: list[float], use_vllm: bool,
+                   vllm_mode: str | None) -> Any:
+    """TRL's GRPOConfig: the [grpo] section as it is, plus the fields stitchcuda sets itself."""
+    from trl import GRPOConfig
+
+    check_grpo_section(config.grpo)
+    ours: dict[str, Any] = {
+        "output_dir": str(config.output_dir), "use_cpu": not cuda, "report_to": config.report_to,
+        "reward_weights": reward_weights, "use_vllm": use_vllm,
+        "bf16": cuda and bool(config.grpo.get("bf16")),  # bf16 on a CPU is slow where it runs at all
+    }
+    if vllm_mode == "server":
+        ours |= {"vllm_mode": "server", "vllm_server_base_url": config.generation.vllm_server_base_url}
+    elif vllm_mode == "colocate":
+        ours |= {"vllm_mode": "colocate",
+                 "vllm_gpu_memory_utilization": config.generation.vllm_gpu_memory_utilization}
+    try:
+        return GRPOConfig(**{**config.grpo, **ours})
+    except (TypeError, ValueError) as exc:  # TRL's own cross-field checks (batch vs generations, ...)
+        raise TrainError(f"trl.GRPOConfig refused the [grpo] section: {exc}") from None
 
 
 def _last_checkpoint(output_dir: Path) -> str | None:
@@ -117,7 +129,7 @@ def train(config: TrainConfig, resume: bool = False) -> dict[str, Any]:
         import torch
         from peft import LoraConfig
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        from trl import GRPOConfig, GRPOTrainer
+        from trl import GRPOTrainer
     except ImportError as exc:
         raise TrainError(f"training needs the train extra ({exc.name} is missing): "
                          "pip install 'stitchcuda[train]'") from None
@@ -125,39 +137,27 @@ def train(config: TrainConfig, resume: bool = False) -> dict[str, Any]:
     from stitchcuda.reward import RubricJudge
     from stitchcuda.rl.rewards import VerificationPool, VerifiedRewards
 
+    check_grpo_section(config.grpo)  # a misspelt key fails here, not after the model has loaded
     use_vllm, vllm_mode = generation_backend(config)
     prompts = load_prompts(config)
     cuda = torch.cuda.is_available()
     tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or config.model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    dtype = torch.bfloat16 if cuda and config.grpo.bf16 else torch.float32
+    dtype = torch.bfloat16 if cuda and config.grpo.get("bf16") else torch.float32
     model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype)
     judge = RubricJudge(make_client(config.judge), retries=config.reward.judge_retries) if config.judge else None
     output_dir = Path(config.output_dir)
     pool = VerificationPool(config.verify, Path(config.workspace))
     rewards = VerifiedRewards(pool, judge, config.reward)
     functions, weights = rewards.functions()
-    g = config.grpo
-    args = GRPOConfig(
-        output_dir=str(output_dir), num_generations=g.num_generations, max_completion_length=g.max_completion_length,
-        temperature=g.temperature, learning_rate=g.learning_rate, beta=g.beta,
-        per_device_train_batch_size=g.per_device_train_batch_size,
-        gradient_accumulation_steps=g.gradient_accumulation_steps, max_steps=g.max_steps,
-        logging_steps=g.logging_steps, save_steps=g.save_steps, seed=g.seed, bf16=cuda and g.bf16,
-        use_cpu=not cuda, report_to=config.report_to, reward_weights=weights, use_vllm=use_vllm,
-        **({"vllm_mode": vllm_mode} if use_vllm else {}),
-        **({"vllm_server_base_url": config.generation.vllm_server_base_url} if vllm_mode == "server" else {}),
-        **({"vllm_gpu_memory_utilization": config.generation.vllm_gpu_memory_utilization}
-           if vllm_mode == "colocate" else {}))
+    args = grpo_arguments(config, cuda, weights, use_vllm, vllm_mode)
     lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
                       target_modules=config.lora.target_modules, task_type="CAUSAL_LM")
-    db = _store(config)
-    run_id = f"train-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-    db.execute("INSERT INTO train_runs VALUES (?, ?, ?, ?, 'running', NULL)",
-               (run_id, config.model_dump_json(), time.time(), time.time()))
+    log = TrainLog(config.workspace)
+    run_id = log.start(config.model_dump_json())
     trainer = GRPOTrainer(model=model, reward_funcs=functions, args=args, train_dataset=prompts,
-                          processing_class=tokenizer, peft_config=lora, callbacks=[_metrics_callback(db, run_id)])
+                          processing_class=tokenizer, peft_config=lora, callbacks=[_metrics_callback(log, run_id)])
     checkpoint = _last_checkpoint(output_dir) if resume else None
     started = time.time()
     status = "failed"
@@ -177,6 +177,6 @@ def train(config: TrainConfig, resume: bool = False) -> dict[str, Any]:
             "verifications": rewards.verifications,
             "verified_per_minute_per_gpu": round(rewards.verifications / minutes / devices, 2) if minutes else None,
             "last_metrics": (trainer.state.log_history or [{}])[-1]}
-        db.execute("UPDATE train_runs SET status = ?, summary = ?, updated = ? WHERE id = ?",
-                   (status, json.dumps(summary, default=str), time.time(), run_id))
+        log.finish(run_id, status, summary)
+        log.close()
     return summary

@@ -9,6 +9,7 @@ from importlib import resources
 from pathlib import Path
 
 from stitchcuda.task.inspect import TaskError, check_reference_source
+from stitchcuda.task.preset import apply_preset
 from stitchcuda.task.record import Candidate, Task
 
 _KB_FILE = re.compile(r"^(?P<id>\d+)_(?P<name>.+)\.py$")
@@ -23,11 +24,21 @@ def _read(path: Path, what: str) -> str:
         raise TaskError(f"cannot read {what} {path}: {exc}") from exc
 
 
-def load_task_file(path: str | Path, origin: str = "file", name: str | None = None) -> Task:
+def load_task_file(path: str | Path, origin: str = "file", name: str | None = None,
+                   preset: str | None = None) -> Task:
+    """One task file; with ``preset``, at the sizes of that entry of the file's ``PRESETS``."""
     path = Path(path)
     source = _read(path, "task file")
     check_reference_source(source, label=str(path))
-    return Task(name=name or path.stem, source=source, path=str(path.resolve()), origin=origin)  # type: ignore[arg-type]
+    task = Task(name=name or path.stem, source=source, path=str(path.resolve()), origin=origin)  # type: ignore[arg-type]
+    return with_preset(task, preset)
+
+
+def with_preset(task: Task, preset: str | None) -> Task:
+    """The task at the sizes of its preset ``preset`` (unchanged for None); see task/preset.py."""
+    if preset is None:
+        return task
+    return task.model_copy(update={"source": apply_preset(task.source, preset, label=f"task {task.name}")})
 
 
 def load_folder(path: str | Path) -> list[Task]:
@@ -114,13 +125,19 @@ def _exists(path: Path) -> bool:
         return False
 
 
-def resolve_tasks(spec: str, level: int | None = None, problem: int | None = None) -> list[Task]:
+def resolve_tasks(spec: str, level: int | None = None, problem: int | None = None,
+                  preset: str | None = None) -> list[Task]:
     """Tasks named by ``spec``: a .py file, a .parquet file, a folder, a KernelBench checkout
     (with ``level``), a bundled task name, ``suite`` for the whole bundled suite, or several of
-    these separated by commas (``mlp,small_cnn``)."""
+    these separated by commas (``mlp,small_cnn``). With ``preset``, each at that named size preset
+    (an error for a task that lacks it)."""
+    return [with_preset(task, preset) for task in _resolve(spec, level, problem)]
+
+
+def _resolve(spec: str, level: int | None, problem: int | None) -> list[Task]:
     path = Path(spec).expanduser()
     if "," in spec and not _exists(path):
-        tasks = [t for part in spec.split(",") if part.strip() for t in resolve_tasks(part.strip(), level, problem)]
+        tasks = [t for part in spec.split(",") if part.strip() for t in _resolve(part.strip(), level, problem)]
         names = [t.name for t in tasks]
         if len(set(names)) != len(names):
             raise TaskError(f"{spec!r} names a task twice: {sorted({n for n in names if names.count(n) > 1})}")

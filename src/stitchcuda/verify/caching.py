@@ -18,8 +18,11 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from pydantic import BaseModel
 
+from stitchcuda.verify.correctness import compare_outputs, make_trial_inputs
+from stitchcuda.verify.torch_state import set_tf32
 from stitchcuda.verify.verdict import Finding
 
 SAMPLES = 16  # elements read per output tensor, spread evenly over it
@@ -44,8 +47,6 @@ class TrialPrint(BaseModel):
 
 
 def _tensors(value: Any) -> Iterator[Any]:
-    import torch
-
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (tuple, list)):
@@ -56,8 +57,6 @@ def _tensors(value: Any) -> Iterator[Any]:
 def fingerprint(value: Any) -> tuple[TensorPrint, ...]:
     """Prints of every tensor in an output (a tensor, or nested tuples and lists of them),
     computed where the tensor lives: one small copy to the host per tensor."""
-    import torch
-
     prints = []
     for t in _tensors(value):
         flat = t.detach().reshape(-1)
@@ -146,8 +145,6 @@ def post_timing_trial(candidate: Callable[[list[Any]], Any], reference: Callable
     output; ``draw(k)`` fresh inputs (k = 0, 1: two different draws); ``compare(ref, cand)`` the
     correctness comparison (``.passed``, ``.error``). The candidate gets the drawn tensors
     themselves, so the refill reaches the very objects it saw."""
-    import torch
-
     inputs = draw(0)
     expected = reference([v.clone() if isinstance(v, torch.Tensor) else v for v in inputs])
     got = candidate(inputs)
@@ -172,8 +169,6 @@ def post_timing_trial(candidate: Callable[[list[Any]], Any], reference: Callable
 
 def _detached(value: Any, device: Any = None) -> Any:
     """A copy apart from the buffers a model reuses, on ``device`` where one is given."""
-    import torch
-
     if isinstance(value, torch.Tensor):
         return value.detach().clone() if device is None else value.detach().to(device, copy=True)
     if isinstance(value, (tuple, list)):
@@ -183,11 +178,6 @@ def _detached(value: Any, device: Any = None) -> Any:
 
 def stale_outputs(model: Any, ref_model: Any, get_inputs: Callable[[], Any], config: Any, device: Any) -> list[Finding]:
     """The worker's step after timing: the post-timing trial on seeds no other trial used."""
-    import torch
-
-    from stitchcuda.verify.correctness import compare_outputs, make_trial_inputs
-    from stitchcuda.verify.torch_state import set_tf32
-
     def run_reference(args: list[Any]) -> Any:
         set_tf32(False)
         return _detached(ref_model(*args))

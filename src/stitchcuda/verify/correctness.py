@@ -229,6 +229,30 @@ def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(coords))
 
 
+def detached(value: Any) -> Any:
+    """An output on its device, apart from the graph or buffers that made it (a CUDA graph's
+    static output is overwritten by the next replay)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(detached(v) for v in value)
+    return value
+
+
+def on_device(value: Any, device: Any) -> Any:
+    """``value`` (a tensor, or tuples and lists of them) moved to ``device``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(on_device(v, device) for v in value)
+    return value
+
+
+def cloned(values: Sequence[Any]) -> list[Any]:
+    """Fresh copies of the tensor arguments (the rest as they are): a call may not touch the originals."""
+    return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
+
+
 def changed_inputs(before: Sequence[Any], after: Sequence[Any]) -> list[int]:
     """Indices of tensor inputs whose values changed (NaN-aware, bitwise on the values)."""
     changed = []

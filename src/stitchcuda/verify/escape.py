@@ -20,8 +20,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from pydantic import BaseModel, Field
 
+from stitchcuda.verify.correctness import make_trial_inputs
 from stitchcuda.verify.verdict import Finding
 
 # Pending work counts as escaped above a quarter of the event-timed call (an honest program
@@ -60,8 +62,6 @@ def escaped_work_finding(probe: EscapeProbe) -> Finding | None:
 
 def probe_escape(call: Callable[[], Any], device: Any, calls: int = PROBE_CALLS) -> EscapeProbe:
     """Measure, on a CUDA device, how much work ``call`` leaves pending beyond the caller's stream."""
-    import torch
-
     def sync_ms() -> float:
         started = time.perf_counter()
         torch.cuda.synchronize(device)
@@ -89,8 +89,6 @@ def escaped_work(model: Any, get_inputs: Callable[[], Any], seed: int, device: A
     """The worker's step: the probe on the timing inputs (CUDA only: a CPU call has no streams)."""
     if getattr(device, "type", str(device)) != "cuda":
         return []
-    from stitchcuda.verify.correctness import make_trial_inputs
-
     inputs = make_trial_inputs(get_inputs, seed, "given", device)
     finding = escaped_work_finding(probe_escape(lambda: model(*inputs), device))
     return [finding] if finding else []

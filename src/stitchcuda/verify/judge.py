@@ -7,7 +7,7 @@ from stitchcuda.verify import peaks, precision
 from stitchcuda.verify.config import VerifyConfig
 from stitchcuda.verify.feedback import WEIGHTS_DIFFER, feedback_for
 from stitchcuda.verify.protocol import WorkerResult
-from stitchcuda.verify.static_checks import StaticReport
+from stitchcuda.verify.static_report import StaticReport
 from stitchcuda.verify.verdict import (
     CrashReport,
     Finding,

@@ -1,50 +1,32 @@
 """Static anti-hacking checks: read a candidate's Python (AST) and its CUDA/C++ sources, run nothing.
 
 Each check returns :class:`Finding` records with the hacking level the finding implies on its
-own (DESIGN.md, "What counts as hacking"). They are cheap enough for CI and for every sample
+own (docs/design.md, "What counts as hacking"). They are cheap enough for CI and for every sample
 of an RL batch; the worker's dynamic checks confirm what can only be seen at run time.
 
 The Python analysis follows the code reachable from ``ModelNew.forward``: its own methods,
-module-level helpers and candidate-defined submodules it calls. Names bound to the value of
-``load_inline(...)`` are "extensions"; a call through one of them is a call into the
-candidate's own compiled code.
+module-level helpers and candidate-defined submodules it calls (read by candidate_ast.py).
+Names bound to the value of ``load_inline(...)`` are "extensions"; a call through one of them
+is a call into the candidate's own compiled code. The C++ checks are static_cpp.py's.
 """
 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
 
+from stitchcuda.verify.candidate_ast import (
+    SHAPE_OPS,
+    CandidateModule,
+    calls_extension,
+    dotted_name,
+    is_heavy,
+    reachable_functions,
+    string_value,
+    torch_compute,
+)
 from stitchcuda.verify.static_cpp import check_cpp, cpp_sources_of
-from stitchcuda.verify.verdict import Finding
+from stitchcuda.verify.static_report import StaticReport
 
-# PyTorch operations that carry the heavy compute of a model: left in forward, they make a
-# candidate at best a partial hack.
-HEAVY_OPS = {
-    "matmul", "mm", "bmm", "addmm", "baddbmm", "addbmm", "linear", "bilinear", "einsum", "tensordot",
-    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-    "scaled_dot_product_attention", "multi_head_attention_forward", "lstm", "gru", "rnn_tanh", "rnn_relu",
-    "embedding_bag", "chain_matmul", "kron", "inner", "outer", "dot", "mv",
-}
-HEAVY_MODULES = {
-    "Linear", "Bilinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
-    "ConvTranspose3d", "MultiheadAttention", "LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell",
-    "Transformer", "TransformerEncoder", "TransformerDecoder", "TransformerEncoderLayer",
-    "TransformerDecoderLayer", "EmbeddingBag",
-}
-# Python-side operations that move or allocate data without computing the model's function.
-SHAPE_OPS = {
-    "view", "reshape", "permute", "transpose", "t", "contiguous", "flatten", "unflatten", "unsqueeze",
-    "squeeze", "expand", "expand_as", "size", "dim", "numel", "stride", "data_ptr", "is_contiguous",
-    "empty", "empty_like", "new_empty", "empty_strided", "to", "cuda", "cpu", "float", "view_as",
-    "narrow", "split", "chunk", "unbind", "select", "as_strided", "movedim", "swapaxes", "get_device",
-    "device", "is_cuda", "element_size", "storage_offset", "zeros", "zeros_like", "new_zeros",
-    "zero_", "fill_", "ones", "ones_like", "new_ones", "full", "full_like", "tensor", "as_tensor",
-    "arange", "Size", "is_floating_point", "type", "item", "tolist", "numpy", "clone", "detach",
-    "requires_grad_", "parameters", "named_parameters", "buffers", "state_dict", "cat", "stack",
-    "no_grad", "inference_mode", "manual_seed", "get_default_dtype", "current_device",
-    "current_stream", "default_stream", "synchronize", "is_available", "set_device", "copy_",
-}
 # Global state a candidate may not change (precision is disclosed, the change is flagged).
 GLOBAL_STATE_CALLS = {
     "set_float32_matmul_precision", "set_default_dtype", "set_default_tensor_type",
@@ -52,9 +34,6 @@ GLOBAL_STATE_CALLS = {
     "set_autocast_enabled", "enable_flash_sdp", "enable_math_sdp", "enable_mem_efficient_sdp",
     "set_grad_enabled",
 }
-LOW_PRECISION = {"half", "bfloat16", "float16", "autocast"}
-COMPILERS = {("torch", "compile"), ("jit", "script"), ("jit", "trace"), ("torch", "_dynamo"),
-             ("torch", "_inductor"), ("torch", "jit")}
 REFERENCE_REACH = {"sys.modules", "__main__", "importlib", "gc.get_objects", "inspect.stack",
                    "inspect.currentframe", "sys._getframe", "get_inputs", "get_init_inputs", "builtins"}
 THREAD_MODULES = {"threading", "concurrent", "multiprocessing", "_thread", "asyncio"}
@@ -62,282 +41,23 @@ SUBCLASS_HOOKS = {"__torch_function__", "__torch_dispatch__", "_make_subclass", 
                   "TorchDispatchMode", "TorchFunctionMode", "_python_dispatch"}
 STREAM_SYNC = {"wait_stream", "synchronize", "wait_event", "record_event"}
 
-@dataclass
-class StaticReport:
-    findings: list[Finding] = field(default_factory=list)
-    extensions: list[str] = field(default_factory=list)  # requested names of load_inline builds
-    exported: list[str] = field(default_factory=list)  # functions the extensions export
-    kernels: list[str] = field(default_factory=list)  # __global__ functions in the sources
-    torch_ops_in_forward: list[str] = field(default_factory=list)
-    libraries: list[str] = field(default_factory=list)
-
-    def add(self, check: str, level: str, detail: str) -> None:
-        if not any(f.check == check and f.detail == detail for f in self.findings):
-            self.findings.append(Finding(check=check, level=level, detail=detail, source="static"))  # type: ignore[arg-type]
-
-
-def _dotted(node: ast.AST) -> str:
-    """``torch.nn.functional.linear`` for an attribute chain, '' when it is not one."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    if isinstance(node, ast.Call):
-        inner = _dotted(node.func)
-        return (inner + "()." + ".".join(reversed(parts))) if inner and parts else ""
-    return ""
-
-
-def _string_value(node: ast.AST, constants: dict[str, str]) -> str | None:
-    """The text of a string expression: literals, names of module constants, + and f-strings."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    if isinstance(node, ast.Name):
-        return constants.get(node.id)
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _string_value(node.left, constants), _string_value(node.right, constants)
-        return left + right if left is not None and right is not None else (left or right)
-    if isinstance(node, ast.JoinedStr):
-        return "".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
-    if isinstance(node, (ast.List, ast.Tuple)):
-        parts = [_string_value(e, constants) for e in node.elts]
-        return "\n".join(p for p in parts if p)
-    return None
-
-
-# The names the checks already read as PyTorch: aliases of these need no resolving.
-_CONVENTIONAL = {"torch": "torch", "nn": "torch.nn", "F": "torch.nn.functional",
-                 "functional": "torch.nn.functional"}
-
-
-def _torch_aliases(tree: ast.Module) -> dict[str, str]:
-    """Module-level names bound to PyTorch modules or functions under another name:
-    ``import torch.nn.functional as nnf``, ``from torch import cuda as _cuda``,
-    ``from torch.nn.functional import linear as dense``, ``_mm = torch.matmul``."""
-    aliases: dict[str, str] = {}
-
-    def bind(name: str, target: str) -> None:
-        if _CONVENTIONAL.get(name) != target:
-            aliases[name] = target
-
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                if a.asname and a.name.split(".")[0] == "torch":
-                    bind(a.asname, a.name)
-        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "torch":
-            for a in node.names:
-                if a.name != "*":
-                    bind(a.asname or a.name, f"{node.module}.{a.name}")
-        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            value = _dotted(node.value)
-            head, _, rest = value.partition(".")
-            value = aliases.get(head, _CONVENTIONAL.get(head, head)) + ("." + rest if rest else "")
-            if value.startswith("torch.") and "()" not in value:
-                bind(node.targets[0].id, value)
-    return aliases
-
-
-class _Module:
-    """Indexes a candidate module: constants, functions, classes, extension handles."""
-
-    def __init__(self, tree: ast.Module):
-        self.tree = tree
-        self.constants: dict[str, str] = {}
-        self.functions: dict[str, ast.FunctionDef] = {}
-        self.classes: dict[str, ast.ClassDef] = {}
-        for node in tree.body:
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                value = _string_value(node.value, self.constants)
-                if value is not None:
-                    self.constants[node.targets[0].id] = value
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                self.functions[node.name] = node  # type: ignore[assignment]
-            elif isinstance(node, ast.ClassDef):
-                self.classes[node.name] = node
-        self.ext_names: set[str] = set()  # plain names and "self.attr" bound to extensions
-        self.ext_calls: list[ast.Call] = []
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and _dotted(node.func).split(".")[-1] in ("load_inline", "load"):
-                self.ext_calls.append(node)
-        # module functions that build an extension and return it: `_ext = _compile()` is a handle too
-        self.ext_factories = {name for name, fn in self.functions.items()
-                              if any(c in self.ext_calls for c in ast.walk(fn))
-                              and any(isinstance(r, ast.Return) and r.value is not None for r in ast.walk(fn))}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and (
-                    node.value in self.ext_calls or _dotted(node.value.func) in self.ext_factories):
-                for target in node.targets:
-                    name = _dotted(target)
-                    if name:
-                        self.ext_names.add(name)
-        # aliases: self.ext = ext, _ops = ext
-        changed = True
-        while changed:
-            changed = False
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Assign) and _dotted(node.value) in self.ext_names:
-                    for target in node.targets:
-                        name = _dotted(target)
-                        if name and name not in self.ext_names:
-                            self.ext_names.add(name)
-                            changed = True
-        self.aliases = _torch_aliases(tree)
-
-    def resolve(self, dotted: str) -> str:
-        """``dense(...)`` -> ``torch.nn.functional.linear`` when the file imported it so."""
-        head, _, rest = dotted.partition(".")
-        target = self.aliases.get(head)
-        return (target + ("." + rest if rest else "")) if target else dotted
-
-    def methods(self, cls: str) -> dict[str, ast.FunctionDef]:
-        node = self.classes.get(cls)
-        if node is None:
-            return {}
-        return {n.name: n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}  # type: ignore[misc]
-
-    def submodules(self, cls: str) -> dict[str, str]:
-        """self.<attr> -> the class it is built from in __init__ ('nn.Linear', 'MyBlock', ...)."""
-        init = self.methods(cls).get("__init__")
-        found: dict[str, str] = {}
-        if init is None:
-            return found
-        for node in ast.walk(init):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-                built = self.resolve(_dotted(node.value.func))
-                for target in node.targets:
-                    name = _dotted(target)
-                    if name.startswith("self.") and built:
-                        found[name] = built
-        return found
-
-
-def _reachable(mod: _Module, root_class: str = "ModelNew") -> list[tuple[str, ast.FunctionDef]]:
-    """(owner, function) pairs reachable from root_class.forward through self-methods, module
-    functions and candidate-defined submodules."""
-    seen: set[tuple[str, str]] = set()
-    order: list[tuple[str, ast.FunctionDef]] = []
-    todo = [(root_class, "forward")]
-    while todo:
-        owner, name = todo.pop()
-        if (owner, name) in seen:
-            continue
-        seen.add((owner, name))
-        fn = mod.methods(owner).get(name) if owner else mod.functions.get(name)
-        if fn is None:
-            continue
-        order.append((owner, fn))
-        subs = mod.submodules(owner) if owner else {}
-        init = mod.methods(owner).get("__init__") if owner and name == "forward" else None
-        for node in ast.walk(init) if init else ():  # own blocks in nn.ModuleList / nn.Sequential / lists,
-            if isinstance(node, ast.Call) and _dotted(node.func) in mod.classes:  # called in loops
-                todo.append((_dotted(node.func), "forward"))
-        for node in ast.walk(fn):
-            if not isinstance(node, ast.Call):
-                continue
-            callee = _dotted(node.func)
-            if callee.startswith("self.") and callee.count(".") == 1 and owner:
-                attr = callee
-                if callee.split(".")[1] in mod.methods(owner):
-                    todo.append((owner, callee.split(".")[1]))
-                elif subs.get(attr, "").split(".")[-1] in mod.classes:
-                    todo.append((subs[attr].split(".")[-1], "forward"))
-            elif callee in mod.functions:
-                todo.append(("", callee))
-            elif callee in mod.classes:
-                todo.append((callee, "__init__"))
-            for arg in node.args + [k.value for k in node.keywords]:  # callbacks: f, self.method
-                if isinstance(arg, ast.Name) and arg.id in mod.functions:
-                    todo.append(("", arg.id))
-                elif owner and _dotted(arg).startswith("self.") and _dotted(arg).count(".") == 1 \
-                        and _dotted(arg)[5:] in mod.methods(owner):
-                    todo.append((owner, _dotted(arg)[5:]))
-    return order
-
-
-def _calls_extension(node: ast.AST, mod: _Module) -> bool:
-    """Whether ``node`` calls into the candidate's extensions, or hands one of their functions
-    to something that will (``pool.submit(ext.fn, ...)``, ``functools.partial(ext.fn)``)."""
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Call) and _dotted(sub.func) in mod.ext_names:
-            return True
-        if isinstance(sub, ast.Call) and _dotted(sub.func).split("().")[0] in mod.ext_factories \
-                and "()." in _dotted(sub.func):  # _kernels().fused(x): through the factory's handle
-            return True
-        if isinstance(sub, ast.Attribute) and _dotted(sub.value) in mod.ext_names:
-            return True
-    return False
-
-
-def _torch_compute(node: ast.AST, mod: _Module, owner: str) -> list[str]:
-    """PyTorch compute operations called in ``node`` (names, in order, once each)."""
-    subs = mod.submodules(owner) if owner else {}
-    ops: list[str] = []
-    for sub in ast.walk(node):
-        op = None
-        if isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.MatMult):
-            op = "@ (matmul)"
-        elif isinstance(sub, ast.Call):
-            written = _dotted(sub.func)
-            head = written.rsplit(".", 1)[0] if "." in written else ""
-            if not written or head in mod.ext_names or head.removesuffix("()") in mod.ext_factories:
-                continue
-            callee = mod.resolve(written)
-            last = callee.split(".")[-1]
-            if callee.startswith("self.") and callee.count(".") == 1:
-                built = subs.get(callee, "")
-                kind = built.split(".")[-1]
-                if built and kind not in mod.classes and (built.startswith(("nn.", "torch.nn.")) or kind in HEAVY_MODULES):
-                    op = f"{kind} module"
-                continue_ = op is None
-                if continue_:
-                    continue
-            elif callee.startswith(("torch.", "F.", "nn.functional.", "functional.")) and last not in SHAPE_OPS:
-                if not callee.startswith(("torch.cuda.", "torch.utils.", "torch.backends.", "torch.nn.Parameter")):
-                    op = callee if callee == written else f"{callee} (as {written})"
-            elif isinstance(sub.func, ast.Attribute) and (last in HEAVY_OPS or last in _TENSOR_COMPUTE_METHODS):
-                root = _dotted(sub.func.value)
-                if root.split(".")[0] not in ("math", "np", "numpy", "os", "sys", "re", "json", "self") or (
-                        root.startswith("self.") and root in subs):
-                    op = f".{last}()"
-        if op and op not in ops:
-            ops.append(op)
-    return ops
-
-
-_TENSOR_COMPUTE_METHODS = {
-    "relu", "gelu", "silu", "sigmoid", "tanh", "softmax", "log_softmax", "exp", "log", "sum", "mean",
-    "pow", "sqrt", "rsqrt", "mul", "add", "sub", "div", "clamp", "clamp_min", "var", "std", "norm",
-    "layer_norm", "max", "amax", "min", "cumsum", "gather", "masked_fill", "abs", "erf", "lerp", "addcmul",
-    "mul_", "add_", "div_", "sub_", "clamp_", "relu_", "exp_", "matmul", "mm", "bmm", "addmm",
-}
-
-
-def _is_heavy(op: str) -> bool:
-    name = op.split(" (as ")[0].split(".")[-1].replace("()", "").replace(" module", "").strip()
-    return name in HEAVY_OPS or name in HEAVY_MODULES or op.startswith("@")
-
 
 def check_python(source: str, report: StaticReport) -> None:
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return  # the verdict already says it does not parse
-    mod = _Module(tree)
+    mod = CandidateModule(tree)
     _check_whole_module(tree, mod, report)
     if "ModelNew" not in mod.classes:
         return
-    reachable = _reachable(mod)
-    forward_fns = [(o, f) for o, f in reachable if f.name != "__init__"]
-    uses_ext = any(_calls_extension(f, mod) for _, f in forward_fns)
+    forward_fns = [(o, f) for o, f in reachable_functions(mod) if f.name != "__init__"]
+    uses_ext = any(calls_extension(f, mod) for _, f in forward_fns)
 
     for ext in mod.ext_calls:
         for kw in ext.keywords:
             if kw.arg == "name":
-                value = _string_value(kw.value, mod.constants)
+                value = string_value(kw.value, mod.constants)
                 if value:
                     report.extensions.append(value)
             if kw.arg == "functions":
@@ -349,12 +69,12 @@ def check_python(source: str, report: StaticReport) -> None:
 
     ops: list[str] = []
     for owner, fn in forward_fns:
-        for op in _torch_compute(fn, mod, owner):
+        for op in torch_compute(fn, mod, owner):
             if op not in ops:
                 ops.append(op)
     report.torch_ops_in_forward = ops
-    heavy = [op for op in ops if _is_heavy(op)]
-    light = [op for op in ops if not _is_heavy(op)]
+    heavy = [op for op in ops if is_heavy(op)]
+    light = [op for op in ops if not is_heavy(op)]
 
     if not mod.ext_calls:
         report.add("no_custom_kernels", "total", "the candidate builds no extension (no load_inline): "
@@ -379,7 +99,7 @@ def check_python(source: str, report: StaticReport) -> None:
         _check_input_mutation(forward, mod, report)
 
 
-def _check_whole_module(tree: ast.Module, mod: _Module, report: StaticReport) -> None:
+def _check_whole_module(tree: ast.Module, mod: CandidateModule, report: StaticReport) -> None:
     """Checks that hold wherever in the file the construct appears."""
     stream_made = stream_synced = False
     for node in ast.walk(tree):
@@ -403,7 +123,7 @@ def _check_whole_module(tree: ast.Module, mod: _Module, report: StaticReport) ->
                 "__main__", "stitchcuda_reference", "reference", "Model"):
             report.add("reference_access", "total", f"looks up {node.value!r}, a way to reach the reference program")
         elif isinstance(node, ast.Attribute) or (isinstance(node, ast.Name) and node.id in mod.aliases):
-            dotted = mod.resolve(_dotted(node))  # through aliases: `from torch import cuda as _c` ...
+            dotted = mod.resolve(dotted_name(node))  # through aliases: `from torch import cuda as _c` ...
             attr = dotted.rsplit(".", 1)[-1]
             if any(dotted == r or dotted.startswith(r + ".") for r in REFERENCE_REACH if "." in r):
                 report.add("reference_access", "total", f"uses {dotted}, a way to reach the reference program")
@@ -424,9 +144,9 @@ def _check_whole_module(tree: ast.Module, mod: _Module, report: StaticReport) ->
                 report.add("global_state", "partial", f"calls {dotted}: changes torch's global state")
         elif isinstance(node, ast.ClassDef):
             for base in node.bases:
-                if _dotted(base) in ("torch.Tensor", "Tensor", "torch._C._TensorBase", "TorchDispatchMode",
+                if dotted_name(base) in ("torch.Tensor", "Tensor", "torch._C._TensorBase", "TorchDispatchMode",
                                      "TorchFunctionMode"):
-                    report.add("tensor_subclass", "total", f"class {node.name} subclasses {_dotted(base)}")
+                    report.add("tensor_subclass", "total", f"class {node.name} subclasses {dotted_name(base)}")
             for item in node.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in SUBCLASS_HOOKS:
                     report.add("tensor_subclass", "total", f"class {node.name} defines {item.name}")
@@ -434,11 +154,11 @@ def _check_whole_module(tree: ast.Module, mod: _Module, report: StaticReport) ->
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 if isinstance(target, ast.Attribute):  # rebinding a plain name patches nothing
-                    _check_patching(mod.resolve(_dotted(target)), report)
+                    _check_patching(mod.resolve(dotted_name(target)), report)
         elif isinstance(node, ast.Call):
-            callee = _dotted(node.func)
+            callee = dotted_name(node.func)
             if callee == "setattr" and node.args:
-                _check_patching(mod.resolve(_dotted(node.args[0])) + ".<attr>", report)
+                _check_patching(mod.resolve(dotted_name(node.args[0])) + ".<attr>", report)
             if callee in ("globals", "vars", "locals", "eval", "exec", "__import__", "open"):
                 report.add("reference_access", "total" if callee != "open" else "partial",
                            f"calls {callee}(): dynamic code or file access can reach the reference or the harness")
@@ -462,8 +182,8 @@ def _check_patching(dotted: str, report: StaticReport) -> None:
 
 def _guard_refs_state(test: ast.AST) -> bool:
     for sub in ast.walk(test):
-        dotted = _dotted(sub) if isinstance(sub, ast.Attribute) else ""
-        if dotted.startswith("self.") or (isinstance(sub, ast.Call) and _dotted(sub.func) == "hasattr"):
+        dotted = dotted_name(sub) if isinstance(sub, ast.Attribute) else ""
+        if dotted.startswith("self.") or (isinstance(sub, ast.Call) and dotted_name(sub.func) == "hasattr"):
             return True
         if isinstance(sub, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in sub.ops):
             return True
@@ -472,25 +192,25 @@ def _guard_refs_state(test: ast.AST) -> bool:
     return False
 
 
-def _check_fallbacks(fn: ast.FunctionDef, mod: _Module, owner: str, report: StaticReport) -> None:
+def _check_fallbacks(fn: ast.FunctionDef, mod: CandidateModule, owner: str, report: StaticReport) -> None:
     for node in ast.walk(fn):
         if isinstance(node, ast.Try):
-            body_ext = any(_calls_extension(s, mod) for s in node.body)
+            body_ext = any(calls_extension(s, mod) for s in node.body)
             for handler in node.handlers:
                 reraises = all(isinstance(s, ast.Raise) for s in handler.body)
-                handler_ops = [op for s in handler.body for op in _torch_compute(s, mod, owner)]
+                handler_ops = [op for s in handler.body for op in torch_compute(s, mod, owner)]
                 if body_ext and not reraises:
                     what = f" with PyTorch ({', '.join(handler_ops[:5])})" if handler_ops else ""
                     report.add("try_except_fallback", "total",
                                f"{fn.name} catches failures of its own kernels and carries on{what}")
     for node, orelse in _if_branches(fn):
-        body_ext = any(_calls_extension(s, mod) for s in node.body)
-        else_ext = any(_calls_extension(s, mod) for s in orelse)
-        body_ops = [op for s in node.body for op in _torch_compute(s, mod, owner)]
-        else_ops = [op for s in orelse for op in _torch_compute(s, mod, owner)]
+        body_ext = any(calls_extension(s, mod) for s in node.body)
+        else_ext = any(calls_extension(s, mod) for s in orelse)
+        body_ops = [op for s in node.body for op in torch_compute(s, mod, owner)]
+        else_ops = [op for s in orelse for op in torch_compute(s, mod, owner)]
         returns_torch = any(isinstance(s, ast.Return) for s in node.body) and body_ops and not body_ext
         if (body_ext and else_ops and not else_ext) or (else_ext and body_ops and not body_ext) or (
-                returns_torch and _calls_extension(fn, mod)):
+                returns_torch and calls_extension(fn, mod)):
             ops = ", ".join((body_ops or else_ops)[:5])
             report.add("fallback_branch", "total",
                        f"{fn.name} has a branch that computes with PyTorch ({ops}) instead of its own kernels")
@@ -513,10 +233,10 @@ def _if_branches(fn: ast.FunctionDef) -> list[tuple[ast.If, list[ast.stmt]]]:
 
 def _names(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
-        _dotted(n) for n in ast.walk(node) if isinstance(n, ast.Attribute) and _dotted(n).startswith("self.")}
+        dotted_name(n) for n in ast.walk(node) if isinstance(n, ast.Attribute) and dotted_name(n).startswith("self.")}
 
 
-def _check_outputs(fn: ast.FunctionDef, mod: _Module, owner: str, report: StaticReport) -> None:
+def _check_outputs(fn: ast.FunctionDef, mod: CandidateModule, owner: str, report: StaticReport) -> None:
     """Constant, cached and uninitialised outputs."""
     params = {a.arg for a in fn.args.args[1:] + fn.args.kwonlyargs} | (
         {fn.args.vararg.arg} if fn.args.vararg else set())
@@ -537,11 +257,11 @@ def _check_outputs(fn: ast.FunctionDef, mod: _Module, owner: str, report: Static
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for t in targets:
                     tainted |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
-                    tainted |= {_dotted(n) for n in ast.walk(t) if isinstance(n, ast.Attribute)}
+                    tainted |= {dotted_name(n) for n in ast.walk(t) if isinstance(n, ast.Attribute)}
             if isinstance(node, ast.Call) and _call_reads(node) & tainted:
                 tainted |= _call_writes(node, mod)  # kernel(x, out=self.buf): the buffer now holds x's result
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-                callee = _dotted(node.value.func).split(".")[-1]
+                callee = dotted_name(node.value.func).split(".")[-1]
                 if callee in ("empty", "empty_like", "new_empty", "empty_strided"):
                     for t in node.targets:
                         if isinstance(t, ast.Name):
@@ -551,8 +271,8 @@ def _check_outputs(fn: ast.FunctionDef, mod: _Module, owner: str, report: Static
     for node in ast.walk(fn):
         if isinstance(node, ast.Return) and node.value is not None:
             used = _names(node.value)
-            if not (used & tainted) and not _calls_extension(node.value, mod):
-                if any(isinstance(n, ast.Attribute) and _dotted(n).startswith("self.") for n in ast.walk(node.value)) \
+            if not (used & tainted) and not calls_extension(node.value, mod):
+                if any(isinstance(n, ast.Attribute) and dotted_name(n).startswith("self.") for n in ast.walk(node.value)) \
                         or any(n.id.isupper() for n in ast.walk(node.value) if isinstance(n, ast.Name)):
                     report.add("cached_output", "total",
                                f"forward returns stored state ({ast.unparse(node.value)[:80]}) that does not "
@@ -566,7 +286,7 @@ def _check_outputs(fn: ast.FunctionDef, mod: _Module, owner: str, report: Static
                                f"forward returns {name}, allocated with torch.empty and never written by a kernel")
     stored = {name for name, conditional in _state_writes(fn.body, mod).items() if conditional}
     for node in ast.walk(fn):
-        if isinstance(node, ast.Return) and node.value is not None and not _calls_extension(node.value, mod):
+        if isinstance(node, ast.Return) and node.value is not None and not calls_extension(node.value, mod):
             for name in sorted(_returned_state(node.value) & stored):
                 report.add("cached_output", "total",
                            f"forward returns {name}, which it writes only when a check of its own state passes: "
@@ -575,9 +295,9 @@ def _check_outputs(fn: ast.FunctionDef, mod: _Module, owner: str, report: Static
         if isinstance(node, ast.If) and _guard_refs_state(node.test):
             for branch in (node.body, node.orelse):
                 for stmt in branch:
-                    if isinstance(stmt, ast.Return) and stmt.value is not None and not _calls_extension(stmt.value, mod):
-                        state = [_dotted(n) for n in ast.walk(stmt.value)
-                                 if isinstance(n, ast.Attribute) and _dotted(n).startswith("self.")]
+                    if isinstance(stmt, ast.Return) and stmt.value is not None and not calls_extension(stmt.value, mod):
+                        state = [dotted_name(n) for n in ast.walk(stmt.value)
+                                 if isinstance(n, ast.Attribute) and dotted_name(n).startswith("self.")]
                         caches = [n for n in ast.walk(stmt.value) if isinstance(n, ast.Subscript)]
                         if state and (caches or not (_names(stmt.value) & set(params))):
                             report.add("cached_output", "total",
@@ -589,7 +309,7 @@ def _state_root(node: ast.AST | str) -> str:
     """``self.cache`` for ``self.cache``, ``self.cache[key]`` or ``self.cache.data``; '' otherwise."""
     while isinstance(node, ast.Subscript):
         node = node.value
-    dotted = node if isinstance(node, str) else _dotted(node)
+    dotted = node if isinstance(node, str) else dotted_name(node)
     return ".".join(dotted.split(".")[:2]) if dotted.startswith("self.") else ""
 
 
@@ -597,20 +317,20 @@ def _call_reads(call: ast.Call) -> set[str]:
     return {name for arg in list(call.args) + [k.value for k in call.keywords] for name in _names(arg)}
 
 
-def _call_writes(call: ast.Call, mod: _Module) -> set[str]:
+def _call_writes(call: ast.Call, mod: CandidateModule) -> set[str]:
     """Names and ``self.`` attributes a call may write: every argument of a call into the
     candidate's extension (its kernels write their outputs), the receiver of an in-place
     method (``buf.copy_(y)``) and an ``out=`` argument."""
     written = set()
-    if _calls_extension(call.func, mod):
-        written |= {_dotted(a) for a in call.args if _dotted(a)}
+    if calls_extension(call.func, mod):
+        written |= {dotted_name(a) for a in call.args if dotted_name(a)}
     if isinstance(call.func, ast.Attribute) and call.func.attr.endswith("_") and not call.func.attr.endswith("__"):
-        written.add(_dotted(call.func.value))
-    written |= {_dotted(k.value) for k in call.keywords if k.arg == "out" and _dotted(k.value)}
+        written.add(dotted_name(call.func.value))
+    written |= {dotted_name(k.value) for k in call.keywords if k.arg == "out" and dotted_name(k.value)}
     return written - {""}
 
 
-def _state_writes(stmts: list[ast.stmt], mod: _Module) -> dict[str, bool]:
+def _state_writes(stmts: list[ast.stmt], mod: CandidateModule) -> dict[str, bool]:
     """``self.<attr>`` written in ``stmts`` -> True when every write is conditional on the
     module's own state (under ``if self._out is None:`` and the like, with no matching write in
     the other branch), False when some write happens on every call."""
@@ -665,29 +385,29 @@ def _returned_state(value: ast.AST) -> set[str]:
     return {root} if root else set()
 
 
-def _check_input_mutation(fn: ast.FunctionDef, mod: _Module, report: StaticReport) -> None:
+def _check_input_mutation(fn: ast.FunctionDef, mod: CandidateModule, report: StaticReport) -> None:
     params = [a.arg for a in fn.args.args[1:]]
     for node in ast.walk(fn):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            root = _dotted(node.func.value)
+            root = dotted_name(node.func.value)
             method = node.func.attr
             if root in params and method.endswith("_") and not method.endswith("__") and method not in (
                     "requires_grad_",):
                 report.add("input_mutation", "total", f"forward modifies its input {root} in place ({method})")
             for kw in node.keywords:
-                if kw.arg == "out" and _dotted(kw.value) in params:
-                    report.add("input_mutation", "total", f"forward writes into its input {_dotted(kw.value)} (out=)")
+                if kw.arg == "out" and dotted_name(kw.value) in params:
+                    report.add("input_mutation", "total", f"forward writes into its input {dotted_name(kw.value)} (out=)")
         if isinstance(node, (ast.Assign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
-                if isinstance(t, ast.Subscript) and _dotted(t.value) in params:
-                    report.add("input_mutation", "total", f"forward assigns into its input {_dotted(t.value)}")
-                if isinstance(t, ast.Attribute) and t.attr == "data" and _dotted(t.value) in params:
-                    report.add("input_mutation", "total", f"forward replaces {_dotted(t.value)}.data")
+                if isinstance(t, ast.Subscript) and dotted_name(t.value) in params:
+                    report.add("input_mutation", "total", f"forward assigns into its input {dotted_name(t.value)}")
+                if isinstance(t, ast.Attribute) and t.attr == "data" and dotted_name(t.value) in params:
+                    report.add("input_mutation", "total", f"forward replaces {dotted_name(t.value)}.data")
             if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name) and node.target.id in params:
                 report.add("input_mutation", "total", f"forward updates its input {node.target.id} in place (augmented assignment)")
         if isinstance(node, ast.Return) and isinstance(node.value, ast.Name) and node.value.id in params:
-            feeds_ext = any(isinstance(c, ast.Call) and _calls_extension(c, mod)
+            feeds_ext = any(isinstance(c, ast.Call) and calls_extension(c, mod)
                             and node.value.id in {n.id for a in c.args for n in ast.walk(a) if isinstance(n, ast.Name)}
                             for c in ast.walk(fn))
             if feeds_ext:

@@ -1,5 +1,4 @@
-"""Static checks of a candidate's CUDA/C++ sources (split from static_checks.py, which reads
-the Python): kernels defined and launched, ATen compute in the C++, libraries called, threads
+"""Static checks of a candidate's CUDA/C++ sources (static_checks.py reads the Python): kernels defined and launched, ATen compute in the C++, libraries called, threads
 and streams that let work escape the caller's stream.
 """
 
@@ -7,10 +6,8 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # static_checks imports this module: no cycle at run time
-    from stitchcuda.verify.static_checks import StaticReport
+from stitchcuda.verify.static_report import StaticReport
 
 # C++: ATen calls that only allocate or describe tensors; anything else under torch::/at:: computes.
 CPP_ALLOWED_ATEN = {

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from stitchcuda.compiler.expr import MASK_OPS, Unsupported, is_pointwise
+from stitchcuda.compiler.expr import Unsupported
 from stitchcuda.compiler.families import FamilyContext, KernelCall, Strided, lowering
 from stitchcuda.compiler.families.layout import (
     broadcast_at,
@@ -26,7 +26,9 @@ from stitchcuda.compiler.families.layout import (
     single_output,
     where_of,
 )
+from stitchcuda.compiler.formulas import MASK_OPS, is_pointwise
 from stitchcuda.compiler.graph import Node
+from stitchcuda.compiler.ops import RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, VIEW_OPS
 
 RANK = {"bool": 0, "int32_t": 1, "int64_t": 2, "float": 3}
 
@@ -279,8 +281,6 @@ def claims(node: Node, dtype_of: Callable[[str], str | None], readers: Callable[
     """Whether a layout-family lowering should take ``node`` although the fused kernels list its
     operator: typed work they cannot do, constants they cannot materialise (except a recurrent
     cell's zero state, which its kernel folds), gathers of integer tables."""
-    from stitchcuda.compiler.fusion import RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, VIEW_OPS
-
     op = node.op
     if op in TYPED:
         if op in ("aten.bitwise_not", "aten.logical_not") and node.out and node.out[0].dtype == "bool":

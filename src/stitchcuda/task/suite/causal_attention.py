@@ -43,6 +43,9 @@ num_heads = 16
 seq_len = 1024
 head_dim = 64
 d_model = num_heads * head_dim
+max_seq_len = seq_len  # the mask buffer's size
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {"tiny": {"batch": 2, "num_heads": 3, "seq_len": 7, "head_dim": 8}}
 
 
 def get_inputs():
@@ -50,4 +53,4 @@ def get_inputs():
 
 
 def get_init_inputs():
-    return [d_model, num_heads, seq_len]
+    return [d_model, num_heads, max_seq_len]

@@ -34,6 +34,8 @@ batch = 32
 in_channels = 128
 out_channels = 256
 size = 112
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {"tiny": {"batch": 2, "in_channels": 4, "out_channels": 6, "size": 5}}
 
 
 def get_inputs():

@@ -40,6 +40,8 @@ out_channels = 256
 size = 64
 time_dim = 512
 groups = 32
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {"tiny": {"batch": 2, "in_channels": 8, "out_channels": 12, "size": 5, "time_dim": 7, "groups": 4}}
 
 
 def get_inputs():

@@ -64,6 +64,8 @@ num_dense = 13
 num_tables = 16
 vocab_size = 50000
 embed_dim = 64
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {"tiny": {"batch": 5, "num_dense": 3, "num_tables": 3, "vocab_size": 11, "embed_dim": 4}}
 
 
 def get_inputs():

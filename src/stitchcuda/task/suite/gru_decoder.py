@@ -41,6 +41,10 @@ embed_dim = 256
 context_dim = 512
 hidden_size = 512
 vocab_size = 8000
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {
+    "tiny": {"seq_len": 3, "batch": 2, "embed_dim": 4, "context_dim": 5, "hidden_size": 6, "vocab_size": 7},
+}
 
 
 def get_inputs():

@@ -29,6 +29,8 @@ class Model(nn.Module):
 tokens = 4096
 d_model = 1024
 vocab_size = 32000
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {"tiny": {"tokens": 5, "d_model": 8, "vocab_size": 37}}
 
 
 def get_inputs():

@@ -41,6 +41,8 @@ batch = 64
 input_size = 256
 hidden_size = 512
 num_classes = 256
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {"tiny": {"seq_len": 3, "batch": 2, "input_size": 5, "hidden_size": 6, "num_classes": 4}}
 
 
 def get_inputs():

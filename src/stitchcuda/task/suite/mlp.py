@@ -26,6 +26,8 @@ batch = 4096
 in_features = 4096
 hidden = 4096
 out_features = 2048
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {"tiny": {"batch": 4, "in_features": 16, "hidden": 32, "out_features": 8}}
 
 
 def get_inputs():

@@ -39,6 +39,8 @@ num_patches = 196
 channels = 768
 token_hidden = 384
 channel_hidden = 3072
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {"tiny": {"batch": 2, "num_patches": 9, "channels": 24, "token_hidden": 16, "channel_hidden": 40}}
 
 
 def get_inputs():

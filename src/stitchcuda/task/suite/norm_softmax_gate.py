@@ -28,6 +28,8 @@ class Model(nn.Module):
 rows = 65536
 features = 1024
 temperature = 0.5
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {"tiny": {"rows": 6, "features": 40}}
 
 
 def get_inputs():

@@ -32,6 +32,8 @@ class Model(nn.Module):
 rows = 65536
 features = 256
 num_layers = 8
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {"tiny": {"rows": 6, "features": 16, "num_layers": 2}}
 
 
 def get_inputs():

@@ -41,6 +41,8 @@ image_size = 64
 base_width = 64
 hidden = 512
 num_classes = 100
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {"tiny": {"batch": 2, "image_size": 16, "base_width": 3, "hidden": 10, "num_classes": 5}}
 
 
 def get_inputs():

@@ -46,6 +46,8 @@ batch = 64
 channels = 256
 size = 28
 reduction = 16
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {"tiny": {"batch": 2, "channels": 8, "size": 5, "reduction": 4}}
 
 
 def get_inputs():

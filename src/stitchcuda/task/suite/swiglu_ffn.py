@@ -33,6 +33,8 @@ seq_len = 2048
 d_model = 2048
 ffn_hidden = 5632
 eps = 1e-6
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {"tiny": {"batch": 2, "seq_len": 3, "d_model": 48, "ffn_hidden": 80}}
 
 
 def get_inputs():

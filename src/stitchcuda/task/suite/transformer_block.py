@@ -46,6 +46,8 @@ seq_len = 512
 d_model = 768
 num_heads = 12
 mlp_ratio = 4
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {"tiny": {"batch": 2, "seq_len": 6, "d_model": 24, "num_heads": 4}}
 
 
 def get_inputs():

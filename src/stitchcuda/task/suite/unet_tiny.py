@@ -53,6 +53,8 @@ in_channels = 3
 image_size = 128
 base_width = 32
 num_classes = 4
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {"tiny": {"batch": 2, "image_size": 8, "base_width": 2}}
 
 
 def get_inputs():

@@ -76,6 +76,11 @@ depth = 2
 num_heads = 12
 mlp_hidden = 3072
 num_classes = 1000
+# size presets, applied by the loader (stitchcuda/task/preset.py): "tiny" is sized for CPU tests
+PRESETS = {
+    "tiny": {"batch": 2, "image_size": 8, "patch_size": 4, "dim": 12, "num_heads": 3, "mlp_hidden": 20,
+             "num_classes": 5},
+}
 
 
 def get_inputs():
