@@ -49,18 +49,58 @@ def test_the_halves_are_exact_tf32_and_the_product_misses_only_small_small():
 
 
 def test_operand_layouts_for_the_cross_and_big_gemms():
-    # linear: A [M, K] row-major, B = W^T stored as W [N, K]: both halves side by side along K
+    # linear: A [M, K] row-major as is; B = W^T stored as W [N, K]: transposed into [2K, N], the
+    # layout cuBLAS's TF32 kernels run fastest on
     g = Gemm(1, 8, 16, 32, "x", "w", a_trans=False, b_trans=True, out="o")
     plan = plan_split(g, "xa", "xb")
-    assert (plan.a.rows, plan.a.cols, plan.a.off_small, plan.a.off_big, plan.a.d_row) == (8, 32, 0, 32, 64)
-    assert (plan.b.rows, plan.b.cols, plan.b.off_big, plan.b.off_small, plan.b.d_row) == (16, 32, 0, 32, 64)
-    assert (plan.cross.k, plan.cross.ld_a, plan.cross.ld_b, plan.cross.a, plan.cross.b) == (64, 64, 64, "xa", "xb")
+    assert (plan.a.transpose, plan.a.d_row, plan.a.off_small, plan.a.off_big) == (False, 64, 0, 32)
+    assert (plan.b.transpose, plan.b.rows, plan.b.cols, plan.b.d_row, plan.b.off_big, plan.b.off_small) == (
+        True, 16, 32, 16, 0, 512)
+    for part in (plan.cross, plan.main):
+        assert (part.a_trans, part.b_trans, part.ld_a, part.ld_b) == (False, False, 64, 16)
+    assert (plan.cross.k, plan.cross.a, plan.cross.b) == (64, "xa", "xb")
     assert (plan.main.k, plan.main.a, plan.main.b) == (32, "xa + 32", "xb")
-    # bmm with B [K, N] row-major: B's halves one above the other; a shared operand splits once
+    assert "sc_split_tf32_t<<<dim3(1, 1, 1), dim3(32, 8)" in plan.b.launch()
+    # bmm with B [K, N] row-major: no transpose; a shared operand splits once
     g = Gemm(4, 8, 16, 32, "x", "y", a_trans=False, b_trans=False, out="o", stride_a=256, stride_b=0, stride_c=128)
     plan = plan_split(g, "xa", "xb")
-    assert (plan.b.rows, plan.b.cols, plan.b.off_small, plan.b.d_row, plan.b.batch, plan.b.d_batch) == (32, 16, 512, 16, 1, 0)
+    assert (plan.b.transpose, plan.b.off_small, plan.b.d_row, plan.b.batch, plan.b.d_batch) == (False, 512, 16, 1, 0)
     assert (plan.a.batch, plan.a.d_batch, plan.cross.stride_a, plan.main.stride_b) == (4, 512, 512, 0)
+
+
+def _place(op, src: np.ndarray) -> np.ndarray:
+    """What the kernels write, in numpy: element (b, r, c) of the stored matrix at its place."""
+    dst = np.zeros(op.scratch, np.float32)
+    for b in range(op.batch):
+        for r in range(op.rows):
+            for c in range(op.cols):
+                x = src[b * op.s_batch + r * op.s_row + c]
+                big = _tf32(np.float32(x))
+                small = _tf32(np.float32(x - big))
+                o = b * op.d_batch + (c * op.d_row + r if op.transpose else r * op.d_row + c)
+                dst[o + op.off_big], dst[o + op.off_small] = big, small
+    return dst
+
+
+@pytest.mark.parametrize("a_trans,b_trans", [(False, False), (False, True), (True, False), (True, True)])
+def test_the_two_gemms_on_the_halves_give_the_product(a_trans, b_trans):
+    """Emulate the kernels and both GEMMs on their strided views: A.B to 3xTF32 accuracy."""
+    rng = np.random.default_rng(1)
+    m, n, k = 5, 7, 6
+    A, B = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    stored_a = (A.T if a_trans else A).copy().ravel()
+    stored_b = (B.T if b_trans else B).copy().ravel()
+    plan = plan_split(Gemm(1, m, n, k, "A", "B", a_trans, b_trans, out="C"), "xa", "xb")
+    xa, xb = _place(plan.a, stored_a), _place(plan.b, stored_b)
+
+    def view(buf: np.ndarray, at: str, rows: int, cols: int, ld: int) -> np.ndarray:
+        off = int(at.split(" + ")[1]) if " + " in at else 0
+        return np.lib.stride_tricks.as_strided(buf[off:], (rows, cols), (ld * 4, 4)).astype(np.float64)
+
+    c = view(xa, plan.cross.a, m, 2 * k, plan.cross.ld_a) @ view(xb, plan.cross.b, 2 * k, n, plan.cross.ld_b)
+    c += view(xa, plan.main.a, m, k, plan.main.ld_a) @ view(xb, plan.main.b, k, n, plan.main.ld_b)
+    ref = A.astype(np.float64) @ B
+    assert np.abs(c - ref).max() / np.abs(ref).max() < 1e-6
 
 
 def test_mlp_runs_split_with_bias_and_activation_in_the_epilogue():
@@ -96,15 +136,10 @@ def test_the_default_variant_has_no_split():
 
 @pytest.mark.nvcc
 def test_split_programs_compile_for_sm90(tmp_path):
-    import shutil
-    from pathlib import Path
-
     from tests.test_offline_codegen import _compile_together
 
-    cuda_home = Path("/usr/local/cuda")
-    nvcc = shutil.which("nvcc") or str(cuda_home / "bin/nvcc")
     sources = []
     for name in ("mlp", "transformer_block", "lm_head_nll"):
         task, compiled, _ = _lowered(name)
         sources.append(cuda_source(generate(task, compiled.graph, compiled.groups, SPLIT)))
-    _compile_together(sources, tmp_path, nvcc, cuda_home)
+    _compile_together(sources, tmp_path)

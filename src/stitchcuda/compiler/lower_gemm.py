@@ -111,9 +111,9 @@ def assign_split(low: Lowering, gemm: Gemm) -> None:
     operands' halves and two cuBLASLt GEMMs on TF32 tensor cores."""
     index = len(low.lt_gemms)
     scratch = []
-    for side, rows_cols, shared in (("a", gemm.m * gemm.k, not gemm.stride_a), ("b", gemm.k * gemm.n, not gemm.stride_b)):
+    for side, size, shared in (("a", gemm.m * gemm.k, not gemm.stride_a), ("b", gemm.k * gemm.n, not gemm.stride_b)):
         ident = f"x_split{index}_{side}"
-        low.intermediates.append((ident, [2 * rows_cols * (1 if shared else gemm.batch)]))
+        low.intermediates.append((ident, [2 * size * (1 if shared else gemm.batch)]))
         scratch.append(ident)
     plan = plan_split(gemm, *scratch)
     for part in (plan.cross, plan.main):
