@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
+
+from stitchcuda import machine
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CPU = FIXTURES / "cpu"
@@ -23,7 +24,7 @@ def _cuda_available() -> bool:
 
 def pytest_collection_modifyitems(config, items):
     has_cuda = _cuda_available()
-    has_nvcc = shutil.which("nvcc") is not None or Path("/usr/local/cuda/bin/nvcc").exists()
+    has_nvcc = machine.nvcc_path() is not None
     for item in items:
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))

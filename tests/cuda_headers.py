@@ -24,6 +24,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from stitchcuda import machine
+
 # the library headers the generated programs include, directly or through torch's ATen/cuda headers
 NEEDED = ("cublas_v2.h", "cublasLt.h", "cusparse.h", "cusolverDn.h", "cudnn.h")
 # per CUDA major version: the wheels (pinned: compile-checked with the toolkit of that major) and
@@ -41,11 +43,8 @@ class HeadersMissing(RuntimeError):
 
 def toolkit() -> tuple[str, Path] | None:
     """(nvcc, the toolkit folder), or None where there is no CUDA toolkit."""
-    from stitchcuda.verify.build import find_cuda_home
-
-    home = find_cuda_home()
-    nvcc = shutil.which("nvcc") or (str(Path(home) / "bin" / "nvcc") if home else None)
-    if nvcc is None or not Path(nvcc).exists():
+    home, nvcc = machine.cuda_home(), machine.nvcc_path()
+    if nvcc is None:
         return None
     return nvcc, Path(home) if home else Path(nvcc).resolve().parent.parent
 

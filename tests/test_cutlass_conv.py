@@ -8,12 +8,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import re
-import shutil
 import subprocess
 
 import pytest
 from pydantic import ValidationError
 
+from stitchcuda import machine
 from stitchcuda.compiler.cutlass_conv import (
     CONV_ABI,
     CutlassConv,
@@ -136,7 +136,7 @@ def test_launcher_refuses_bad_arguments_before_any_cuda_call(tmp_path):
     cuda, _ = kernel_sources(ALIGNED)
     (tmp_path / "conv.cu").write_text(cuda)
     lib = tmp_path / "libconv.so"
-    cmd = [shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc", "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC",
+    cmd = [machine.nvcc_path(), "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC",
            *CUDA_CFLAGS, *(f"-I{d}" for d in (cutlass_include() or [])), str(tmp_path / "conv.cu"), "-o", str(lib)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -5,11 +5,11 @@ printed: run with -s to see them), and on a GPU the launcher called through its 
 from __future__ import annotations
 
 import ctypes
-import shutil
 import subprocess
 
 import pytest
 
+from stitchcuda import machine
 from stitchcuda.compiler import cutlass_gemm
 from stitchcuda.compiler.cutlass_gemm import (
     ABI,
@@ -131,7 +131,7 @@ def test_headers_are_found_without_importing_cutlass_library(monkeypatch, tmp_pa
 
 
 def test_compile_check_skips_without_nvcc(monkeypatch):
-    monkeypatch.setattr(cutlass_gemm, "_nvcc", lambda: None)
+    monkeypatch.setattr(machine, "nvcc_path", lambda: None)
     check = compile_check_gemm(ROW_COL_RELU)
     assert check.status == "skipped" and "nvcc" in check.detail
 
@@ -159,7 +159,7 @@ def test_ctypes_mirror_matches_the_c_layout(tmp_path):
     unit = tmp_path / "abi.cu"
     unit.write_text(ABI + "#include <cstddef>\n" + "\n".join(asserts)
                     + f"\nstatic_assert(sizeof(ScGemmArgs) == {ctypes.sizeof(ScGemmArgs)}, \"size\");\n")
-    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    nvcc = machine.nvcc_path()
     done = subprocess.run([nvcc, "-std=c++17", "-c", str(unit), "-o", str(tmp_path / "abi.o")],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -177,7 +177,7 @@ def test_launcher_links_alone_and_answers_through_the_abi(tmp_path):
                       tile=SMALL[0], warp=SMALL[1], stages=SMALL[2])
     unit, lib = tmp_path / "gemm.cu", tmp_path / "libgemm.so"
     unit.write_text(kernel_sources(cfg)[0])
-    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    nvcc = machine.nvcc_path()
     done = subprocess.run([nvcc, *cutlass_gemm.CUDA_CFLAGS, "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC",
                            *(f"-I{p}" for p in cutlass_include()), str(unit), "-o", str(lib)],
                           capture_output=True, text=True)

@@ -21,8 +21,9 @@ PACKAGE = SRC / "stitchcuda"
 # Bottom to top. A package imports from lower layers, and from a peer of its own layer only where
 # PEERS says so.
 LAYERS: list[tuple[str, set[str]]] = [
-    # the version string, where the cache lives, what the machine has (nvidia-smi, nvcc)
-    ("foundation", {"stitchcuda", "paths", "machine"}),
+    # the version string, where the cache lives, what the machine has (nvidia-smi, the CUDA
+    # toolkit), the one Jinja setup every template renders under
+    ("foundation", {"stitchcuda", "paths", "machine", "templating"}),
     # the task and candidate records and their loading, and the records of an optimize run
     # (plan, steps, state): what every stage passes around
     ("task, records", {"task", "records"}),

@@ -749,15 +749,13 @@ def _toolkit_or_skip() -> tuple[str, Path]:
     return found
 
 
-def _compile_together(sources: list[str], tmp_path: Path, nvcc: str | None = None,
-                      cuda_home: Path | None = None) -> None:
+def _compile_together(sources: list[str], tmp_path: Path) -> None:
     """One nvcc run over several programs' CUDA: the first whole, the others without their entry
     point (their namespaces differ), against torch's headers and the real CUDA library headers
     (tests/cuda_headers.py: the toolkit's, an installed nvidia wheel's, or fetched from one)."""
     from torch.utils.cpp_extension import include_paths
 
-    found_nvcc, found_home = _toolkit_or_skip()
-    nvcc, cuda_home = nvcc or found_nvcc, cuda_home or found_home
+    nvcc, cuda_home = _toolkit_or_skip()
     try:
         library_includes = cuda_include_dirs(cuda_home)
     except HeadersMissing as exc:

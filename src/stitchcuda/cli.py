@@ -40,7 +40,7 @@ from stitchcuda.reward import RewardConfig, RubricJudge
 from stitchcuda.reward.score import score_candidate
 from stitchcuda.rl.config import TrainConfig
 from stitchcuda.rl.dataset import build_dataset
-from stitchcuda.store import RunStore
+from stitchcuda.store import RunStore, db_path
 from stitchcuda.task import TaskError, load_candidate, probe_reference, resolve_tasks
 from stitchcuda.task.record import Task
 from stitchcuda.terminal import console
@@ -377,7 +377,7 @@ def report(
     workspace: Annotated[Path, typer.Option(help="Where the run store lives.")] = Path(".stitchcuda"),
 ) -> None:
     """Write a bench's report: a static HTML page with plots, and a Markdown summary beside it."""
-    if not (workspace / "runs.sqlite").exists():
+    if not db_path(workspace).exists():
         raise _unusable(f"no run store in {workspace} (pass the --workspace of the bench)")
     store = BenchStore(workspace)
     try:
@@ -466,7 +466,7 @@ def dataset_build(
     """Build skill-1 and skill-2 samples from recorded runs (and task lists), split by task."""
     if not runs_ and not tasks:
         raise _unusable("name runs (or all) and/or --tasks SPEC")
-    if runs_ and not (workspace / "runs.sqlite").exists():
+    if runs_ and not db_path(workspace).exists():
         raise _unusable(f"no run store in {workspace} (pass the --workspace of the runs)")
     try:
         manifest = build_dataset(workspace, runs_ or [], out, tasks, eval_fraction,
@@ -516,7 +516,7 @@ def runs(
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """List the runs of a workspace, or show one: plan, steps, decisions, usage."""
-    if not (workspace / "runs.sqlite").exists():
+    if not db_path(workspace).exists():
         raise _unusable(f"no run store in {workspace} (runs are kept where `stitchcuda optimize` ran, "
                         "or pass --workspace)")
     store = RunStore(workspace)

@@ -14,7 +14,6 @@ from pydantic import BaseModel
 
 from stitchcuda import machine
 from stitchcuda.paths import cache_root
-from stitchcuda.verify.build import find_cuda_home
 
 Status = Literal["ok", "warn", "fail"]
 
@@ -57,14 +56,6 @@ def _run(cmd: list[str], timeout: float, cwd: str | None = None) -> tuple[int, s
     return done.returncode, done.stdout + done.stderr
 
 
-def nvcc_path() -> str | None:
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    home = find_cuda_home()
-    return str(Path(home) / "bin" / "nvcc") if home else None
-
-
 def target_arch() -> tuple[str, str]:
     """(arch, where it comes from): what extensions will be built for."""
     if env := os.environ.get("TORCH_CUDA_ARCH_LIST"):
@@ -104,7 +95,7 @@ def check_torch() -> Check:
 
 
 def check_nvcc() -> Check:
-    path = nvcc_path()
+    path = machine.nvcc_path()
     if path is None:
         return Check(name="nvcc", status="fail", detail="nvcc not found on PATH or in $CUDA_HOME/bin",
                      fix="install the CUDA toolkit and put its bin/ on PATH (or set CUDA_HOME)")
@@ -135,7 +126,7 @@ def check_nvcc() -> Check:
 
 def check_cuda_libraries() -> Check:
     """Headers that ATen/cuda/CUDAContext.h pulls in: most real candidates include it."""
-    home = find_cuda_home()
+    home = machine.cuda_home()
     if home is None:
         return Check(name="cuda libs", status="warn", detail="no CUDA toolkit found (see nvcc)",
                      fix="set CUDA_HOME to the toolkit folder")
@@ -163,13 +154,13 @@ def check_host_compiler() -> Check:
 
 
 def check_ncu(probe: bool = True) -> Check:
-    ncu = shutil.which("ncu")
+    ncu = machine.cuda_tool("ncu")
     if ncu is None:
         return Check(name="ncu", status="warn", detail="Nsight Compute (ncu) not found",
                      fix="install Nsight Compute for kernel-level metrics; profiling falls back to torch.profiler")
     if not machine.gpus():
         return Check(name="ncu", status="warn", detail=f"{ncu}; no GPU, so counters cannot be read here")
-    nvcc = nvcc_path()
+    nvcc = machine.nvcc_path()
     if not probe or nvcc is None:
         return Check(name="ncu", status="ok", detail=f"{ncu} (counters not probed)")
     arch = re.sub(r"\+PTX$", "", target_arch()[0].split(";")[0].replace(".", ""))

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -94,9 +95,44 @@ def physical_gpu(device: str) -> Gpu | None:
     return next((g for g in gpus() if g.index == indices[logical]), None)
 
 
+# where a CUDA toolkit installs when nothing says otherwise
+DEFAULT_CUDA_HOME = "/usr/local/cuda"
+
+
+def cuda_home() -> str | None:
+    """The CUDA toolkit's folder: the first of ``$CUDA_HOME``, ``$CUDA_PATH`` and /usr/local/cuda
+    that has a ``bin/nvcc``, else the toolkit around the nvcc on PATH; None without a toolkit.
+
+    The one lookup of the toolkit: everything that needs nvcc, another CUDA program or the
+    toolkit's headers asks here (or :func:`cuda_tool`)."""
+    for candidate in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), DEFAULT_CUDA_HOME):
+        if candidate and (Path(candidate) / "bin" / "nvcc").exists():
+            return candidate
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        real = Path(nvcc).resolve()
+        # a wrapper script (as on some machines) does not sit inside the toolkit
+        return str(real.parent.parent) if (real.parent.parent / "include" / "cuda.h").exists() else None
+    return None
+
+
+def cuda_tool(name: str) -> str | None:
+    """A program of the CUDA toolkit (``nvcc``, ``ncu``, ``cu++filt``): on PATH first, else in the
+    toolkit's ``bin/``; None where neither has it."""
+    if found := shutil.which(name):
+        return found
+    home = cuda_home()
+    path = Path(home) / "bin" / name if home else None
+    return str(path) if path is not None and path.exists() else None
+
+
+def nvcc_path() -> str | None:
+    return cuda_tool("nvcc")
+
+
 @functools.cache
 def nvcc_version() -> str | None:
-    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+    nvcc = nvcc_path()
     if nvcc is None:
         return None
     out = _run([nvcc, "--version"]) or ""

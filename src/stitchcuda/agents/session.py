@@ -20,7 +20,7 @@ from stitchcuda.compiler.codegen import Unsupported, generate
 from stitchcuda.compiler.graph import CaptureError
 from stitchcuda.llm import LLMError, PriceTable, make_client
 from stitchcuda.llm.base import LLMConfig
-from stitchcuda.store import RunStore
+from stitchcuda.store import RunStore, db_path
 from stitchcuda.task import TaskError, load_task_file, resolve_tasks
 from stitchcuda.task.record import Task
 from stitchcuda.verify import DeviceUnavailable, Verifier
@@ -97,7 +97,7 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
     one that is also a context manager (a live status line) is entered for the run's duration."""
     store: RunStore | None = None
     if resume is not None:
-        if not (workspace / "runs.sqlite").exists():
+        if not db_path(workspace).exists():
             raise SessionError(f"cannot resume: no run store in {workspace} (pass the --workspace of the run)")
         store = RunStore(workspace)
         try:

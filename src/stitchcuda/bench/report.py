@@ -15,11 +15,9 @@ from __future__ import annotations
 import re
 import shutil
 from datetime import datetime, timezone
-from functools import cache
 from pathlib import Path
 from urllib.parse import quote
 
-import jinja2
 from pydantic import BaseModel
 
 from stitchcuda.bench import plots as bench_plots
@@ -34,6 +32,7 @@ from stitchcuda.bench.metrics import (
 )
 from stitchcuda.bench.metrics import compare as compare_metrics  # write_report's argument takes the name
 from stitchcuda.bench.records import BASELINES, BenchResult, TaskResult
+from stitchcuda.templating import environment
 
 TEMPLATES = Path(__file__).parent / "templates"
 DASH = "–"
@@ -308,20 +307,6 @@ def _when(timestamp: float) -> str:
 
 # --- rendering -------------------------------------------------------------------------------
 
-@cache
-def _env() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES),
-        undefined=jinja2.StrictUndefined,
-        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",), default=False),
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters["md"] = md_escape
-    return env
-
-
 def write_report(result: BenchResult, out_dir: Path, compare: BenchResult | None = None) -> ReportFiles:
     """Write ``index.html``, ``summary.md``, ``plots/*.svg`` and ``programs/`` into ``out_dir``."""
     out_dir = Path(out_dir)
@@ -360,6 +345,7 @@ def write_report(result: BenchResult, out_dir: Path, compare: BenchResult | None
     )
     html = out_dir / "index.html"
     markdown = out_dir / "summary.md"
-    html.write_text(_env().get_template("report.html.j2").render(**values), encoding="utf-8")
-    markdown.write_text(_env().get_template("summary.md.j2").render(**values), encoding="utf-8")
+    env = environment(TEMPLATES, md=md_escape)
+    html.write_text(env.get_template("report.html.j2").render(**values), encoding="utf-8")
+    markdown.write_text(env.get_template("summary.md.j2").render(**values), encoding="utf-8")
     return ReportFiles(html=html, markdown=markdown, plots=[p.path for p in drawn], programs=programs)

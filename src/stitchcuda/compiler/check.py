@@ -15,6 +15,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from stitchcuda import machine
+
 
 class CompileCheck(BaseModel):
     status: str  # "compiled", "failed" or "skipped"
@@ -42,16 +44,16 @@ def _string_constant(program: str, name: str) -> str:
 
 def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> CompileCheck:
     """nvcc -c of the program's CUDA against torch's headers, for ``arch``."""
-    from torch.utils.cpp_extension import CUDA_HOME, include_paths
+    from torch.utils.cpp_extension import include_paths
 
-    nvcc = shutil.which("nvcc") or (str(Path(CUDA_HOME) / "bin" / "nvcc") if CUDA_HOME else None)
-    if not nvcc or not Path(nvcc).exists():
+    nvcc = machine.nvcc_path()
+    if nvcc is None:
         return CompileCheck(status="skipped", detail="nvcc not found: install the CUDA toolkit to compile-check")
     includes = [Path(p) for p in include_paths()]
     if not any((p / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h").exists() for p in includes):
         return CompileCheck(status="skipped", detail="this torch is a CPU build: its headers lack the CUDA parts "
                                                      "(c10/cuda/impl/cuda_cmake_macros.h) the program includes")
-    cuda_include = Path(nvcc).resolve().parent.parent / "include"
+    cuda_include = Path(machine.cuda_home() or Path(nvcc).resolve().parent.parent) / "include"
     if "cublas" in program and not (cuda_include / "cublas_v2.h").exists():
         return CompileCheck(status="skipped", detail=f"the CUDA toolkit at {cuda_include.parent} has no cuBLAS "
                                                      "headers (cublas_v2.h)")

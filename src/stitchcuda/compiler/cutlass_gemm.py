@@ -13,20 +13,21 @@ The kernels are SM80 ones (``cp.async`` + ``mma.sync`` 16x8x8 TF32); they run un
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import os
-import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Literal
 
+import jinja2
 from pydantic import BaseModel
 
+from stitchcuda import machine
 from stitchcuda.compiler.check import CompileCheck
+from stitchcuda.templating import environment
 
 TEMPLATES = Path(__file__).parent / "templates"
 INCLUDE_ENV = "STITCHCUDA_CUTLASS_INCLUDE"
@@ -121,13 +122,9 @@ def _epilogue(cfg: CutlassGemm) -> tuple[str, str]:
     return header, f"{functor}<{args}>"
 
 
-@functools.cache
-def templates():
-    """The compiler's templates, rendered as the Emitter renders them."""
-    from jinja2 import Environment, FileSystemLoader, StrictUndefined
-
-    return Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined,
-                       trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+def templates() -> jinja2.Environment:
+    """The compiler's templates, as the Emitter renders them."""
+    return environment(TEMPLATES)
 
 
 def kernel_sources(cfg: CutlassGemm) -> tuple[str, str]:
@@ -179,16 +176,11 @@ def load_inline_kwargs(cfg: CutlassGemm) -> dict:
                 no_implicit_headers=True)
 
 
-def _nvcc() -> str | None:
-    fallback = Path("/usr/local/cuda/bin/nvcc")
-    return shutil.which("nvcc") or (str(fallback) if fallback.exists() else None)
-
-
 def compile_unit(cuda_src: str, name: str, describe: str, arch: str = "sm_90", timeout_s: float = 900) -> CompileCheck:
     """nvcc -c of one kernel extension's CUDA for ``arch`` against CUTLASS's headers, with the flags
     torch adds to every extension build (so the check sees what the real build sees): what one
     instantiation costs, in seconds."""
-    nvcc = _nvcc()
+    nvcc = machine.nvcc_path()
     if nvcc is None:
         return CompileCheck(status="skipped", detail="nvcc not found: install the CUDA toolkit to compile-check")
     include = cutlass_include()

@@ -13,6 +13,7 @@ from stitchcuda.compiler.expr import OPS, Expr, Leaf, Program, Unsupported, c_fl
 from stitchcuda.compiler.formulas import row_scalar_leaf
 from stitchcuda.compiler.lower_gemm import gemm_launch
 from stitchcuda.compiler.lowered import CodegenOptions, Gemm, Lowering
+from stitchcuda.templating import environment
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -131,11 +132,8 @@ def _params(prog: Program, low: Lowering, writes: list[str],
 
 class Emitter:
     def __init__(self, low: Lowering, options: CodegenOptions, prefix: str):
-        from jinja2 import Environment, FileSystemLoader, StrictUndefined
-
         self.low, self.options, self.prefix = low, options, prefix
-        self.env = Environment(loader=FileSystemLoader(str(TEMPLATES)), undefined=StrictUndefined,
-                               trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+        self.env = environment(TEMPLATES)
         if options.block % 32 or not 32 <= options.block <= 1024:
             raise Unsupported(f"block size {options.block}: must be a multiple of 32 in [32, 1024]")
         if options.vector_width not in (1, 4):

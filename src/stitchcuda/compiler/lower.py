@@ -32,8 +32,7 @@ from stitchcuda.compiler.lower_rows import lower_group_norm, lower_row
 from stitchcuda.compiler.lowered import (
     C_TYPES,
     CELLS,
-    CONVS,
-    GEMM_OPS,
+    PLAIN_GEMM_OPS,
     SPLITS,
     ZEROS,
     CodegenOptions,
@@ -41,6 +40,7 @@ from stitchcuda.compiler.lowered import (
     Lowering,
     to_ident,
 )
+from stitchcuda.compiler.ops import CONV_OPS
 
 # names the entry point's own code uses (forward_impl's locals, the kernels' index variables) and C++
 # keywords that are valid Python names: an argument named so gets a prefix
@@ -114,7 +114,7 @@ class _Lowerer:
             cx.out.storage[p.name] = ident
             if p.meta.dtype != "float32":
                 cx.out.ctypes[ident] = C_TYPES[p.meta.dtype]
-        known = GEMM_OPS | CONVS | ROW_OPS | {"aten.group_norm"} | VIEWS | SPLITS | set(CELLS) | ZEROS | DATA_OPS
+        known = PLAIN_GEMM_OPS | CONV_OPS | ROW_OPS | {"aten.group_norm"} | VIEWS | SPLITS | set(CELLS) | ZEROS | DATA_OPS
         by_family = {n for g in self.order if self._family_node(g) is not None for n in g.nodes}
         for n in cx.graph.nodes:
             if n.name in by_family:
@@ -192,17 +192,17 @@ class _Lowerer:
         if family is not None:
             return self._lower_family(g, nodes, family)
         for n in nodes:
-            if not (n.op in GEMM_OPS or n.op in CONVS or n.op in ROW_OPS or n.op == "aten.group_norm" or n.op in VIEWS or n.op in SPLITS or is_pointwise(n.op)
+            if not (n.op in PLAIN_GEMM_OPS or n.op in CONV_OPS or n.op in ROW_OPS or n.op == "aten.group_norm" or n.op in VIEWS or n.op in SPLITS or is_pointwise(n.op)
                     or n.op in CELLS or n.op in DATA_OPS or (n.op in ZEROS and g.kind == "recurrent")):
                 raise Unsupported(f"{n.name}: operator {n.op}.{n.overload} is not supported by the offline Coder")
         if g.kind == "attention":
             return lower_attention(cx, g, nodes)
         if any(n.op in CELLS for n in nodes):
             return lower_recurrent(cx, g, nodes)
-        convs = [n for n in nodes if n.op in CONVS]
+        convs = [n for n in nodes if n.op in CONV_OPS]
         if convs:
             return lower_conv(cx, g, nodes, convs)
-        gemms = [n for n in nodes if n.op in GEMM_OPS]
+        gemms = [n for n in nodes if n.op in PLAIN_GEMM_OPS]
         if gemms:
             return lower_gemm(cx, g, nodes, gemms)
         if nodes[0].op == "aten.group_norm":

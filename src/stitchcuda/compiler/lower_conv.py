@@ -192,7 +192,7 @@ class ConvGeometry:
 
 def conv_geometry(node: Node, x_shape: tuple[int, ...], w_shape: tuple[int, ...],
                   out_shape: tuple[int, ...]) -> ConvGeometry:
-    """The convolution ``node`` (any of CONVS) as cuDNN runs it; Unsupported where it cannot."""
+    """The convolution ``node`` (any of CONV_OPS) as cuDNN runs it; Unsupported where it cannot."""
     where = f"{node.name} ({node.op}.{node.overload})"
     op = node.op
     names = (_CONVOLUTION_ARGS if op in ("aten.convolution", "aten._convolution") else

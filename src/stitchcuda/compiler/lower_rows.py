@@ -33,7 +33,8 @@ from stitchcuda.compiler.formulas import (
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
-from stitchcuda.compiler.lowered import MAX_ROW, RESHAPES, SPLITS, Lowered, to_ident
+from stitchcuda.compiler.lowered import RESHAPES, SPLITS, Lowered, to_ident
+from stitchcuda.compiler.ops import MAX_ROW
 
 
 def lower_row(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: dict[str, Expr] | None = None,

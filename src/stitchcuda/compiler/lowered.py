@@ -15,15 +15,14 @@ from stitchcuda.compiler.expr import Program
 from stitchcuda.compiler.families import C_TYPES, KernelCall  # noqa: F401  (re-exported: one table)
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import OpGraph
+from stitchcuda.compiler.ops import GEMM_OPS
 
-GEMM_OPS = {"aten.linear", "aten.mm", "aten.matmul", "aten.bmm", "aten.addmm"}
+# The GEMMs lower_gemm takes: ops.py's, less the accumulating batched forms it does not read.
+PLAIN_GEMM_OPS = GEMM_OPS - {"aten.baddbmm", "aten.addbmm"}
 SPLITS = {"aten.split", "aten.split_with_sizes", "aten.chunk", "aten.unbind"}  # multi-output views
-CONVS = {"aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.conv_transpose1d", "aten.conv_transpose2d",
-         "aten.conv_transpose3d", "aten.convolution", "aten._convolution"}
 CELLS = {"aten.lstm_cell": 4, "aten.gru_cell": 3}  # recurrent cells -> gates per hidden unit
 ZEROS = {"aten.new_zeros", "aten.zeros", "aten.zeros_like", "aten.full"}  # initial states
 RESHAPES = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.flatten", "aten.unsqueeze", "aten.squeeze"}
-MAX_ROW = 32768
 
 
 class CodegenOptions(BaseModel):

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import re
-from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-import jinja2
 from pydantic import BaseModel, Field, ValidationError
 
 from stitchcuda.llm.base import LLMClient, LLMError, Message
+from stitchcuda.templating import environment
 from stitchcuda.verify.verdict import Verdict
 
 PROMPTS = Path(__file__).parent / "prompts"
@@ -104,12 +103,6 @@ class RubricScore(BaseModel):
         return cls(scores=scores, normalized=(sum(scores.values()) - len(scores)) / (4 * len(scores)), **extra)
 
 
-@cache
-def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(PROMPTS), undefined=jinja2.StrictUndefined,
-                              keep_trailing_newline=True, autoescape=False, trim_blocks=True, lstrip_blocks=True)
-
-
 def judge_messages(*, task_name: str, reference: str, program: str, verdict: Verdict | None,
                    skill: Literal["scratch", "feedback"] = "scratch", feedback: str = "",
                    subtask: str = "") -> list[Message]:
@@ -124,8 +117,9 @@ def judge_messages(*, task_name: str, reference: str, program: str, verdict: Ver
         hacking_level=verdict.hacking.level if verdict else "not verified",
         findings=[f"{f.check} ({f.level}): {f.detail}" for f in (verdict.hacking.findings if verdict else [])],
         shares=shares, coverage=f"{coverage:.0%}" if coverage is not None else "")
-    return [Message(role="system", content=_env().get_template("judge_system.j2").render(**values).strip() + "\n"),
-            Message(role="user", content=_env().get_template("judge_user.j2").render(**values).strip() + "\n")]
+    env = environment(PROMPTS)
+    return [Message(role="system", content=env.get_template("judge_system.j2").render(**values).strip() + "\n"),
+            Message(role="user", content=env.get_template("judge_user.j2").render(**values).strip() + "\n")]
 
 
 def parse_judgement(text: str) -> JudgeAnswer:

@@ -17,7 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stitchcuda.llm import make_client
+from stitchcuda.reward import RubricJudge
 from stitchcuda.rl.config import OWN_GRPO_KEYS, TrainConfig
+from stitchcuda.rl.rewards import VerificationPool, VerifiedRewards
 from stitchcuda.store import TrainLog
 
 
@@ -133,9 +136,6 @@ def train(config: TrainConfig, resume: bool = False) -> dict[str, Any]:
     except ImportError as exc:
         raise TrainError(f"training needs the train extra ({exc.name} is missing): "
                          "pip install 'stitchcuda[train]'") from None
-    from stitchcuda.llm import make_client
-    from stitchcuda.reward import RubricJudge
-    from stitchcuda.rl.rewards import VerificationPool, VerifiedRewards
 
     check_grpo_section(config.grpo)  # a misspelt key fails here, not after the model has loaded
     use_vllm, vllm_mode = generation_backend(config)

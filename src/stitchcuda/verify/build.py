@@ -30,6 +30,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from stitchcuda import machine
 from stitchcuda.verify.verdict import CompilerMessage, ExtensionBuild, KernelResources
 
 REPORT_FILE = "stitchcuda_build.json"
@@ -183,7 +184,7 @@ def demangle(names: list[str]) -> list[str]:
     """C++ names for mangled kernel symbols, through cu++filt or c++filt when present."""
     if not names:
         return names
-    tool = shutil.which("cu++filt") or _cuda_tool("cu++filt") or shutil.which("c++filt")
+    tool = machine.cuda_tool("cu++filt") or shutil.which("c++filt")
     if tool is None:
         return names
     try:
@@ -192,12 +193,6 @@ def demangle(names: list[str]) -> list[str]:
         return names
     readable = out.splitlines()
     return readable if len(readable) == len(names) else names
-
-
-def _cuda_tool(name: str) -> str | None:
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-    path = Path(home) / "bin" / name
-    return str(path) if path.exists() else None
 
 
 # --- the hook ---------------------------------------------------------------------------------
@@ -214,7 +209,7 @@ class ExtensionBuilder:
     def install(self) -> None:
         from torch.utils import cpp_extension
 
-        if cpp_extension.CUDA_HOME is None and (home := find_cuda_home()):
+        if cpp_extension.CUDA_HOME is None and (home := machine.cuda_home()):
             # A CPU-only torch can still compile CUDA (the link step needs a CUDA torch).
             cpp_extension.CUDA_HOME = home
         self._original = cpp_extension.load_inline
@@ -332,15 +327,3 @@ def _write_report(build_dir: Path, record: ExtensionBuild) -> None:
     tmp = build_dir / (REPORT_FILE + ".tmp")
     tmp.write_text(record.model_dump_json())
     tmp.replace(build_dir / REPORT_FILE)
-
-
-def find_cuda_home() -> str | None:
-    for candidate in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if candidate and (Path(candidate) / "bin" / "nvcc").exists():
-            return candidate
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        real = Path(nvcc).resolve()
-        # a wrapper script (as on some machines) does not sit inside the toolkit
-        return str(real.parent.parent) if (real.parent.parent / "include" / "cuda.h").exists() else None
-    return None

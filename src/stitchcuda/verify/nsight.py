@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import io
 import re
-import shutil
 from collections import defaultdict
 from pathlib import Path
 
@@ -33,13 +32,6 @@ BUSY_PCT = 60.0
 # Messages ncu prints when the driver refuses access to the counters.
 _REFUSED = re.compile(r"ERR_NVGPUCTRPERM|permission to access NVIDIA GPU Performance Counters|"
                       r"not supported on this (?:device|platform)|profiling is not supported", re.I)
-
-
-def find_ncu() -> str | None:
-    for candidate in (shutil.which("ncu"), "/usr/local/cuda/bin/ncu"):
-        if candidate and Path(candidate).exists():
-            return candidate
-    return None
 
 
 def ncu_command(ncu: str, log_path: Path, max_launches: int = 400) -> list[str]:

@@ -372,7 +372,7 @@ class Verifier:
     def _counters(self, workdir: Path, ref_path: Path, cand_path: Path,
                   profile: ProgramProfile | None) -> CounterReport:
         """The candidate's top kernels under Nsight Compute, in one more worker run under ``ncu``."""
-        ncu = nsight.find_ncu()
+        ncu = machine.cuda_tool("ncu")
         if ncu is None:
             return CounterReport(status="unavailable", detail="Nsight Compute (ncu) is not installed here; bound "
                                  "labels fall back to timing-based roofline estimates")

@@ -18,7 +18,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, TypeAdapter
 
+from stitchcuda import machine
 from stitchcuda.paths import cache_root
 
 EXTRACTOR_VERSION = 4
@@ -91,14 +91,10 @@ def cuda_include_dirs() -> list[Path]:
 
     for extra in os.environ.get("STITCHCUDA_CUDA_INCLUDE", "").split(os.pathsep):
         add(extra or None)
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            add(Path(os.environ[var]) / "include")
-    nvcc = shutil.which("nvcc")
-    if nvcc:
+    if home := machine.cuda_home():
+        add(Path(home) / "include")
+    if nvcc := machine.nvcc_path():  # an nvcc on PATH beside its headers, outside the toolkit folder
         add(Path(nvcc).parent.parent / "include")
-        add(Path(nvcc).resolve().parent.parent / "include")
-    add("/usr/local/cuda/include")
     # pip wheels of the CUDA libraries (what torch's CUDA builds depend on): nvidia/<lib>/include
     for entry in sys.path:
         root = Path(entry or ".") / "nvidia"
