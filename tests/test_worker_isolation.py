@@ -229,6 +229,26 @@ def test_standby_workers_serve_one_candidate_each(cache, task, monkeypatch):
     assert verifier._standby is None
 
 
+def test_warm_up_serves_a_fresh_verifiers_first_candidate_warm(cache, task, monkeypatch):
+    """A Ray task's verifier is fresh: warming it up while the job captures and builds makes its
+    first verification a warm one; a second warm-up keeps the worker already waiting."""
+    monkeypatch.setenv("STITCHCUDA_PREWARM", "1")
+    verifier = Verifier(PRESETS["tiny-debug"].model_copy(update={"timeout_s": 60}), cache=cache)
+    try:
+        verifier.warm_up()
+        waiting = verifier._standby.proc
+        verifier.warm_up()
+        assert verifier._standby.proc is waiting
+        first = run(verifier, task, "pure_torch")
+    finally:
+        verifier.close()
+    assert first.correct and first.wall.warm_start
+    monkeypatch.setenv("STITCHCUDA_PREWARM", "0")
+    cold = Verifier(PRESETS["tiny-debug"], cache=cache)
+    cold.warm_up()
+    assert cold._standby is None  # off where prewarming is off (the CPU default)
+
+
 def test_zero_initialised_candidate_is_incorrect_by_default_and_the_verdict_says_why(cache, task):
     seeded = run(Verifier(PRESETS["tiny-debug"].model_copy(update={"timeout_s": 60}), cache=cache), task, "zero_init")
     assert seeded.correctness.weights == "seeded" and not seeded.correct

@@ -114,6 +114,7 @@ def run_job(job: Job, device: str | None = None, built: tuple[str, Any] | None =
     device = _job_device(config, device)
     try:
         verifier = _verifier_for(config, device, job.workspace, second_opinion=job.candidate is not None)
+        verifier.inner.warm_up()  # overlaps the worker's start with this job's capture and builds
         if built is not None:
             verifier.prebuilt[built[0]] = built[1]
         result = _evaluate(job, verifier) if job.candidate is not None else _optimize(job, verifier)

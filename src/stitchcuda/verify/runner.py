@@ -251,6 +251,16 @@ class Verifier:
         setting = os.environ.get("STITCHCUDA_PREWARM", "")
         return setting == "1" if setting in ("0", "1") else self.gpu is not None
 
+    def warm_up(self) -> None:
+        """Start a worker in standby now, unless one waits: a fresh process (a Ray task, the
+        bench's first job) then pays the worker's start and CUDA context while it captures and
+        builds, not at its first verification."""
+        if not self.prewarm:
+            return
+        with self._standby_lock:
+            if self._standby is None:
+                self._standby = _Standby.start(self._env(False), self.config.profile)
+
     def _take_standby(self) -> _Standby | None:
         standby, self._standby = self._standby, None
         if standby is not None and standby.proc.poll() is not None:  # died while waiting
