@@ -128,6 +128,17 @@ def test_products_split_where_one_strided_call_does():
     assert (plan.cross.batch, plan.cross.stride_a, plan.cross.stride_b) == (12, 65536, 65536)
 
 
+def test_small_products_stay_on_cublas_in_the_split_variant():
+    """Where the split cannot pay (a side under 128, under 2^28 multiply-adds) the variant keeps SGEMM."""
+    _, _, gru = _lowered("gru_decoder")
+    assert all(g.split is None for g in _gemms(gru))  # 32 x 512 x 8000 per step
+    _, _, emb = _lowered("embedding_mlp")
+    split = {(g.m, g.n, g.k) for g in _gemms(emb) if g.split is not None}
+    kept = {(g.m, g.n, g.k) for g in _gemms(emb) if g.split is None}
+    assert (32768, 256, 512) in split and (32768, 512, 13) in kept and (17, 17, 64) in kept
+    assert all(min(s) >= 128 for s in split)
+
+
 def test_the_default_variant_has_no_split():
     task, compiled, low = _lowered("mlp", CodegenOptions())
     assert all(g.split is None for g in _gemms(low))

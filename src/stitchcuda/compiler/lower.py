@@ -41,6 +41,7 @@ from stitchcuda.compiler.lowered import (
     to_ident,
 )
 from stitchcuda.compiler.ops import CONV_OPS
+from stitchcuda.compiler.split_tf32 import worth_splitting
 
 # names the entry point's own code uses (forward_impl's locals, the kernels' index variables) and C++
 # keywords that are valid Python names: an argument named so gets a prefix
@@ -298,7 +299,7 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
                 assign_cutlass(low, gemm, "tf32" if lowerer.cx.options.tf32 else "3xtf32")
     if lowerer.cx.options.split_tf32:  # attention's and recurrent cells' products too, where one call does
         for gemm in gemms:
-            if gemm.split is None and gemm.lt is None and gemm.cutlass is None and gemm.outer == 1:
+            if gemm.split is None and gemm.lt is None and gemm.cutlass is None and worth_splitting(gemm):
                 assign_split(low, gemm)
     low.uses_blas = any(g.lt is None and g.cutlass is None and g.split is None for g in gemms)
     return low

@@ -22,7 +22,7 @@ from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_pointwise import epilogue_text, with_epilogue
 from stitchcuda.compiler.lowered import SPLITS, Gemm, Lowered, Lowering
-from stitchcuda.compiler.split_tf32 import plan_split
+from stitchcuda.compiler.split_tf32 import plan_split, worth_splitting
 
 
 def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node], gemms: list[Node]) -> Lowered:
@@ -59,7 +59,7 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node], gemms: list[
     gemm = gemm_shape(cx, anchor, lhs, rhs)
     epilogue = nodes[nodes.index(anchor) + 1:]
     value = anchor
-    split = cx.options.split_tf32 and gemm.outer == 1
+    split = cx.options.split_tf32 and worth_splitting(gemm)
     if split:
         value, epilogue, bias = _lt_fold(cx, gemm, anchor, epilogue, bias)
     elif cx.options.cutlass:

@@ -125,6 +125,18 @@ class SplitPlan:
     main: Gemm  # A_big . B_big + the output (C), with the epilogue
 
 
+# Below these the split's two extra passes and second GEMM cost more than the tensor cores save
+# (measured on an H100: K = 64, N = 32 and the 32 x 512 x 8000 steps of a GRU decoder all ran
+# slower split than in fp32 SGEMM); such products stay on cuBLAS in the split variant.
+MIN_SIDE = 128
+MIN_MACS = 1 << 28
+
+
+def worth_splitting(g: Gemm) -> bool:
+    """Whether ``g`` is large enough, on every side, for split 3xTF32 to pay."""
+    return g.outer == 1 and min(g.m, g.n, g.k) >= MIN_SIDE and g.batch * g.m * g.n * g.k >= MIN_MACS
+
+
 def plan_split(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
     """The split of ``g`` (batch strided, no outer loop) into its two cuBLASLt GEMMs."""
     m, n, k = g.m, g.n, g.k
