@@ -107,15 +107,18 @@ def _lt_fold(cx: LowerContext, gemm: Gemm, anchor: Node, epilogue: list[Node],
 
 
 def assign_split(low: Lowering, gemm: Gemm) -> None:
-    """Run ``gemm`` as 3xTF32 by split operands (:mod:`split_tf32`): two scratch buffers for the
-    operands' halves and two cuBLASLt GEMMs on TF32 tensor cores."""
-    index = len(low.lt_gemms)
-    scratch = []
-    for side, size, shared in (("a", gemm.m * gemm.k, not gemm.stride_a), ("b", gemm.k * gemm.n, not gemm.stride_b)):
-        ident = f"x_split{index}_{side}"
-        low.intermediates.append((ident, [2 * size * (1 if shared else gemm.batch)]))
-        scratch.append(ident)
-    plan = plan_split(gemm, *scratch)
+    """Run ``gemm`` as 3xTF32 by split operands (:mod:`split_tf32`): the operands' halves in two
+    scratch buffers every split GEMM of the program shares (its launches run in order on one
+    stream, each split read by its GEMMs before the next is written), sized for the largest, and
+    two cuBLASLt GEMMs on TF32 tensor cores."""
+    plan = plan_split(gemm, "x_split_a", "x_split_b")
+    for operand in (plan.a, plan.b):
+        sizes = {ident: shape for ident, shape in low.intermediates}
+        if operand.dst not in sizes:
+            low.intermediates.append((operand.dst, [operand.scratch]))
+        elif sizes[operand.dst][0] < operand.scratch:
+            at = next(i for i, (ident, _) in enumerate(low.intermediates) if ident == operand.dst)
+            low.intermediates[at] = (operand.dst, [operand.scratch])
     for part in (plan.cross, plan.main):
         part.lt, part.fast_tf32 = len(low.lt_gemms), True
         low.lt_gemms.append(part)

@@ -133,8 +133,10 @@ MIN_MACS = 1 << 28
 
 
 def worth_splitting(g: Gemm) -> bool:
-    """Whether ``g`` is large enough, on every side, for split 3xTF32 to pay."""
-    return g.outer == 1 and min(g.m, g.n, g.k) >= MIN_SIDE and g.batch * g.m * g.n * g.k >= MIN_MACS
+    """Whether ``g`` is large enough, on every side, for split 3xTF32 to pay (and within the
+    transposing split's grid: 65535 blocks of 32 rows, 65535 matrices)."""
+    return (g.outer == 1 and min(g.m, g.n, g.k) >= MIN_SIDE and g.batch * g.m * g.n * g.k >= MIN_MACS
+            and g.batch <= 65535 and max(g.m, g.n, g.k) <= 32 * 65535)
 
 
 def plan_split(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
