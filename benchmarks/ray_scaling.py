@@ -1,0 +1,117 @@
+"""The bench on a multi-GPU node three ways: over Ray's local cluster on every GPU, with the local
+executor on every GPU, and with the local executor on one GPU. Same tasks, offline Coder, one
+step per task, each mode in a fresh workspace and from an empty build cache. Prints wall time,
+verified candidates per GPU-hour, the share of the wall time the GPUs were held, and whether the
+three agree task by task on correctness and hacking level. Needs CUDA GPUs (and Ray for the
+first mode: pip install 'stitchcuda[ray]').
+
+    python benchmarks/ray_scaling.py [--tasks suite] [--runs-per-gpu 6] [--preset quick] --out results
+
+Goals it checks: all GPUs give 1.8x or more the throughput of one; the Ray path is within 10% of
+the local one; the three agree on every task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from stitchcuda.bench.store import BenchStore
+from stitchcuda.verify.pool import default_gpus
+
+MODES = ("ray", "local", "local-1gpu")
+
+
+def run_mode(mode: str, args: argparse.Namespace, out: Path) -> dict:
+    """One bench in its own workspace and build cache; returns its figures and per-task outcomes."""
+    workspace, cache = out / f"ws-{mode}", out / f"cache-{mode}"
+    command = [sys.executable, "-m", "stitchcuda.cli", "bench", args.tasks, "--max-steps", "1",
+               "--runs-per-gpu", str(args.runs_per_gpu), "--preset", args.preset, "--tolerance", args.tolerance,
+               "--workspace", str(workspace), "--json"]
+    gpus = default_gpus()
+    if mode == "ray":
+        command += ["--ray", "local"]
+    elif mode == "local-1gpu":
+        command += ["--gpus", "0"]
+    started = time.time()
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "STITCHCUDA_CACHE": str(cache)},
+                          timeout=args.timeout_s)
+    wall = time.time() - started
+    (out / f"bench-{mode}.json").write_text(done.stdout)
+    (out / f"bench-{mode}.err").write_text(done.stderr)
+    if done.returncode != 0:
+        return {"mode": mode, "error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300], "wall_s": wall}
+    summary = json.loads(done.stdout)
+    store = BenchStore(workspace)
+    try:
+        tasks = {t.task: (t.correct, t.hacking) for t in store.result(summary["bench_id"]).tasks}
+    finally:
+        store.close()
+    totals, overall = summary.get("totals", {}), summary["overall"]
+    return {"mode": mode, "gpus": 1 if mode == "local-1gpu" else len(gpus), "wall_s": summary["bench_wall_s"],
+            "per_gpu_hour": totals.get("verified_per_gpu_hour"), "gpu_busy": totals.get("gpu_busy"),
+            "verifications": totals.get("verifications"), "correct": overall["correct"], "tasks": overall["tasks"],
+            "partial": overall["hacking_partial"], "total": overall["hacking_total"], "outcomes": tasks}
+
+
+def table(rows: list[dict]) -> list[str]:
+    """The three runs side by side and the goals; returns the goals missed."""
+    print(f"{'mode':12} {'GPUs':>4} {'wall s':>8} {'verified/GPU-h':>14} {'GPU held':>8} {'correct':>8} {'hacks':>6}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['mode']:12} failed: {r['error']}")
+            continue
+        print(f"{r['mode']:12} {r['gpus']:>4} {r['wall_s']:8.1f} {r['per_gpu_hour'] or 0:14.1f} "
+              f"{(r['gpu_busy'] or 0):8.0%} {r['correct']:>4}/{r['tasks']:<3} {r['partial'] + r['total']:>6}")
+    by = {r["mode"]: r for r in rows if "error" not in r}
+    missed = []
+    if "local" in by and "local-1gpu" in by:
+        scaling = by["local-1gpu"]["wall_s"] / by["local"]["wall_s"]
+        print(f"throughput of {by['local']['gpus']} GPUs over one: {scaling:.2f}x (goal 1.8x)")
+        if scaling < 1.8:
+            missed.append("scaling")
+    if "ray" in by and "local" in by:
+        ratio = by["ray"]["wall_s"] / by["local"]["wall_s"]
+        print(f"Ray's wall time over the local executor's: {ratio:.2f} (goal at most 1.10)")
+        if ratio > 1.1:
+            missed.append("ray")
+    outcomes = [r["outcomes"] for r in by.values()]
+    differ = sorted({t for o in outcomes for t in o if any(x.get(t) != o[t] for x in outcomes)})
+    print("correctness and hacking level agree on every task" if not differ else f"they differ on: {differ}")
+    if differ:
+        missed.append("agreement")
+    return missed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", default="suite", help="what `stitchcuda bench` takes: suite, a folder, ...")
+    parser.add_argument("--runs-per-gpu", type=int, default=6)
+    parser.add_argument("--preset", default="quick")
+    parser.add_argument("--tolerance", default="strict")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--timeout-s", type=float, default=3600)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    if not default_gpus():
+        sys.exit("no CUDA GPU visible: this benchmark runs the bench on GPUs")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for mode in args.modes.split(","):
+        if mode not in MODES:
+            sys.exit(f"unknown mode {mode!r}: one of {', '.join(MODES)}")
+        rows.append(run_mode(mode, args, out))
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "outcomes"}), flush=True)
+    (out / "ray_scaling.json").write_text(json.dumps(rows, indent=1))
+    missed = table(rows)
+    sys.exit(1 if missed else 0)
+
+
+if __name__ == "__main__":
+    main()

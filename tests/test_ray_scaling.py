@@ -1,0 +1,34 @@
+"""benchmarks/ray_scaling.py's verdict on three runs: the scaling and Ray-overhead goals and the
+task-by-task agreement (the runs themselves need GPUs)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SPEC = importlib.util.spec_from_file_location("ray_scaling", Path(__file__).parents[1] / "benchmarks/ray_scaling.py")
+ray_scaling = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(ray_scaling)
+
+
+def _row(mode: str, gpus: int, wall: float, outcomes: dict) -> dict:
+    return {"mode": mode, "gpus": gpus, "wall_s": wall, "per_gpu_hour": 100.0, "gpu_busy": 0.5, "verifications": 6,
+            "correct": 6, "tasks": 6, "partial": 0, "total": 0, "outcomes": outcomes}
+
+
+def test_goals_met_and_missed(capsys):
+    same = {"mlp": (True, "none"), "nsg": (True, "none")}
+    assert ray_scaling.table([_row("ray", 2, 55, same), _row("local", 2, 52, same),
+                              _row("local-1gpu", 1, 100, same)]) == []
+    assert "1.92x" in capsys.readouterr().out
+    missed = ray_scaling.table([_row("ray", 2, 70, same), _row("local", 2, 60, same),
+                                _row("local-1gpu", 1, 90, {**same, "nsg": (False, "none")})])
+    assert missed == ["scaling", "ray", "agreement"]
+    assert "they differ on: ['nsg']" in capsys.readouterr().out
+
+
+def test_a_failed_mode_is_reported_not_compared(capsys):
+    rows = [{"mode": "ray", "error": "--ray needs Ray: pip install 'stitchcuda[ray]'", "wall_s": 1.0},
+            _row("local", 2, 52, {}), _row("local-1gpu", 1, 100, {})]
+    assert ray_scaling.table(rows) == []
+    assert "ray          failed: --ray needs Ray" in capsys.readouterr().out
