@@ -13,13 +13,12 @@ is one pass, around 1e-3 relative error.
 
 from __future__ import annotations
 
-import hashlib
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, model_validator
+from pydantic import model_validator
 
 from stitchcuda.compiler.check import CompileCheck
-from stitchcuda.compiler.cutlass_gemm import compile_unit, templates
+from stitchcuda.compiler.cutlass_gemm import ExtensionConfig, compile_unit, templates
 
 CONV_ABI = """\
 #ifndef SC_CONV_ABI
@@ -59,7 +58,7 @@ _ACTIVATIONS = {
 }
 
 
-class CutlassConv(BaseModel, frozen=True):
+class CutlassConv(ExtensionConfig, frozen=True):
     """One instantiation: everything its generated source depends on, and nothing else."""
 
     math: Literal["3xtf32", "tf32"]
@@ -71,6 +70,8 @@ class CutlassConv(BaseModel, frozen=True):
     stages: int = 3
     activation: Literal["identity", "relu", "silu", "sigmoid", "gelu", "gelu_tanh"] = "identity"
     bias: bool
+    symbol_prefix: ClassVar[str] = "sc_cutlass_conv_"
+    extension_prefix: ClassVar[str] = "stitchcuda_cutlass_conv_"
 
     @model_validator(mode="after")
     def _shapes(self) -> CutlassConv:
@@ -82,18 +83,6 @@ class CutlassConv(BaseModel, frozen=True):
         if self.stages < 2:
             raise ValueError(f"stages {self.stages}: CUTLASS pipelines need at least 2")
         return self
-
-    @property
-    def key(self) -> str:
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
-
-    @property
-    def symbol(self) -> str:
-        return f"sc_cutlass_conv_{self.key}"
-
-    @property
-    def extension_name(self) -> str:
-        return f"stitchcuda_cutlass_conv_{self.key}"
 
     @property
     def describe(self) -> str:

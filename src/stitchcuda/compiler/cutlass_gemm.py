@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 import jinja2
 from pydantic import BaseModel
@@ -69,7 +69,27 @@ SMALL = ((64, 64, 16), (32, 32, 16), 4)
 H100_SMS = 132
 
 
-class CutlassGemm(BaseModel, frozen=True):
+class ExtensionConfig(BaseModel, frozen=True):
+    """A CUTLASS kernel extension's configuration: the extension's source depends on its fields
+    alone, so their hash names the extension (its build-cache entry) and its launcher."""
+
+    symbol_prefix: ClassVar[str]
+    extension_prefix: ClassVar[str]
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
+
+    @property
+    def symbol(self) -> str:
+        return self.symbol_prefix + self.key
+
+    @property
+    def extension_name(self) -> str:
+        return self.extension_prefix + self.key
+
+
+class CutlassGemm(ExtensionConfig, frozen=True):
     """D = act(alpha * A @ B + beta * C); A [M,K], B [K,N], C/D [M,N] row-major fp32."""
 
     math: Literal["3xtf32", "tf32"]
@@ -82,18 +102,8 @@ class CutlassGemm(BaseModel, frozen=True):
     warp: tuple[int, int, int] = BIG[1]
     stages: int = BIG[2]
     activation: Literal["identity", "relu", "gelu", "gelu_tanh", "silu", "sigmoid"] = "identity"
-
-    @property
-    def key(self) -> str:
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
-
-    @property
-    def symbol(self) -> str:
-        return f"sc_cutlass_gemm_{self.key}"
-
-    @property
-    def extension_name(self) -> str:
-        return f"stitchcuda_cutlass_{self.key}"
+    symbol_prefix: ClassVar[str] = "sc_cutlass_gemm_"
+    extension_prefix: ClassVar[str] = "stitchcuda_cutlass_"
 
     @property
     def describe(self) -> str:
