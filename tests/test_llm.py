@@ -256,10 +256,9 @@ def test_price_table_loads_json_toml_and_env(tmp_path, monkeypatch):
     assert table.cost("my-model-v2", 1_000_000, 500_000) == pytest.approx(1.5 + 3.0)
     assert table.source == str(js) and "gpt-4o" not in table.models  # a file replaces the defaults
     assert PriceTable.load(flat).price("my-model") == Price(input=2, output=4)
-    if sys.version_info >= (3, 11):
-        toml = tmp_path / "prices.toml"
-        toml.write_text('[models."my-model"]\ninput = 0.5\noutput = 1.0\n')
-        assert PriceTable.load(toml).cost("my-model", 2_000_000, 0) == pytest.approx(1.0)
+    toml = tmp_path / "prices.toml"
+    toml.write_text('[models."my-model"]\ninput = 0.5\noutput = 1.0\n')
+    assert PriceTable.load(toml).cost("my-model", 2_000_000, 0) == pytest.approx(1.0)
 
     monkeypatch.setenv("STITCHCUDA_PRICES", str(js))
     assert PriceTable.from_env().price("my-model") == Price(input=1.5, output=6)

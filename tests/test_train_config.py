@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,6 @@ from stitchcuda.cli import app
 from stitchcuda.rl.config import GRPO_DEFAULTS, OWN_GRPO_KEYS, TrainConfig
 
 trl = pytest.importorskip("trl")
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+, as TrainConfig.load
 
 SHIPPED = sorted((Path(__file__).parents[1] / "configs" / "train").glob("*.toml"))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import shutil
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
 
@@ -302,7 +302,7 @@ def copy_programs(tasks: list[TaskResult], programs_dir: Path) -> dict[str, Path
 def _when(timestamp: float) -> str:
     if not timestamp:
         return DASH
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return datetime.fromtimestamp(timestamp, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -341,7 +341,7 @@ def write_report(result: BenchResult, out_dir: Path, compare: BenchResult | None
                for p in drawn],
         plot_notes=plot_notes,
         created=_when(result.info.created),
-        generated=datetime.now(tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        generated=datetime.now(tz=UTC).strftime("%Y-%m-%d %H:%M UTC"),
     )
     html = out_dir / "index.html"
     markdown = out_dir / "summary.md"

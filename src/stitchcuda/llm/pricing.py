@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +84,6 @@ class PriceTable(BaseModel):
             raise LLMError(f"cannot read the price file {path}: {e}") from e
         try:
             if path.suffix.lower() == ".toml":
-                if sys.version_info < (3, 11):
-                    raise LLMError(f"{path}: TOML price files need Python 3.11+; write it as JSON instead")
                 import tomllib
 
                 data = tomllib.loads(text)

@@ -5,6 +5,7 @@ record; [grpo] is TRL's own ``GRPOConfig``, built from the section's keys by ``r
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -87,12 +88,7 @@ class TrainConfig(BaseModel):
         """Read a TOML or JSON config; paths written ./x or ../x are relative to the config's folder."""
         path = Path(path)
         text = path.read_text()
-        if path.suffix == ".toml":
-            import tomllib  # Python 3.11+
-
-            data = tomllib.loads(text)
-        else:
-            data = json.loads(text)
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
         config = cls.model_validate(data)
         for field in ("model", "tokenizer", "dataset", "output_dir"):
             value = getattr(config, field)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
@@ -37,7 +37,7 @@ def time_candidate(request: WorkerRequest, result: WorkerResult, reference: Modu
         Contender("eager", lambda: ref_model(*inputs)),
     ]
     baselines: dict[str, BaselineTiming] = {}
-    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    now = datetime.now(UTC).isoformat(timespec="seconds")
     wanted = ["eager_tf32", "cuda_graph"] + (["torch_compile"] if config.compile_baseline else [])
     setup_started = time.perf_counter()
     if device.type == "cuda":
