@@ -66,6 +66,8 @@ def prepare(args: argparse.Namespace) -> None:
             entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
         manifest.append(entry)
         print(stem, entry.get("error", "ok"), flush=True)
+    done = {e["task"] for e in manifest}  # tasks not asked about this time keep their entries
+    manifest = [e for e in old.values() if e["task"] not in done] + manifest
     (work / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 

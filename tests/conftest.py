@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,19 @@ def cache(tmp_path, monkeypatch) -> Path:
     root = tmp_path / "cache"
     monkeypatch.setenv("STITCHCUDA_CACHE", str(root))
     return root
+
+
+@pytest.fixture(scope="module")
+def kb(tmp_path_factory):
+    """The knowledge base built once per test module, in a cache of its own."""
+    from stitchcuda.agents.knowledge import KnowledgeBase
+
+    old = os.environ.get("STITCHCUDA_CACHE")
+    os.environ["STITCHCUDA_CACHE"] = str(tmp_path_factory.mktemp("kbcache"))
+    try:
+        yield KnowledgeBase.build()
+    finally:
+        if old is None:
+            os.environ.pop("STITCHCUDA_CACHE", None)
+        else:
+            os.environ["STITCHCUDA_CACHE"] = old

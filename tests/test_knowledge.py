@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -75,20 +74,6 @@ int MYWINAPI myVoid();
 #endif
 """
 
-
-@pytest.fixture(scope="module")
-def kb(tmp_path_factory) -> Iterator[KnowledgeBase]:
-    import os
-
-    old = os.environ.get("STITCHCUDA_CACHE")
-    os.environ["STITCHCUDA_CACHE"] = str(tmp_path_factory.mktemp("kbcache"))
-    try:
-        yield KnowledgeBase.build()
-    finally:
-        if old is None:
-            os.environ.pop("STITCHCUDA_CACHE", None)
-        else:
-            os.environ["STITCHCUDA_CACHE"] = old
 
 
 def test_notes_load_with_title_and_tags():

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from stitchcuda.agents.knowledge import KnowledgeBase, load_notes
+from stitchcuda.agents.knowledge import load_notes
 from stitchcuda.agents.knowledge.index import NOTES_DIR
 from stitchcuda.compiler.cutlass_gemm import cutlass_include
 from stitchcuda.verify.precision import arithmetic_of
@@ -23,20 +22,6 @@ SPLIT_NOTE = NOTES_DIR / "split-tf32.md"
 def cuda_blocks(text: str) -> list[str]:
     return re.findall(r"```cuda\n(.*?)```", text, re.S)
 
-
-@pytest.fixture(scope="module")
-def kb(tmp_path_factory) -> Iterator[KnowledgeBase]:
-    import os
-
-    old = os.environ.get("STITCHCUDA_CACHE")
-    os.environ["STITCHCUDA_CACHE"] = str(tmp_path_factory.mktemp("kbcache"))
-    try:
-        yield KnowledgeBase.build()
-    finally:
-        if old is None:
-            os.environ.pop("STITCHCUDA_CACHE", None)
-        else:
-            os.environ["STITCHCUDA_CACHE"] = old
 
 
 def test_note_is_loaded_with_its_sections():

@@ -8,25 +8,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stitchcuda.compiler import compile_task
 from stitchcuda.compiler.check import cuda_source
-from stitchcuda.compiler.codegen import CodegenOptions, generate, lower
+from stitchcuda.compiler.codegen import CodegenOptions, generate
 from stitchcuda.compiler.lowered import Gemm
 from stitchcuda.compiler.split_tf32 import plan_split
-from stitchcuda.task import resolve_tasks
 from stitchcuda.verify.precision import X3TF32, arithmetic_of
+from tests.test_cutlass_programs import _gemms
+from tests.test_cutlass_programs import _lowered as lowered
 
 SPLIT = CodegenOptions(split_tf32=True)
 
 
 def _lowered(name: str, options: CodegenOptions = SPLIT):
-    task = resolve_tasks(name)[0]
-    compiled = compile_task(task)
-    return task, compiled, lower(compiled.graph, compiled.groups, options)
-
-
-def _gemms(low):
-    return [x.gemm for g in low.groups for x in g.launches() if x.gemm is not None]
+    return lowered(name, options)
 
 
 def _tf32(x: np.ndarray) -> np.ndarray:  # the kernel's rounding, in numpy

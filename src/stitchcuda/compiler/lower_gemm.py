@@ -113,12 +113,11 @@ def assign_split(low: Lowering, gemm: Gemm) -> None:
     two cuBLASLt GEMMs on TF32 tensor cores."""
     plan = plan_split(gemm, "x_split_a", "x_split_b")
     for operand in (plan.a, plan.b):
-        sizes = {ident: shape for ident, shape in low.intermediates}
-        if operand.dst not in sizes:
+        at = next((i for i, (ident, _) in enumerate(low.intermediates) if ident == operand.dst), None)
+        if at is None:
             low.intermediates.append((operand.dst, [operand.scratch]))
-        elif sizes[operand.dst][0] < operand.scratch:
-            at = next(i for i, (ident, _) in enumerate(low.intermediates) if ident == operand.dst)
-            low.intermediates[at] = (operand.dst, [operand.scratch])
+        else:
+            low.intermediates[at] = (operand.dst, [max(low.intermediates[at][1][0], operand.scratch)])
     for part in (plan.cross, plan.main):
         part.lt, part.fast_tf32 = len(low.lt_gemms), True
         low.lt_gemms.append(part)
