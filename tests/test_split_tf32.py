@@ -10,8 +10,8 @@ import pytest
 
 from stitchcuda.compiler.check import cuda_source
 from stitchcuda.compiler.codegen import CodegenOptions, generate
-from stitchcuda.compiler.lowered import Gemm
-from stitchcuda.compiler.split_tf32 import plan_split
+from stitchcuda.compiler.lowered import Conv, Gemm
+from stitchcuda.compiler.split_tf32 import plan_conv_split, plan_split, worth_splitting_conv
 from stitchcuda.verify.precision import X3TF32, arithmetic_of
 from tests.test_cutlass_programs import _gemms
 from tests.test_cutlass_programs import _lowered as lowered
@@ -47,18 +47,18 @@ def test_operand_layouts_for_the_cross_and_big_gemms():
     # layout cuBLAS's TF32 kernels run fastest on
     g = Gemm(1, 8, 16, 32, "x", "w", a_trans=False, b_trans=True, out="o")
     plan = plan_split(g, "xa", "xb")
-    assert (plan.a.transpose, plan.a.d_row, plan.a.off_small, plan.a.off_big) == (False, 64, 0, 32)
-    assert (plan.b.transpose, plan.b.rows, plan.b.cols, plan.b.d_row, plan.b.off_big, plan.b.off_small) == (
+    assert (plan.a.transpose, plan.a.d_row, plan.a.off_big, plan.a.off_small) == (False, 64, 0, 32)
+    assert (plan.b.transpose, plan.b.rows, plan.b.cols, plan.b.d_row, plan.b.off_small, plan.b.off_big) == (
         True, 16, 32, 16, 0, 512)
     for part in (plan.cross, plan.main):
         assert (part.a_trans, part.b_trans, part.ld_a, part.ld_b) == (False, False, 64, 16)
     assert (plan.cross.k, plan.cross.a, plan.cross.b) == (64, "xa", "xb")
-    assert (plan.main.k, plan.main.a, plan.main.b) == (32, "xa + 32", "xb")
+    assert (plan.main.k, plan.main.a, plan.main.b) == (32, "xa", "xb + 512")
     assert "sc_split_tf32_t<<<dim3(1, 1, 1), dim3(32, 8)" in plan.b.launch()
     # bmm with B [K, N] row-major: no transpose; a shared operand splits once
     g = Gemm(4, 8, 16, 32, "x", "y", a_trans=False, b_trans=False, out="o", stride_a=256, stride_b=0, stride_c=128)
     plan = plan_split(g, "xa", "xb")
-    assert (plan.b.transpose, plan.b.off_small, plan.b.d_row, plan.b.batch, plan.b.d_batch) == (False, 512, 16, 1, 0)
+    assert (plan.b.transpose, plan.b.off_big, plan.b.d_row, plan.b.batch, plan.b.d_batch) == (False, 512, 16, 1, 0)
     assert (plan.a.batch, plan.a.d_batch, plan.cross.stride_a, plan.main.stride_b) == (4, 512, 512, 0)
 
 
@@ -76,11 +76,20 @@ def _place(op, src: np.ndarray) -> np.ndarray:
     return dst
 
 
+def test_rows_are_padded_so_every_pointer_and_leading_dimension_is_16_byte_aligned():
+    plan = plan_split(Gemm(1, 8205, 5921, 2949, "x", "y", a_trans=False, b_trans=False, out="o"), "xa", "xb")
+    assert (plan.a.d_row, plan.b.d_row) == (5900, 5924)
+    for part in (plan.cross, plan.main):
+        offsets = [int(p.split(" + ")[1]) if " + " in p else 0 for p in (part.a, part.b)]
+        assert part.ld_a % 4 == part.ld_b % 4 == 0 and all(o % 4 == 0 for o in offsets)
+    assert plan.b.scratch == 2 * 2949 * 5924 and plan.a.scratch == 8205 * 5900
+
+
 @pytest.mark.parametrize("a_trans,b_trans", [(False, False), (False, True), (True, False), (True, True)])
-def test_the_two_gemms_on_the_halves_give_the_product(a_trans, b_trans):
+@pytest.mark.parametrize("m,n,k", [(5, 7, 6), (3, 5, 7)])
+def test_the_two_gemms_on_the_halves_give_the_product(a_trans, b_trans, m, n, k):
     """Emulate the kernels and both GEMMs on their strided views: A.B to 3xTF32 accuracy."""
     rng = np.random.default_rng(1)
-    m, n, k = 5, 7, 6
     A, B = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
     stored_a = (A.T if a_trans else A).copy().ravel()
     stored_b = (B.T if b_trans else B).copy().ravel()
@@ -142,12 +151,111 @@ def test_the_default_variant_has_no_split():
     assert "sc_split_tf32" not in generate(task, compiled.graph, compiled.groups, CodegenOptions())
 
 
+def _halves(x: np.ndarray, small_at: int) -> list[np.ndarray]:
+    big = _tf32(x)
+    small = _tf32(x - big)
+    return [small if small_at >> j & 1 else big for j in range(3)]
+
+
+def _split_input(plan, x: np.ndarray) -> np.ndarray:
+    """sc_split3_nhwc, in numpy, read back as NCHW [n, 3C, H, W]."""
+    n, c, h, w = x.shape
+    out = np.zeros(3 * x.size, np.float32)
+    for ci in range(c):
+        g, cc = divmod(ci, plan.cg)
+        for j, half in enumerate(_halves(x[:, ci].astype(np.float32), 0b010)):
+            ch = g * 3 * plan.cg + j * plan.cg + cc
+            for b in range(n):
+                out[b * 3 * c * h * w + ch:(b + 1) * 3 * c * h * w:3 * c] = half[b].ravel()
+    return out.reshape(n, h, w, 3 * c).transpose(0, 3, 1, 2)
+
+
+def _split_weight(plan, w: np.ndarray) -> np.ndarray:
+    """sc_split3_weight, in numpy: the flat NHWC filter it writes."""
+    out = np.zeros(3 * w.size, np.float32)
+    flat = w.astype(np.float32).ravel()
+    t = plan.w_strides
+    for i, idx in enumerate(np.ndindex(*plan.w_dims)):
+        at = sum(a * b for a, b in zip(idx, t[:4], strict=True))
+        for j, half in enumerate(_halves(flat[i:i + 1], 0b100)):
+            out[at + j * t[4]] = half[0]
+    return out
+
+
+def _conv(x: np.ndarray, w: np.ndarray, groups: int) -> np.ndarray:
+    """A valid, stride-1 grouped 2-d convolution in float64: x [N, C, H, W], w [K, C/g, R, S]."""
+    n, c, h, wd = x.shape
+    k, cg, r, s_ = w.shape
+    out = np.zeros((n, k, h - r + 1, wd - s_ + 1))
+    for o in range(k):
+        g = o // (k // groups)
+        for i in range(r):
+            for j in range(s_):
+                patch = x[:, g * cg:(g + 1) * cg, i:i + out.shape[2], j:j + out.shape[3]].astype(np.float64)
+                out[:, o] += np.einsum("nchw,c->nhw", patch, w[o, :, i, j].astype(np.float64))
+    return out
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_a_convolution_over_the_split_channels_gives_the_convolution(groups):
+    """Emulate the channels-last split of input and weight and one convolution over three times the
+    channels (cuDNN's grouping kept): the convolution to 3xTF32 accuracy, where plain TF32 misses."""
+    rng = np.random.default_rng(2)
+    n, c, k, h = 2, 8, 4, 6
+    x = rng.standard_normal((n, c, h, h), dtype=np.float32)
+    w = rng.standard_normal((k, c // groups, 3, 3), dtype=np.float32)
+    conv = Conv(0, n, c, k, (h, h), (h - 2, h - 2), (3, 3), (0, 0), (1, 1), (1, 1), groups, False, "x", "w")
+    plan = plan_conv_split(conv, "xa", "xb", "xc")
+    x3 = _split_input(plan, x)
+    w3 = _split_weight(plan, w).reshape(k, 3, 3, 3 * c // groups).transpose(0, 3, 1, 2)  # KRSC -> KCRS
+    ref = _conv(x, w, groups)
+    err = lambda y: np.abs(y - ref).max() / np.abs(ref).max()  # noqa: E731
+    assert err(_conv(x3, w3, groups)) < 1e-6 < 1e-4 < err(_conv(_tf32(x), _tf32(w), groups))
+    assert (plan.x_scratch, plan.w_scratch, plan.y_scratch) == (3 * x.size, 3 * w.size, n * k * (h - 2) ** 2)
+
+
+def test_a_transposed_convolutions_weight_splits_along_its_input_channels():
+    """Weight [c_in, c_out/g, R, S] of a transposed convolution: its halves in cuDNN's NHWC filter
+    layout [3 c_in, R, S, c_out/g], group by group."""
+    rng = np.random.default_rng(3)
+    c, k, g = 8, 6, 2
+    w = rng.standard_normal((c, k // g, 2, 2), dtype=np.float32)
+    conv = Conv(0, 2, c, k, (4, 4), (8, 8), (2, 2), (0, 0), (2, 2), (1, 1), g, True, "x", "w")
+    plan = plan_conv_split(conv, "xa", "xb", "xc")
+    w3 = _split_weight(plan, w).reshape(3 * c, 2, 2, k // g).transpose(0, 3, 1, 2)
+    cg = c // g
+    for ci in range(c):
+        gi, cc = divmod(ci, cg)
+        for j, half in enumerate(_halves(w[ci], 0b100)):
+            assert np.array_equal(w3[gi * 3 * cg + j * cg + cc], half)
+
+
+def test_convolutions_split_where_the_reduction_is_deep_enough():
+    _, _, cnn = _lowered("small_cnn")
+    assert [c.split is not None for c in cnn.convs] == [False, True, True]  # the 3-channel stem stays fp32
+    _, _, dw = _lowered("depthwise_separable")  # depthwise; a 1x1 of a large image moves more than it saves
+    assert [(c.groups, c.split is not None) for c in dw.convs] == [(128, False), (1, False)]
+    _, _, diffusion = _lowered("diffusion_resblock")  # the 3x3s (128 and 256 channels) pay, the 1x1 skip does not
+    assert [(c.kernel, c.split is not None) for c in diffusion.convs] == [((3, 3), True), ((1, 1), False),
+                                                                           ((3, 3), True)]
+    assert not worth_splitting_conv(Conv(0, 1, 64, 64, (4, 4), (4, 4), (1, 1), (0, 0), (1, 1), (1, 1), 1, False,
+                                         "x", "w"))  # 2^16 multiply-adds
+    task, compiled, _ = _lowered("small_cnn")
+    program = generate(task, compiled.graph, compiled.groups, SPLIT)
+    cuda = cuda_source(program)
+    assert cuda.count("sc_split3_nhwc<<<") == cuda.count("sc_split3_weight<<<") == cuda.count("sc_nhwc_to_nchw<<<") == 2
+    assert "CUDNN_TENSOR_OP_MATH" in cuda and "CUDNN_FMA_MATH" in cuda and "CUDNN_TENSOR_NHWC" in cuda
+    assert "3xTF32 (split channels)" in program and arithmetic_of(program) == [X3TF32]
+    plain = generate(task, compiled.graph, compiled.groups, CodegenOptions())
+    assert "sc_split3" not in plain and "CUDNN_TENSOR_OP_MATH" not in cuda_source(plain)
+
+
 @pytest.mark.nvcc
 def test_split_programs_compile_for_sm90(tmp_path):
     from tests.test_offline_codegen import _compile_together
 
     sources = []
-    for name in ("mlp", "transformer_block", "lm_head_nll"):
+    for name in ("mlp", "transformer_block", "lm_head_nll", "unet_tiny"):
         task, compiled, _ = _lowered(name)
         sources.append(cuda_source(generate(task, compiled.graph, compiled.groups, SPLIT)))
     _compile_together(sources, tmp_path)

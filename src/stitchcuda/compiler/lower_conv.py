@@ -24,9 +24,10 @@ from stitchcuda.compiler.expr import (
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
-from stitchcuda.compiler.lower_gemm import activation_of, feeds_only
+from stitchcuda.compiler.lower_gemm import SPLIT_SCRATCH, activation_of, feeds_only, reserve_scratch
 from stitchcuda.compiler.lower_pointwise import epilogue_text, lower_pointwise, with_epilogue
 from stitchcuda.compiler.lowered import Conv, Lowered, to_ident
+from stitchcuda.compiler.split_tf32 import plan_conv_split, worth_splitting_conv
 
 
 def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node], convs: list[Node]) -> Lowered:
@@ -82,7 +83,13 @@ def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node], convs: list[
             and largest < CUTLASS_CONV_MAX_ELEMENTS:
         return _cutlass_conv(cx, g, anchor, conv, bias, epilogue, env, text)
     cx.out.convs.append(conv)
-    text += " via cuDNN"
+    if cx.options.split_tf32 and worth_splitting_conv(conv):
+        conv.split = split = plan_conv_split(conv, *SPLIT_SCRATCH)
+        for ident, floats in ((split.x3, split.x_scratch), (split.w3, split.w_scratch), (split.y, split.y_scratch)):
+            reserve_scratch(cx.out, ident, floats)
+        text += " via cuDNN on TF32 tensor cores as 3xTF32 (split channels)"
+    else:
+        text += " via cuDNN"
     if any(geo.trim):  # uneven 'same' padding: cuDNN writes one more row where it is, the epilogue drops it
         wide = (geo.n, geo.k, *geo.out_size)
         conv.out = f"b_{to_ident(anchor.name)}__wide"
@@ -279,41 +286,49 @@ def conv_setup(c: Conv, math: str) -> list[str]:
     """Descriptors and the algorithm (timed by cuDNN at setup, else its heuristics; the first that works under the
     math mode within the workspace limit), once per Program: nothing here runs inside a capture."""
     i, m = c.index, "made->"
-    x_dims, y_dims = (c.n // c.chunks, c.c, *c.size), (c.n // c.chunks, c.k, *c.out_size)
+    cin = 3 * c.c if c.split is not None else c.c  # split channels: [big | small | big] (split_tf32.py)
+    x_dims, y_dims = (c.n // c.chunks, cin, *c.size), (c.n // c.chunks, c.k, *c.out_size)
     # a transposed convolution is the backward-data of the convolution from its output to its input
-    w_dims = (c.c, c.k // c.groups, *c.kernel) if c.transposed else (c.k, c.c // c.groups, *c.kernel)
+    w_dims = (cin, c.k // c.groups, *c.kernel) if c.transposed else (c.k, cin // c.groups, *c.kernel)
     pick = "sc_pick_bwd_data" if c.transposed else "sc_pick_fwd"
+    layout = "CUDNN_TENSOR_NHWC" if c.split is not None else "CUDNN_TENSOR_NCHW"
     if len(c.size) == 2:
         descriptors = [
             f"SC_CUDNN_CHECK(cudnnCreateTensorDescriptor(&{m}dnn_x{i}));",
-            f"SC_CUDNN_CHECK(cudnnSetTensor4dDescriptor({m}dnn_x{i}, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, "
+            f"SC_CUDNN_CHECK(cudnnSetTensor4dDescriptor({m}dnn_x{i}, {layout}, CUDNN_DATA_FLOAT, "
             f"{', '.join(map(str, x_dims))}));",
             f"SC_CUDNN_CHECK(cudnnCreateTensorDescriptor(&{m}dnn_y{i}));",
-            f"SC_CUDNN_CHECK(cudnnSetTensor4dDescriptor({m}dnn_y{i}, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, "
+            f"SC_CUDNN_CHECK(cudnnSetTensor4dDescriptor({m}dnn_y{i}, {layout}, CUDNN_DATA_FLOAT, "
             f"{', '.join(map(str, y_dims))}));",
             f"SC_CUDNN_CHECK(cudnnCreateFilterDescriptor(&{m}dnn_w{i}));",
-            f"SC_CUDNN_CHECK(cudnnSetFilter4dDescriptor({m}dnn_w{i}, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, "
+            f"SC_CUDNN_CHECK(cudnnSetFilter4dDescriptor({m}dnn_w{i}, CUDNN_DATA_FLOAT, {layout}, "
             f"{', '.join(map(str, w_dims))}));",
             f"SC_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&{m}dnn_c{i}));",
             f"SC_CUDNN_CHECK(cudnnSetConvolution2dDescriptor({m}dnn_c{i}, {c.pad[0]}, {c.pad[1]}, {c.stride[0]}, "
             f"{c.stride[1]}, {c.dilation[0]}, {c.dilation[1]}, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));",
         ]
-    else:  # 3-d: Nd descriptors, fully packed NCDHW
+    else:  # 3-d: Nd descriptors, fully packed NCDHW (NDHWC when split)
         nd, sp = len(x_dims), len(c.size)
 
         def arr(v: Any) -> str:
             return "{" + ", ".join(map(str, v)) + "}"
 
+        def strides(dims: tuple[int, ...]) -> tuple[int, ...]:  # NCDHW dims, NDHWC memory when split
+            if c.split is None:
+                return contiguous_strides(dims)
+            last = contiguous_strides((dims[0], *dims[2:], dims[1]))
+            return (last[0], 1, *last[1:-1])
+
         descriptors = [
             f"SC_CUDNN_CHECK(cudnnCreateTensorDescriptor(&{m}dnn_x{i}));",
-            f"{{ const int dims[{nd}] = {arr(x_dims)}, strides[{nd}] = {arr(contiguous_strides(x_dims))};",
+            f"{{ const int dims[{nd}] = {arr(x_dims)}, strides[{nd}] = {arr(strides(x_dims))};",
             f"  SC_CUDNN_CHECK(cudnnSetTensorNdDescriptor({m}dnn_x{i}, CUDNN_DATA_FLOAT, {nd}, dims, strides)); }}",
             f"SC_CUDNN_CHECK(cudnnCreateTensorDescriptor(&{m}dnn_y{i}));",
-            f"{{ const int dims[{nd}] = {arr(y_dims)}, strides[{nd}] = {arr(contiguous_strides(y_dims))};",
+            f"{{ const int dims[{nd}] = {arr(y_dims)}, strides[{nd}] = {arr(strides(y_dims))};",
             f"  SC_CUDNN_CHECK(cudnnSetTensorNdDescriptor({m}dnn_y{i}, CUDNN_DATA_FLOAT, {nd}, dims, strides)); }}",
             f"SC_CUDNN_CHECK(cudnnCreateFilterDescriptor(&{m}dnn_w{i}));",
             f"{{ const int dims[{nd}] = {arr(w_dims)};",
-            f"  SC_CUDNN_CHECK(cudnnSetFilterNdDescriptor({m}dnn_w{i}, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, {nd}, "
+            f"  SC_CUDNN_CHECK(cudnnSetFilterNdDescriptor({m}dnn_w{i}, CUDNN_DATA_FLOAT, {layout}, {nd}, "
             "dims)); }",
             f"SC_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&{m}dnn_c{i}));",
             f"{{ const int pad[{sp}] = {arr(c.pad)}, stride[{sp}] = {arr(c.stride)}, dilation[{sp}] = "
@@ -337,15 +352,19 @@ def conv_launch(c: Conv) -> str:
         return (f"{{\n{cutlass_conv_args(c)}\nsc_cutlass_check(sc_cutlass_conv({c.slot})(&ca, stream), "
                 f"\"{c.cutlass.describe}\");\n}}")
     i = c.index
-    x, out = f"a.{c.x}", f"a.{c.out}"
+    x, weight, out = f"a.{c.x}", f"a.{c.weight}", f"a.{c.out}"
+    if c.split is not None:  # the halves in scratch, one TF32 call over three times the channels, back to NCHW
+        x, weight, out = f"a.{c.split.x3}", f"a.{c.split.w3}", f"a.{c.split.y}"
     if c.chunks > 1:  # one call per batch slice
         x += f" + b * {numel((c.n // c.chunks, c.c, *c.size))}LL"
         out += f" + b * {numel((c.n // c.chunks, c.k, *c.out_size))}LL"
     if c.transposed:  # dx = conv^T(dy): dy is our input, dx our output
-        call = (f"SC_CUDNN_CHECK(cudnnConvolutionBackwardData(P.dnn, &kOne, P.dnn_w{i}, a.{c.weight}, P.dnn_x{i}, "
+        call = (f"SC_CUDNN_CHECK(cudnnConvolutionBackwardData(P.dnn, &kOne, P.dnn_w{i}, {weight}, P.dnn_x{i}, "
                 f"{x}, P.dnn_c{i}, P.dnn_algo{i}, P.dnn_workspace_ptr, P.dnn_bytes{i}, &kZero, P.dnn_y{i}, "
                 f"{out}));")
     else:
-        call = (f"SC_CUDNN_CHECK(cudnnConvolutionForward(P.dnn, &kOne, P.dnn_x{i}, {x}, P.dnn_w{i}, a.{c.weight}, "
+        call = (f"SC_CUDNN_CHECK(cudnnConvolutionForward(P.dnn, &kOne, P.dnn_x{i}, {x}, P.dnn_w{i}, {weight}, "
                 f"P.dnn_c{i}, P.dnn_algo{i}, P.dnn_workspace_ptr, P.dnn_bytes{i}, &kZero, P.dnn_y{i}, {out}));")
+    if c.split is not None:
+        return "\n".join([*c.split.split_launches(), call, c.split.to_nchw(c.out)])
     return call if c.chunks == 1 else f"for (long long b = 0; b < {c.chunks}; ++b) {{\n  {call}\n}}"

@@ -111,17 +111,25 @@ def assign_split(low: Lowering, gemm: Gemm) -> None:
     scratch buffers every split GEMM of the program shares (its launches run in order on one
     stream, each split read by its GEMMs before the next is written), sized for the largest, and
     two cuBLASLt GEMMs on TF32 tensor cores."""
-    plan = plan_split(gemm, "x_split_a", "x_split_b")
+    plan = plan_split(gemm, *SPLIT_SCRATCH[:2])
     for operand in (plan.a, plan.b):
-        at = next((i for i, (ident, _) in enumerate(low.intermediates) if ident == operand.dst), None)
-        if at is None:
-            low.intermediates.append((operand.dst, [operand.scratch]))
-        else:
-            low.intermediates[at] = (operand.dst, [max(low.intermediates[at][1][0], operand.scratch)])
+        reserve_scratch(low, operand.dst, operand.scratch)
     for part in (plan.cross, plan.main):
         part.lt, part.fast_tf32 = len(low.lt_gemms), True
         low.lt_gemms.append(part)
     gemm.split = plan
+
+
+SPLIT_SCRATCH = ("x_split_a", "x_split_b", "x_split_c")
+
+
+def reserve_scratch(low: Lowering, ident: str, floats: int) -> None:
+    """A scratch buffer of at least ``floats`` that every split of the program shares."""
+    at = next((i for i, (name, _) in enumerate(low.intermediates) if name == ident), None)
+    if at is None:
+        low.intermediates.append((ident, [floats]))
+    else:
+        low.intermediates[at] = (ident, [max(low.intermediates[at][1][0], floats)])
 
 
 def activation_of(node: Node) -> str | None:

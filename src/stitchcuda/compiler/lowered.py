@@ -104,6 +104,7 @@ class Conv:
     cutlass: Any = None  # its CutlassConv configuration, when it runs through CUTLASS (not cuDNN)
     slot: int = -1  # the launcher's slot; the workspace function's is the next one
     bias: str = ""  # the bias CUTLASS's path adds (+ offset)
+    split: Any = None  # its ConvSplit, when it runs as 3xTF32 by split channels on cuDNN TF32 (split_tf32.py)
 
     # the 2-d names of the last two spatial dims: input H x W, output P x Q, filter R x S
     @property

@@ -70,7 +70,8 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     digest = hashlib.sha256((graph.model_dump_json() + options.model_dump_json()).encode()).hexdigest()[:12]
     prefix = f"sc{digest}"
     emitter = Emitter(low, options, prefix)
-    kernels, launches = ([SPLIT_KERNEL] if any(g.fast_tf32 for g in low.lt_gemms) else []), []
+    split = any(g.fast_tf32 for g in low.lt_gemms) or any(c.split is not None for c in low.convs)
+    kernels, launches = ([SPLIT_KERNEL] if split else []), []
     emitted_family: set[str] = set()
     for lg in low.groups:
         head = f"// group {lg.group.id} ({lg.group.kind}): {lg.describe}"
@@ -107,7 +108,8 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         lt=bool(low.lt_gemms), lt_members=[m for g in low.lt_gemms for m in lt_members(g)],
         lt_setup=[line for g in low.lt_gemms for line in lt_setup(
             g, "CUBLAS_COMPUTE_32F_FAST_TF32" if options.tf32 else "CUBLAS_COMPUTE_32F")],
-        dnn_setup=[line for c in low.convs for line in conv_setup(c, dnn_math)],
+        dnn_setup=[line for c in low.convs for line in conv_setup(
+            c, "CUDNN_TENSOR_OP_MATH" if c.split is not None else dnn_math)],
         launches=launches, args=inputs, intermediates=low.intermediates, outputs=low.outputs,
         entry_mark=ENTRY_MARK, prelude=emitter.env.get_template("prelude.cu.j2").render(),
         cutlass=bool(low.cutlass), cutlass_slots=low.cutlass_slot_count, cutlass_abi=GEMM_ABI + CONV_ABI,

@@ -5,18 +5,25 @@ Each operand x is split into two exactly representable TF32 values, ``big = tf32
 which misses only ``A_small.B_small`` (about 2^-22 relative). One kernel writes both halves of an
 operand next to each other along K (cuBLAS's TF32 path rounds fp32 operands to nearest, so the
 halves must be exact TF32 themselves), so the two cross products are ONE TF32 GEMM of depth 2K,
-``[A_small | A_big] . [B_big ; B_small]``, and the big product a second one that adds it as C
+``[A_big | A_small] . [B_small ; B_big]``, and the big product a second one that adds it as C
 (beta = 1) and applies the bias and activation in cuBLASLt's epilogue. The small terms are summed
 in their own accumulator first: adding them into the big ones inside one GEMM loses bits in
 Hopper's tensor-core accumulation (measured on an H100, 2026-11: max error relative to the
 largest output 3e-5 against 8e-5, fp32 SGEMM 4e-6, plain TF32 3e-4 at 4096^3; 2.6x SGEMM's speed).
 
 CUTLASS's own 3xTF32 (:mod:`cutlass_gemm`) runs on the older mma.sync path at about 1.4x SGEMM
-with SGEMM's accuracy; the variant search measures both and the tolerance decides."""
+with SGEMM's accuracy; the variant search measures both and the tolerance decides.
+
+Convolutions split along their reduction's channels in the same way, in one cuDNN TF32 call over
+three times the input channels: ``[x_big | x_small | x_big] * [w_big | w_big | w_small]``
+(:func:`plan_conv_split`). A convolution's reduction (channels x filter taps, at most a few
+thousand deep) is far shallower than a GEMM's, so the three products share one accumulator."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from stitchcuda.compiler.lowered import Gemm
 
@@ -71,6 +78,75 @@ __global__ void sc_split_tf32_t(const float* __restrict__ src, float* __restrict
     }
   }
 }
+
+// A convolution's input [n, C, HW] as channels-last halves [n, HW, 3C] through a 32x32 tile (reads
+// and writes coalesced): input channel g*cg + c goes to channels g*3cg + j*cg + c, j = 0, 1, 2, copy j
+// its small half where bit j of small_at is set.
+__global__ void sc_split3_nhwc(const float* __restrict__ src, float* __restrict__ dst, int channels, int cg,
+                               long long hw, int small_at) {
+  __shared__ float tile[32][33];
+  const float* s = src + (long long)blockIdx.z * channels * hw;
+  float* d = dst + (long long)blockIdx.z * 3 * channels * hw;
+  const int c0 = blockIdx.y * 32;
+  const long long p0 = blockIdx.x * 32LL;
+  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+    const int c = c0 + j;
+    const long long p = p0 + threadIdx.x;
+    if (c < channels && p < hw) tile[j][threadIdx.x] = s[c * hw + p];
+  }
+  __syncthreads();
+  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+    const int c = c0 + threadIdx.x;
+    const long long p = p0 + j;
+    if (c < channels && p < hw) {
+      const float x = tile[threadIdx.x][j];
+      const float big = sc_tf32_round(x);
+      const float small = isfinite(x) ? sc_tf32_round(x - big) : 0.0f;
+      float* o = d + p * 3 * channels + (c / cg) * 3 * cg + c % cg;
+      o[0] = (small_at & 1) ? small : big;
+      o[cg] = (small_at & 2) ? small : big;
+      o[2 * cg] = (small_at & 4) ? small : big;
+    }
+  }
+}
+
+// A convolution's weight as its channels-last halves: element (i0, i1, i2, i3) of the contiguous
+// [d0, d1, d2, d3] source goes to sum(i_k * t_k) + j * tj for its three copies j.
+__global__ void sc_split3_weight(const float* __restrict__ src, float* __restrict__ dst, long long d1,
+                                 long long d2, long long d3, long long t0, long long t1, long long t2,
+                                 long long t3, long long tj, long long total, int small_at) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    const long long i3 = i % d3, i2 = (i / d3) % d2, i1 = (i / (d3 * d2)) % d1, i0 = i / (d3 * d2 * d1);
+    const float x = src[i];
+    const float big = sc_tf32_round(x);
+    const float small = isfinite(x) ? sc_tf32_round(x - big) : 0.0f;
+    float* o = dst + i0 * t0 + i1 * t1 + i2 * t2 + i3 * t3;
+    o[0] = (small_at & 1) ? small : big;
+    o[tj] = (small_at & 2) ? small : big;
+    o[2 * tj] = (small_at & 4) ? small : big;
+  }
+}
+
+// cuDNN's channels-last output [n, HW, K] back to the program's [n, K, HW], through a 32x32 tile.
+__global__ void sc_nhwc_to_nchw(const float* __restrict__ src, float* __restrict__ dst, int channels, long long hw) {
+  __shared__ float tile[32][33];
+  const float* s = src + (long long)blockIdx.z * channels * hw;
+  float* d = dst + (long long)blockIdx.z * channels * hw;
+  const long long p0 = blockIdx.x * 32LL;
+  const int c0 = blockIdx.y * 32;
+  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+    const long long p = p0 + j;
+    const int c = c0 + threadIdx.x;
+    if (c < channels && p < hw) tile[j][threadIdx.x] = s[p * channels + c];
+  }
+  __syncthreads();
+  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+    const int c = c0 + j;
+    const long long p = p0 + threadIdx.x;
+    if (c < channels && p < hw) d[c * hw + p] = tile[threadIdx.x][j];
+  }
+}
 """
 
 
@@ -81,7 +157,7 @@ class SplitOperand:
     The halves are always written in the layout cuBLAS's TF32 kernels run fastest on (measured on
     an H100: row-major A and row-major B, as torch's plain ``a @ b``; a transposed A or a linear's
     [N, K] weight as B cost up to 1.8x on the same GEMM), transposing where the source is stored
-    the other way: A as [M, 2K] = [A_small | A_big], B as [2K, N] = [B_big ; B_small]."""
+    the other way: A as [M, 2K] = [A_big | A_small], B as [2K, N] = [B_small ; B_big] (rows padded to 16 bytes)."""
 
     src: str  # buffer identifier (+ offset)
     dst: str  # the scratch buffer both halves go to
@@ -121,7 +197,7 @@ class SplitOperand:
 class SplitPlan:
     a: SplitOperand
     b: SplitOperand
-    cross: Gemm  # [A_small | A_big] . [B_big ; B_small], depth 2K, into the output
+    cross: Gemm  # [A_big | A_small] . [B_small ; B_big], depth 2K, into the output
     main: Gemm  # A_big . B_big + the output (C), with the epilogue
 
 
@@ -142,18 +218,116 @@ def worth_splitting(g: Gemm) -> bool:
 def plan_split(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
     """The split of ``g`` (batch strided, no outer loop) into its two cuBLASLt GEMMs."""
     m, n, k = g.m, g.n, g.k
+    # Rows padded to 16 bytes and the big halves first (A_big at column 0, B_big at an aligned
+    # row): every pointer and leading dimension the two GEMMs see is 16-byte aligned, which
+    # cuBLASLt's fast TF32 kernels ask for, whatever K and N are (8205 x 2949 x 5921 on an H100).
+    lda, ldb = _aligned(2 * k), _aligned(n)
     a = SplitOperand(g.a, scratch_a, *((k, m) if g.a_trans else (m, k)), batch=g.batch if g.stride_a else 1,
                      s_batch=g.stride_a, s_row=g.ld_a or (m if g.a_trans else k), transpose=g.a_trans,
-                     d_row=2 * k, off_big=k, off_small=0, size=2 * m * k)
+                     d_row=lda, off_big=0, off_small=k, size=m * lda)
     b = SplitOperand(g.b, scratch_b, *((n, k) if g.b_trans else (k, n)), batch=g.batch if g.stride_b else 1,
                      s_batch=g.stride_b, s_row=g.ld_b or (k if g.b_trans else n), transpose=g.b_trans,
-                     d_row=n, off_big=0, off_small=k * n, size=2 * k * n)
-    dense = {"a_trans": False, "b_trans": False, "ld_a": 2 * k, "ld_b": n, "stride_a": a.d_batch,
+                     d_row=ldb, off_big=k * ldb, off_small=0, size=2 * k * ldb)
+    dense = {"a_trans": False, "b_trans": False, "ld_a": lda, "ld_b": ldb, "stride_a": a.d_batch,
              "stride_b": b.d_batch}
+    # [A_big | A_small] . [B_small ; B_big] = A_big.B_small + A_small.B_big
     cross = replace(g, k=2 * k, a=a.dst, b=b.dst, epilogue="", bias="", **dense)
     main = replace(g, a=_at(a.dst, a.off_big), b=_at(b.dst, b.off_big), **dense)
     return SplitPlan(a, b, cross, main)
 
 
+def _aligned(floats: int) -> int:
+    return -(-floats // 4) * 4
+
+
 def _at(buf: str, offset: int) -> str:
     return buf + (f" + {offset}" if offset else "")
+
+
+@dataclass(frozen=True)
+class ConvSplit:
+    """A convolution as 3xTF32 by split channels, all channels-last (cuDNN's TF32 kernels run on
+    NHWC; on NCHW they transform through a workspace larger than the program's limit): the input
+    as [n, HW, 3C] = [x_big | x_small | x_big] per group, the weight as [w_big | w_big | w_small] in
+    cuDNN's NHWC filter layout, the output [n, PQ, K] in scratch, transposed back into ``out``."""
+
+    x: str  # the input (for a transposed convolution, the gradient it runs backward-data on)
+    weight: str
+    x3: str  # scratch: the input's halves
+    w3: str  # scratch: the weight's halves
+    y: str  # scratch: cuDNN's channels-last output
+    n: int
+    c: int  # input channels (the reduction's, all groups)
+    cg: int  # per group
+    hw: int  # input positions
+    k: int  # output channels
+    pq: int  # output positions
+    w_dims: tuple[int, int, int, int]  # the weight as a contiguous [d0, d1, d2, d3]
+    w_strides: tuple[int, int, int, int, int]  # where each source index, and the copy j, go in w3
+
+    @property
+    def x_scratch(self) -> int:
+        return 3 * self.n * self.c * self.hw
+
+    @property
+    def w_scratch(self) -> int:
+        return 3 * math.prod(self.w_dims)
+
+    @property
+    def y_scratch(self) -> int:
+        return self.n * self.k * self.pq
+
+    def split_launches(self) -> list[str]:
+        grid = f"dim3({(self.hw + 31) // 32}, {(self.c + 31) // 32}, {self.n})"
+        total = math.prod(self.w_dims)
+        d, t = self.w_dims, self.w_strides
+        return [f"sc_split3_nhwc<<<{grid}, dim3(32, 8), 0, stream>>>(a.{self.x}, a.{self.x3}, {self.c}, {self.cg}, "
+                f"{self.hw}LL, 0b010);",
+                f"sc_split3_weight<<<{min((total + 255) // 256, 1 << 20)}, 256, 0, stream>>>(a.{self.weight}, "
+                f"a.{self.w3}, {d[1]}LL, {d[2]}LL, {d[3]}LL, {t[0]}LL, {t[1]}LL, {t[2]}LL, {t[3]}LL, {t[4]}LL, "
+                f"{total}LL, 0b100);"]
+
+    def to_nchw(self, out: str) -> str:
+        grid = f"dim3({(self.pq + 31) // 32}, {(self.k + 31) // 32}, {self.n})"
+        return f"sc_nhwc_to_nchw<<<{grid}, dim3(32, 8), 0, stream>>>(a.{self.y}, a.{out}, {self.k}, {self.pq}LL);"
+
+
+# Whether a convolution's split pays, by a model fitted on an H100 (2026-11): cuDNN's fp32 kernels
+# run forward convolutions at about 50 TFLOP/s and transposed ones (backward-data) at about 12; its
+# TF32 ones at about 300, three products of them per convolution; the split moves its input 7
+# times (read, three copies written and read) and its output 3 (cuDNN's channels-last write, the
+# transpose's read and write) at about 2.5 TB/s. Measured: 7x on a diffusion block's 3x3
+# convolutions, 2.1x on a stride-2 transposed one, even on 1 -> 128 channel-heavy outputs (L1/63),
+# slower on 64-channel 3x3 (conv_residual_block) and 1x1 convolutions of large images.
+FP32_FLOPS, FP32_TRANSPOSED_FLOPS, TF32_FLOPS, BYTES_PER_S = 50e12, 12e12, 300e12, 2.5e12
+MIN_CONV_CHANNELS = 16  # per group: depthwise and 3-channel stems stay fp32 (measured 1.3-3x slower split)
+
+
+def worth_splitting_conv(c: Any) -> bool:
+    """Whether the convolution ``c`` (a :class:`lowered.Conv`) pays for its channel split, and
+    fits cuDNN's int-counted descriptors and the kernels' grids with three times its channels."""
+    per_group = c.c // c.groups
+    depth = per_group * math.prod(c.kernel)
+    spatial = math.prod(c.size if c.transposed else c.out_size)
+    flops = 2 * c.n * spatial * depth * (c.k // c.groups if c.transposed else c.k)
+    x, y = c.n * c.c * math.prod(c.size), c.n * c.k * math.prod(c.out_size)
+    fp32 = flops / (FP32_TRANSPOSED_FLOPS if c.transposed else FP32_FLOPS)
+    split = 3 * flops / TF32_FLOPS + 4 * (7 * x + 3 * y) / BYTES_PER_S
+    fits = 3 * max(x // c.n, c.k * depth) <= 2 ** 31 - 1 and c.n <= 65535 and c.c <= 32 * 65535
+    return c.chunks == 1 and per_group >= MIN_CONV_CHANNELS and fits and split < fp32
+
+
+def plan_conv_split(c: Any, scratch_x: str, scratch_w: str, scratch_y: str) -> ConvSplit:
+    """The channel split of ``c`` (a :class:`lowered.Conv`): its input (for a transposed one, the
+    gradient it runs backward-data on) and weight, channels-last; cuDNN then runs it with
+    ``3 * c.c`` input channels on TF32 tensor cores."""
+    g, cg, taps = c.groups, c.c // c.groups, math.prod(c.kernel)
+    if c.transposed:  # weight [c_in, c_out/g, *taps] as [g, cg, kg, taps]; NHWC filter [3 c_in, *taps, kg]
+        kg = c.k // g
+        dims = (g, cg, kg, taps)
+        strides = (3 * cg * taps * kg, taps * kg, 1, kg, cg * taps * kg)
+    else:  # weight [c_out, cg, *taps] as [1, c_out, cg, taps]; NHWC filter [c_out, *taps, 3 cg]
+        dims = (1, c.k, cg, taps)
+        strides = (0, taps * 3 * cg, 1, 3 * cg, cg)
+    return ConvSplit(c.x, c.weight, scratch_x, scratch_w, scratch_y, n=c.n, c=c.c, cg=cg, hw=math.prod(c.size),
+                     k=c.k, pq=math.prod(c.out_size), w_dims=dims, w_strides=strides)
