@@ -70,6 +70,26 @@ def test_verdict_from_its_own_process_with_kernelbench_defaults(tmp_path):
     assert _judge(checkout, tmp_path, candidate=CANDIDATE + "\n# WRONG\n", our_correct=False).agrees is True
 
 
+def test_an_incorrect_is_asked_again_against_a_true_fp32_reference(tmp_path):
+    """KernelBench's reference runs cuDNN convolutions in TF32 (torch's default): its "incorrect"
+    is asked again with TF32 off, and both answers are kept; ours still decides."""
+    before = ("import torch\n    if 'TF32REF' in custom_model_src and torch.backends.cudnn.allow_tf32:\n"
+              "        return KernelExecResult(True, False, -1.0, {'max_difference': '0.000555'})")
+    checkout = fake_checkout(tmp_path / "kb", before=before)
+    opinion = _judge(checkout, tmp_path, candidate=CANDIDATE + "\n# TF32REF\n")
+    assert opinion.correct is False and opinion.correct_true_fp32 is True and opinion.agrees is False
+    assert "0.000555" in opinion.detail
+    wrong = _judge(checkout, tmp_path, candidate=CANDIDATE + "\n# WRONG\n")
+    assert wrong.correct is False and wrong.correct_true_fp32 is False
+    assert _judge(checkout, tmp_path).correct_true_fp32 is None  # correct: not asked again
+
+    from stitchcuda.console import second_opinion_view
+    from stitchcuda.verify.verdict import Verdict
+
+    lines = [t.plain for t in second_opinion_view(Verdict.model_construct(correct=True, second_opinion=opinion))]
+    assert any("against a true-fp32 reference" in t and t.endswith("correct") for t in lines)
+
+
 def test_llm_client_imports_get_stand_ins(tmp_path):
     # KernelBench's utilities import litellm, dotenv and openai at the top; evaluating needs none
     top = "import litellm\nfrom dotenv import load_dotenv\nload_dotenv()\nfrom openai import OpenAI\nimport requests"

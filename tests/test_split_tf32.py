@@ -11,7 +11,7 @@ import pytest
 from stitchcuda.compiler.check import cuda_source
 from stitchcuda.compiler.codegen import CodegenOptions, generate
 from stitchcuda.compiler.lowered import Conv, Gemm
-from stitchcuda.compiler.split_tf32 import plan_conv_split, plan_split, worth_splitting_conv
+from stitchcuda.compiler.split_tf32 import plan_conv_split, plan_split, worth_splitting, worth_splitting_conv
 from stitchcuda.verify.precision import X3TF32, arithmetic_of
 from tests.test_cutlass_programs import _gemms
 from tests.test_cutlass_programs import _lowered as lowered
@@ -45,21 +45,21 @@ def test_the_halves_are_exact_tf32_and_the_product_misses_only_small_small():
 def test_operand_layouts_for_the_cross_and_big_gemms():
     # linear: A [M, K] row-major as is; B = W^T stored as W [N, K]: transposed into [2K, N], the
     # layout cuBLAS's TF32 kernels run fastest on
-    g = Gemm(1, 8, 16, 32, "x", "w", a_trans=False, b_trans=True, out="o")
+    g = Gemm(1, 8, 16, 300, "x", "w", a_trans=False, b_trans=True, out="o")
     plan = plan_split(g, "xa", "xb")
-    assert (plan.a.transpose, plan.a.d_row, plan.a.off_big, plan.a.off_small) == (False, 64, 0, 32)
+    assert (plan.a.transpose, plan.a.d_row, plan.a.off_big, plan.a.off_small) == (False, 600, 0, 300)
     assert (plan.b.transpose, plan.b.rows, plan.b.cols, plan.b.d_row, plan.b.off_small, plan.b.off_big) == (
-        True, 16, 32, 16, 0, 512)
+        True, 16, 300, 16, 0, 4800)
     for part in (plan.cross, plan.main):
-        assert (part.a_trans, part.b_trans, part.ld_a, part.ld_b) == (False, False, 64, 16)
-    assert (plan.cross.k, plan.cross.a, plan.cross.b) == (64, "xa", "xb")
-    assert (plan.main.k, plan.main.a, plan.main.b) == (32, "xa", "xb + 512")
-    assert "sc_split_tf32_t<<<dim3(1, 1, 1), dim3(32, 8)" in plan.b.launch()
+        assert (part.a_trans, part.b_trans, part.ld_a, part.ld_b) == (False, False, 600, 16)
+    assert (plan.cross.k, plan.cross.a, plan.cross.b) == (600, "xa", "xb")
+    assert (plan.main.k, plan.main.a, plan.main.b) == (300, "xa", "xb + 4800")
+    assert "sc_split_tf32_t<<<dim3(10, 1, 1), dim3(32, 8)" in plan.b.launch()
     # bmm with B [K, N] row-major: no transpose; a shared operand splits once
-    g = Gemm(4, 8, 16, 32, "x", "y", a_trans=False, b_trans=False, out="o", stride_a=256, stride_b=0, stride_c=128)
+    g = Gemm(4, 8, 16, 300, "x", "y", a_trans=False, b_trans=False, out="o", stride_a=2400, stride_b=0, stride_c=128)
     plan = plan_split(g, "xa", "xb")
-    assert (plan.b.transpose, plan.b.off_big, plan.b.d_row, plan.b.batch, plan.b.d_batch) == (False, 512, 16, 1, 0)
-    assert (plan.a.batch, plan.a.d_batch, plan.cross.stride_a, plan.main.stride_b) == (4, 512, 512, 0)
+    assert (plan.b.transpose, plan.b.off_big, plan.b.d_row, plan.b.batch, plan.b.d_batch) == (False, 4800, 16, 1, 0)
+    assert (plan.a.batch, plan.a.d_batch, plan.cross.stride_a, plan.main.stride_b) == (4, 4800, 4800, 0)
 
 
 def _place(op, src: np.ndarray) -> np.ndarray:
@@ -73,6 +73,8 @@ def _place(op, src: np.ndarray) -> np.ndarray:
                 small = _tf32(np.float32(x - big))
                 o = b * op.d_batch + (c * op.d_row + r if op.transpose else r * op.d_row + c)
                 dst[o + op.off_big], dst[o + op.off_small] = big, small
+                if op.off_big2 >= 0:
+                    dst[o + op.off_big2] = big
     return dst
 
 
@@ -86,7 +88,7 @@ def test_rows_are_padded_so_every_pointer_and_leading_dimension_is_16_byte_align
 
 
 @pytest.mark.parametrize("a_trans,b_trans", [(False, False), (False, True), (True, False), (True, True)])
-@pytest.mark.parametrize("m,n,k", [(5, 7, 6), (3, 5, 7)])
+@pytest.mark.parametrize("m,n,k", [(5, 7, 6), (3, 5, 7), (4, 6, 300)])
 def test_the_two_gemms_on_the_halves_give_the_product(a_trans, b_trans, m, n, k):
     """Emulate the kernels and both GEMMs on their strided views: A.B to 3xTF32 accuracy."""
     rng = np.random.default_rng(1)
@@ -100,10 +102,21 @@ def test_the_two_gemms_on_the_halves_give_the_product(a_trans, b_trans, m, n, k)
         off = int(at.split(" + ")[1]) if " + " in at else 0
         return np.lib.stride_tricks.as_strided(buf[off:], (rows, cols), (ld * 4, 4)).astype(np.float64)
 
-    c = view(xa, plan.cross.a, m, 2 * k, plan.cross.ld_a) @ view(xb, plan.cross.b, 2 * k, n, plan.cross.ld_b)
-    c += view(xa, plan.main.a, m, k, plan.main.ld_a) @ view(xb, plan.main.b, k, n, plan.main.ld_b)
+    c = view(xa, plan.main.a, m, plan.main.k, plan.main.ld_a) @ view(xb, plan.main.b, plan.main.k, n, plan.main.ld_b)
+    if plan.cross is not None:
+        c += view(xa, plan.cross.a, m, 2 * k, plan.cross.ld_a) @ view(xb, plan.cross.b, 2 * k, n, plan.cross.ld_b)
     ref = A.astype(np.float64) @ B
     assert np.abs(c - ref).max() / np.abs(ref).max() < 1e-6
+
+
+def test_a_shallow_product_splits_into_one_gemm_of_depth_3k():
+    """K = 64 (L1/7: a 32768 x 32768 output): a second GEMM would read and write the output again."""
+    plan = plan_split(Gemm(1, 32768, 32768, 64, "a", "b", a_trans=False, b_trans=False, out="c"), "xa", "xb")
+    assert plan.cross is None and plan.main.k == 192 and (plan.main.ld_a, plan.main.ld_b) == (192, 32768)
+    assert (plan.a.off_big, plan.a.off_small, plan.a.off_big2) == (0, 64, 128)
+    assert (plan.b.off_big, plan.b.off_big2, plan.b.off_small) == (0, 64 * 32768, 128 * 32768)
+    assert worth_splitting(Gemm(1, 32768, 32768, 32, "a", "b", False, False, out="c"))
+    assert not worth_splitting(Gemm(1, 32768, 512, 13, "a", "b", False, False, out="c"))  # too shallow
 
 
 def test_mlp_runs_split_with_bias_and_activation_in_the_epilogue():
@@ -131,11 +144,12 @@ def test_products_split_where_one_strided_call_does():
     assert low.uses_blas and sum(g.split is not None for g in gemms) == 4
     plan = plan_split(Gemm(12, 512, 512, 64, "q", "k", False, True, out="s", stride_a=32768, stride_b=32768,
                            stride_c=262144), "xa", "xb")
-    assert (plan.cross.batch, plan.cross.stride_a, plan.cross.stride_b) == (12, 65536, 65536)
+    assert plan.cross is None  # head dim 64: one GEMM of depth 192, batch-strided
+    assert (plan.main.batch, plan.main.k, plan.main.stride_a, plan.main.stride_b) == (12, 192, 98304, 98304)
 
 
 def test_small_products_stay_on_cublas_in_the_split_variant():
-    """Where the split cannot pay (a side under 128, under 2^28 multiply-adds) the variant keeps SGEMM."""
+    """Where the split cannot pay (M or N under 128, K under 16, under 2^28 multiply-adds) the variant keeps SGEMM."""
     _, _, gru = _lowered("gru_decoder")
     assert all(g.split is None for g in _gemms(gru))  # 32 x 512 x 8000 per step
     _, _, emb = _lowered("embedding_mlp")

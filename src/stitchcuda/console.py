@@ -126,6 +126,10 @@ def second_opinion_view(v: Verdict) -> list[Text]:
         why = "did not compile" if not o.compiled else (o.detail or "outputs differ")
         line = Text(f"KernelBench harness: INCORRECT ({why[:300]})", style="red")
     parts = [line]
+    if o.correct_true_fp32 is not None:
+        parts.append(Text("  against a true-fp32 reference (its own runs cuDNN convolutions in TF32): "
+                          + ("correct" if o.correct_true_fp32 else "incorrect too"),
+                          style="yellow" if o.correct_true_fp32 else "red"))
     if o.agrees is False:
         ours, theirs = ("pass", "fails") if v.correct else ("fail", "passes")
         parts.append(Text(f"DISAGREES: we {ours}, KernelBench {theirs} (correctness)", style="bold red"))
@@ -361,7 +365,7 @@ def _opinion_cell(o) -> Text:
         return Text("-")
     if o.error is not None:
         return Text("error", style="yellow")
-    text = "correct" if o.correct else "INCORRECT"
+    text = "correct" if o.correct else "INCORRECT" + (" (fp32 ref: correct)" if o.correct_true_fp32 else "")
     return Text(text + (" DISAGREES" if o.agrees is False else ""),
                 style="bold red" if o.agrees is False else "green" if o.correct else "red")
 

@@ -257,6 +257,8 @@ def _opinion_cell(task: TaskResult) -> str:
     if o.error is not None:
         return f"not judged: {o.error[:MAX_ERROR_CHARS]}"
     text = "correct" if o.correct else "INCORRECT" if o.compiled else "INCORRECT (did not compile)"
+    if o.correct_true_fp32:
+        text += " (correct against a true-fp32 reference: its own runs cuDNN in TF32)"
     return text + (" – DISAGREES" if o.agrees is False else "")
 
 

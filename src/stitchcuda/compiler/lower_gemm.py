@@ -115,8 +115,9 @@ def assign_split(low: Lowering, gemm: Gemm) -> None:
     for operand in (plan.a, plan.b):
         reserve_scratch(low, operand.dst, operand.scratch)
     for part in (plan.cross, plan.main):
-        part.lt, part.fast_tf32 = len(low.lt_gemms), True
-        low.lt_gemms.append(part)
+        if part is not None:
+            part.lt, part.fast_tf32 = len(low.lt_gemms), True
+            low.lt_gemms.append(part)
     gemm.split = plan
 
 
@@ -403,6 +404,8 @@ def split_launch(g: Gemm) -> str:
     """3xTF32 by split operands: both operands' TF32 halves, the cross products, then the big one
     on top of them (C = the output) with the epilogue."""
     plan = g.split
+    if plan.cross is None:  # a shallow product: all three products in one GEMM
+        return "\n".join(["{", plan.a.launch(), plan.b.launch(), lt_launch(plan.main), "}"])
     return "\n".join(["{", plan.a.launch(), plan.b.launch(), lt_launch(plan.cross), lt_launch(plan.main, True), "}"])
 
 

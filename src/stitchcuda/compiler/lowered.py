@@ -39,7 +39,9 @@ class CodegenOptions(BaseModel):
     split_tf32: bool = Field(False, description="GEMMs as 3xTF32 by split operands on cuBLASLt's TF32 tensor cores "
                                                 "(wgmma on Hopper): about 2.5x fp32 SGEMM's speed, error about 1e-5 "
                                                 "of the largest output (Hopper's accumulation), so the tolerance "
-                                                "decides; bias and ReLU / tanh-GELU in cuBLASLt's epilogue")
+                                                "decides; bias and ReLU / tanh-GELU in cuBLASLt's epilogue; "
+                                                "convolutions by split channels, channels-last, on cuDNN's TF32 "
+                                                "kernels where a cost model says it pays")
     vector_width: int = Field(4, description="elements per thread in pointwise kernels: 1 or 4 (float4)")
     block: int = Field(256, description="threads per block (a multiple of 32, at most 1024)")
 

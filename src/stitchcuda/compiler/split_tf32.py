@@ -39,7 +39,8 @@ __device__ __forceinline__ float sc_tf32_round(float x) {
 // only small.small is lost. Element (b, r, c) of the stored matrix goes to b*d_batch + r*d_row + c.
 __global__ void sc_split_tf32(const float* __restrict__ src, float* __restrict__ dst, long long rows,
                               long long cols, long long total, long long s_batch, long long s_row,
-                              long long d_batch, long long d_row, long long off_big, long long off_small) {
+                              long long d_batch, long long d_row, long long off_big, long long off_small,
+                              long long off_big2) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
        i += (long long)gridDim.x * blockDim.x) {
     const long long c = i % cols, r = (i / cols) % rows, b = i / (cols * rows);
@@ -49,6 +50,7 @@ __global__ void sc_split_tf32(const float* __restrict__ src, float* __restrict__
     const long long d = b * d_batch + r * d_row + c;
     dst[d + off_big] = big;
     dst[d + off_small] = small;
+    if (off_big2 >= 0) dst[d + off_big2] = big;
   }
 }
 
@@ -56,7 +58,7 @@ __global__ void sc_split_tf32(const float* __restrict__ src, float* __restrict__
 // both reads and writes coalesced.
 __global__ void sc_split_tf32_t(const float* __restrict__ src, float* __restrict__ dst, int rows, int cols,
                                 long long s_batch, long long s_row, long long d_batch, long long d_row,
-                                long long off_big, long long off_small) {
+                                long long off_big, long long off_small, long long off_big2) {
   __shared__ float tile[32][33];
   const float* s = src + blockIdx.z * s_batch;
   float* d = dst + blockIdx.z * d_batch;
@@ -75,6 +77,7 @@ __global__ void sc_split_tf32_t(const float* __restrict__ src, float* __restrict
       const long long o = (long long)c * d_row + r;
       d[o + off_big] = big;
       d[o + off_small] = small;
+      if (off_big2 >= 0) d[o + off_big2] = big;
     }
   }
 }
@@ -170,7 +173,8 @@ class SplitOperand:
     d_row: int  # the scratch's row stride
     off_big: int
     off_small: int
-    size: int  # floats per matrix in the scratch (both halves)
+    size: int  # floats per matrix in the scratch (all its copies)
+    off_big2: int = -1  # a second copy of the big half (the one-GEMM split of a shallow product), -1: none
 
     @property
     def d_batch(self) -> int:
@@ -185,20 +189,20 @@ class SplitOperand:
             grid = f"dim3({(self.cols + 31) // 32}, {(self.rows + 31) // 32}, {self.batch})"
             return (f"sc_split_tf32_t<<<{grid}, dim3(32, 8), 0, stream>>>(a.{self.src}, a.{self.dst}, {self.rows}, "
                     f"{self.cols}, {self.s_batch}LL, {self.s_row}LL, {self.d_batch}LL, {self.d_row}LL, "
-                    f"{self.off_big}LL, {self.off_small}LL);")
+                    f"{self.off_big}LL, {self.off_small}LL, {self.off_big2}LL);")
         total = self.batch * self.rows * self.cols
         blocks = min((total + 255) // 256, 1 << 20)
         return (f"sc_split_tf32<<<{blocks}, 256, 0, stream>>>(a.{self.src}, a.{self.dst}, {self.rows}LL, "
                 f"{self.cols}LL, {total}LL, {self.s_batch}LL, {self.s_row}LL, {self.d_batch}LL, {self.d_row}LL, "
-                f"{self.off_big}LL, {self.off_small}LL);")
+                f"{self.off_big}LL, {self.off_small}LL, {self.off_big2}LL);")
 
 
 @dataclass(frozen=True)
 class SplitPlan:
     a: SplitOperand
     b: SplitOperand
-    cross: Gemm  # [A_big | A_small] . [B_small ; B_big], depth 2K, into the output
-    main: Gemm  # A_big . B_big + the output (C), with the epilogue
+    cross: Gemm | None  # [A_big | A_small] . [B_small ; B_big], depth 2K, into the output
+    main: Gemm  # A_big . B_big + the output (C), with the epilogue; alone: all three products, depth 3K
 
 
 # Below these the split's two extra passes and second GEMM cost more than the tensor cores save
@@ -208,16 +212,27 @@ MIN_SIDE = 128
 MIN_MACS = 1 << 28
 
 
+# Up to this depth the three products run as ONE GEMM of depth 3K, [A_big | A_small | A_big] .
+# [B_big ; B_big ; B_small]: a second GEMM would read and write the whole output again, which is
+# most of a shallow product's time (M = N = 32768, K = 64: 4.3 GB of output), and so short a
+# reduction loses nothing to Hopper's accumulation.
+ONE_GEMM_MAX_K = 256
+MIN_K = 16
+
+
 def worth_splitting(g: Gemm) -> bool:
     """Whether ``g`` is large enough, on every side, for split 3xTF32 to pay (and within the
     transposing split's grid: 65535 blocks of 32 rows, 65535 matrices)."""
-    return (g.outer == 1 and min(g.m, g.n, g.k) >= MIN_SIDE and g.batch * g.m * g.n * g.k >= MIN_MACS
+    deep_enough = g.k >= MIN_SIDE or MIN_K <= g.k <= ONE_GEMM_MAX_K
+    return (g.outer == 1 and min(g.m, g.n) >= MIN_SIDE and deep_enough and g.batch * g.m * g.n * g.k >= MIN_MACS
             and g.batch <= 65535 and max(g.m, g.n, g.k) <= 32 * 65535)
 
 
 def plan_split(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
     """The split of ``g`` (batch strided, no outer loop) into its two cuBLASLt GEMMs."""
     m, n, k = g.m, g.n, g.k
+    if k <= ONE_GEMM_MAX_K:
+        return _plan_one_gemm(g, scratch_a, scratch_b)
     # Rows padded to 16 bytes and the big halves first (A_big at column 0, B_big at an aligned
     # row): every pointer and leading dimension the two GEMMs see is 16-byte aligned, which
     # cuBLASLt's fast TF32 kernels ask for, whatever K and N are (8205 x 2949 x 5921 on an H100).
@@ -234,6 +249,22 @@ def plan_split(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
     cross = replace(g, k=2 * k, a=a.dst, b=b.dst, epilogue="", bias="", **dense)
     main = replace(g, a=_at(a.dst, a.off_big), b=_at(b.dst, b.off_big), **dense)
     return SplitPlan(a, b, cross, main)
+
+
+def _plan_one_gemm(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
+    """A shallow product's split: A as [M, 3K] = [A_big | A_small | A_big], B as [3K, N] =
+    [B_big ; B_big ; B_small], one GEMM of depth 3K with the epilogue."""
+    m, n, k = g.m, g.n, g.k
+    lda, ldb = _aligned(3 * k), _aligned(n)
+    a = SplitOperand(g.a, scratch_a, *((k, m) if g.a_trans else (m, k)), batch=g.batch if g.stride_a else 1,
+                     s_batch=g.stride_a, s_row=g.ld_a or (m if g.a_trans else k), transpose=g.a_trans,
+                     d_row=lda, off_big=0, off_small=k, size=m * lda, off_big2=2 * k)
+    b = SplitOperand(g.b, scratch_b, *((n, k) if g.b_trans else (k, n)), batch=g.batch if g.stride_b else 1,
+                     s_batch=g.stride_b, s_row=g.ld_b or (k if g.b_trans else n), transpose=g.b_trans,
+                     d_row=ldb, off_big=0, off_small=2 * k * ldb, size=3 * k * ldb, off_big2=k * ldb)
+    main = replace(g, k=3 * k, a=a.dst, b=b.dst, a_trans=False, b_trans=False, ld_a=lda, ld_b=ldb,
+                   stride_a=a.d_batch, stride_b=b.d_batch)
+    return SplitPlan(a, b, None, main)
 
 
 def _aligned(floats: int) -> int:

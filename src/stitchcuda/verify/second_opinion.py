@@ -91,7 +91,8 @@ def _judge(checkout: str, reference: str, candidate: str, cache: Path, env: dict
     if reply.verdict is None:
         return SecondOpinion(error=reply.error or "KernelBench's harness gave no verdict")
     v = reply.verdict
-    return SecondOpinion(compiled=v.compiled, correct=v.correct, runtime_ms=v.runtime_ms, detail=v.detail)
+    return SecondOpinion(compiled=v.compiled, correct=v.correct, runtime_ms=v.runtime_ms, detail=v.detail,
+                         correct_true_fp32=v.correct_true_fp32)
 
 
 def build_dir_for(cache: Path, candidate: str) -> Path:

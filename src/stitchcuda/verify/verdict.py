@@ -329,6 +329,9 @@ class SecondOpinion(BaseModel):
     correct: bool | None = None
     runtime_ms: float | None = Field(None, description="the harness's own mean time of the candidate")
     detail: str = Field("", description="what the harness reported beside its verdict")
+    correct_true_fp32: bool | None = Field(None, description="where it said incorrect: its verdict again against a "
+                                                             "reference run in true fp32 (its own runs cuDNN "
+                                                             "convolutions in TF32, torch's default)")
     error: str | None = Field(None, description="why the harness could not judge: not found, did not load, "
                                                 "timed out, crashed, no CUDA GPU")
     seconds: float = 0.0
