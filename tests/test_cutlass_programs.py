@@ -6,7 +6,9 @@ against the nvidia-cutlass wheel's headers."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from stitchcuda.compiler import compile_task
@@ -114,3 +116,43 @@ def test_a_folded_bias_keeps_c_so_a_residual_after_it_stays_in_the_epilogue_kern
             assert "bias" not in lowered.describe.split("epilogue", 1)[-1]
     described = " ".join(g.describe for g in low.groups)
     assert "(epilogue bias) + epilogue" in described and "aten.add" in described
+
+
+def test_a_deep_small_product_runs_as_slices_of_k_summed_after():
+    """L1/6 (M = N = 256, K = 524288) fills 16 of 132 SMs as one GEMM: 32 batched slices of K
+    into scratch, then one pass sums them; what the slices read is the product's own operands."""
+    from stitchcuda.compiler.lower_gemm import split_k_slices
+
+    kb = Path(__file__).resolve().parents[2] / "shared" / "kernelbench" / "KernelBench" / "level1"
+    if not kb.exists():
+        pytest.skip("no KernelBench checkout beside the project")
+    task, compiled, low = _lowered(str(kb / "6_Matmul_with_large_K_dimension_.py"))
+    (g,) = _gemms(low)
+    assert (g.split_k, g.batch, g.k, g.out, g.split_k_out) == (32, 32, 16384, "x_split_k", "o_matmul")
+    assert (g.ld_a, g.stride_a, g.ld_b, g.stride_b, g.stride_c) == (524288, 16384, 256, 16384 * 256, 256 * 256)
+    assert ("x_split_k", [32 * 256 * 256]) in low.intermediates
+    program = generate(task, compiled.graph, compiled.groups, CUTLASS)
+    assert "sc_sum_slices<<<256, 256, 0, stream>>>(a.x_split_k, a.o_matmul, 65536LL, 32);" in cuda_source(program)
+    assert "split-K: K = 524288 as 32 slices" in program
+    # the slices, read through the record's strides as CUTLASS reads them, sum to the product
+    from stitchcuda.compiler.lower_gemm import _slice_k
+    from stitchcuda.compiler.lowered import Gemm, Lowering
+
+    rng = np.random.default_rng(0)
+    for a_trans, b_trans in ((False, False), (True, True)):
+        m, n, k = 3, 5, 64
+        a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+        sa, sb = (a.T if a_trans else a).copy().ravel(), (b.T if b_trans else b).copy().ravel()
+        small = Gemm(1, m, n, k, "a", "b", a_trans, b_trans, out="o")
+        _slice_k(Lowering(graph=None), small, 4)  # type: ignore[arg-type]
+
+        def view(buf, at, rows, cols, ld, trans):
+            shape, strides = ((cols, rows), (ld * 8, 8)) if trans else ((rows, cols), (ld * 8, 8))
+            v = np.lib.stride_tricks.as_strided(buf[at:], shape, strides)
+            return v.T if trans else v
+
+        total = sum(view(sa, i * small.stride_a, m, small.k, small.ld_a, a_trans)
+                    @ view(sb, i * small.stride_b, small.k, n, small.ld_b, b_trans) for i in range(small.batch))
+        assert np.allclose(total, a @ b)
+    for name in ("mlp", "transformer_block"):  # wide products fill the machine as they are
+        assert all(split_k_slices(x) == 1 and x.split_k == 1 for x in _gemms(_lowered(name)[2]))

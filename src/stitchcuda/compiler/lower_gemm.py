@@ -6,7 +6,7 @@ and the host code of both libraries' calls."""
 
 from __future__ import annotations
 
-from stitchcuda.compiler.cutlass_gemm import CutlassGemm
+from stitchcuda.compiler.cutlass_gemm import H100_SMS, CutlassGemm
 from stitchcuda.compiler.expr import (
     VIEWS,
     Expr,
@@ -78,6 +78,8 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node], gemms: list[
         low.kind, low.gemm, rest = "gemm", gemm, " + epilogue " + epilogue_text(bias, epilogue)
     if split:
         assign_split(cx.out, gemm)
+    elif gemm.cutlass is not None and gemm.cutlass.activation == "identity" and (slices := split_k_slices(gemm)) > 1:
+        _slice_k(cx.out, gemm, slices)
     low.describe = describe_gemm(anchor, gemm) + rest
     return low
 
@@ -207,6 +209,51 @@ def _widest(*extents: int) -> int:
     return next((w for w in (4, 2) if all(x % w == 0 for x in extents)), 1)
 
 
+SPLIT_K_SCRATCH = "x_split_k"
+SPLIT_K_KERNEL = r"""
+// Split-K: the slices' partial products [slices, n] summed into the output, pairwise in fp32.
+__global__ void sc_sum_slices(const float* __restrict__ src, float* __restrict__ dst, long long n, int slices) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    float part[64];  // slices <= 64
+    for (int s = 0; s < slices; ++s) part[s] = src[s * n + i];
+    for (int width = slices; width > 1; width = (width + 1) / 2) {
+      for (int s = 0; s < width / 2; ++s) part[s] = part[2 * s] + part[2 * s + 1];
+      if (width & 1) part[width / 2] = part[width - 1];
+    }
+    dst[i] = part[0];
+  }
+}
+"""
+
+
+def split_k_slices(gemm: Gemm) -> int:
+    """How many slices of K a deep, small product runs as (1: none). M = N = 256, K = 524288 (L1/6)
+    fills 16 of an H100's 132 SMs as one GEMM; as 32 batched slices of K it fills them all, and
+    one pass sums the slices. Only a plain product: no C, no activation, a dense output."""
+    if gemm.batch != 1 or gemm.outer != 1 or gemm.c or gemm.beta != 0.0 or gemm.ld_c not in (0, gemm.n):
+        return 1
+    tiles = -(-gemm.m // 64) * -(-gemm.n // 64)
+    if gemm.k < 16 * max(gemm.m, gemm.n) or tiles >= H100_SMS:
+        return 1
+    slices = 1
+    while tiles * slices < 2 * H100_SMS and slices < 64 and gemm.k % (8 * slices) == 0 and gemm.k // (2 * slices) >= 512:
+        slices *= 2
+    return slices
+
+
+def _slice_k(low: Lowering, gemm: Gemm, slices: int) -> None:
+    """``gemm`` as ``slices`` batched GEMMs over consecutive slices of K into scratch."""
+    kc = gemm.k // slices
+    lda = gemm.ld_a or (gemm.m if gemm.a_trans else gemm.k)
+    ldb = gemm.ld_b or (gemm.k if gemm.b_trans else gemm.n)
+    gemm.split_k, gemm.split_k_out = slices, gemm.out
+    gemm.batch, gemm.k, gemm.ld_a, gemm.ld_b = slices, kc, lda, ldb
+    gemm.stride_a = kc * lda if gemm.a_trans else kc  # A [M, K]: the next columns; A^T [K, M]: the next rows
+    gemm.stride_b = kc if gemm.b_trans else kc * ldb
+    gemm.out, gemm.ld_c, gemm.stride_c = SPLIT_K_SCRATCH, gemm.n, gemm.m * gemm.n
+    reserve_scratch(low, SPLIT_K_SCRATCH, slices * gemm.m * gemm.n)
+
+
 def assign_cutlass(low: Lowering, gemm: Gemm, math: str, activation: str = "identity") -> None:
     """Run ``gemm`` through a CUTLASS kernel extension: its configuration (layouts, the widest
     accesses its extents, strides and offsets allow, a tile for its size) and launcher slot."""
@@ -232,7 +279,8 @@ def describe_gemm(anchor: Node, gemm: Gemm) -> str:
                  *([c.activation] if c.activation != "identity" else [])]
         return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . "
                 f"[{gemm.k} x {gemm.n}] via CUTLASS {'3xTF32' if c.math == '3xtf32' else 'TF32'} "
-                f"{'x'.join(map(str, c.tile))} tile" + (f" (epilogue {' + '.join(fused)})" if fused else ""))
+                f"{'x'.join(map(str, c.tile))} tile" + (f" (epilogue {' + '.join(fused)})" if fused else "")
+                + (f", split-K: K = {gemm.k * gemm.split_k} as {gemm.split_k} slices, summed" if gemm.split_k > 1 else ""))
     if gemm.split is not None:
         fused = f" (epilogue {gemm.epilogue.lower().replace('_', ' + ')})" if gemm.epilogue else ""
         return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.batch} x [{gemm.m} x {gemm.k}] . [{gemm.k} x "
@@ -425,6 +473,10 @@ def cutlass_launch(g: Gemm) -> str:
             f"sc_cutlass_check(sc_cutlass_gemm({g.slot})(&ga, stream), \"{g.cutlass.describe}\");")
     if g.outer > 1:
         return f"for (int o = 0; o < {g.outer}; ++o) {{\n{call}\n}}"
+    if g.split_k > 1:
+        mn = g.m * g.n
+        call += (f"\nsc_sum_slices<<<{min((mn + 255) // 256, 1 << 20)}, 256, 0, stream>>>(a.{g.out}, "
+                 f"a.{g.split_k_out}, {mn}LL, {g.split_k});")
     return f"{{\n{call}\n}}"
 
 

@@ -19,7 +19,7 @@ from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import OpGraph
 from stitchcuda.compiler.lower import lower
 from stitchcuda.compiler.lower_conv import conv_launch, conv_members, conv_setup, cutlass_conv_setup
-from stitchcuda.compiler.lower_gemm import lt_members, lt_setup
+from stitchcuda.compiler.lower_gemm import SPLIT_K_KERNEL, lt_members, lt_setup
 from stitchcuda.compiler.lowered import CodegenOptions, to_ident
 from stitchcuda.compiler.pymodule import REFERENCE_CLASS, reference_init_source
 from stitchcuda.compiler.split_tf32 import KERNEL as SPLIT_KERNEL
@@ -72,6 +72,8 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     emitter = Emitter(low, options, prefix)
     split = any(g.fast_tf32 for g in low.lt_gemms) or any(c.split is not None for c in low.convs)
     kernels, launches = ([SPLIT_KERNEL] if split else []), []
+    if any(x.gemm is not None and x.gemm.split_k > 1 for lg in low.groups for x in lg.launches()):
+        kernels.append(SPLIT_K_KERNEL)
     emitted_family: set[str] = set()
     for lg in low.groups:
         head = f"// group {lg.group.id} ({lg.group.kind}): {lg.describe}"
