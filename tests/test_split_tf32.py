@@ -109,6 +109,15 @@ def test_the_two_gemms_on_the_halves_give_the_product(a_trans, b_trans, m, n, k)
     assert np.abs(c - ref).max() / np.abs(ref).max() < 1e-6
 
 
+def test_aligned_operands_split_four_columns_a_thread_with_a_run_time_check():
+    plan = plan_split(Gemm(1, 4096, 4096, 4096, "a", "b", False, False, out="c"), "xa", "xb")
+    launch = plan.a.launch()
+    assert launch.startswith("if (reinterpret_cast<uintptr_t>(a.a) % 16 == 0) { sc_split_tf32_v4<<<dim3(4, 4096)")
+    assert "else { sc_split_tf32<<<" in launch  # a view starting anywhere still splits
+    odd = plan_split(Gemm(1, 8205, 5921, 2949, "a", "b", False, False, out="c"), "xa", "xb")
+    assert odd.a.launch().startswith("sc_split_tf32<<<")  # K = 2949: rows not in 16-byte steps
+
+
 def test_a_shallow_product_splits_into_one_gemm_of_depth_3k():
     """K = 64 (L1/7: a 32768 x 32768 output): a second GEMM would read and write the output again."""
     plan = plan_split(Gemm(1, 32768, 32768, 64, "a", "b", a_trans=False, b_trans=False, out="c"), "xa", "xb")
