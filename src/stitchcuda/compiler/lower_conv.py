@@ -1,6 +1,7 @@
 """Convolutions through cuDNN: 1-, 2- and 3-d, transposed ones as cuDNN's backward-data, float32
-NC(D)HW, a bias and a pointwise chain after them as one epilogue kernel; the geometry cuDNN takes,
-and the descriptors, algorithm choice and calls of the host program."""
+NC(D)HW (channels-last TF32 halves where the split variant splits them, :mod:`split_tf32`), a bias
+and a pointwise chain after them as one epilogue kernel; the geometry cuDNN takes, and the
+descriptors, algorithm choice and calls of the host program."""
 
 from __future__ import annotations
 

@@ -272,20 +272,17 @@ def worth_splitting(g: Gemm) -> bool:
 
 
 def plan_split(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
-    """The split of ``g`` (batch strided, no outer loop) into its two cuBLASLt GEMMs."""
-    m, n, k = g.m, g.n, g.k
+    """The split of ``g`` (batch strided, no outer loop) into its cuBLASLt GEMMs: two, or one for a
+    shallow product."""
+    n, k = g.n, g.k
     if k <= ONE_GEMM_MAX_K:
         return _plan_one_gemm(g, scratch_a, scratch_b)
     # Rows padded to 16 bytes and the big halves first (A_big at column 0, B_big at an aligned
-    # row): every pointer and leading dimension the two GEMMs see is 16-byte aligned, which
-    # cuBLASLt's fast TF32 kernels ask for, whatever K and N are (8205 x 2949 x 5921 on an H100).
+    # row): every pointer and leading dimension the two GEMMs see is 16-byte aligned, as
+    # cuBLASLt's fast TF32 kernels ask (L1/8's 8205 x 2949 x 5921 still runs slowly split on an
+    # H100, with or without: the cause is not found).
     lda, ldb = _aligned(2 * k), _aligned(n)
-    a = SplitOperand(g.a, scratch_a, *((k, m) if g.a_trans else (m, k)), batch=g.batch if g.stride_a else 1,
-                     s_batch=g.stride_a, s_row=g.ld_a or (m if g.a_trans else k), transpose=g.a_trans,
-                     d_row=lda, off_big=0, off_small=k, size=m * lda)
-    b = SplitOperand(g.b, scratch_b, *((n, k) if g.b_trans else (k, n)), batch=g.batch if g.stride_b else 1,
-                     s_batch=g.stride_b, s_row=g.ld_b or (k if g.b_trans else n), transpose=g.b_trans,
-                     d_row=ldb, off_big=k * ldb, off_small=0, size=2 * k * ldb)
+    a, b = _operands(g, scratch_a, scratch_b, lda, ldb, (0, k, -1), (k * ldb, 0, -1), copies=2)
     dense = {"a_trans": False, "b_trans": False, "ld_a": lda, "ld_b": ldb, "stride_a": a.d_batch,
              "stride_b": b.d_batch}
     # [A_big | A_small] . [B_small ; B_big] = A_big.B_small + A_small.B_big
@@ -297,17 +294,26 @@ def plan_split(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
 def _plan_one_gemm(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
     """A shallow product's split: A as [M, 3K] = [A_big | A_small | A_big], B as [3K, N] =
     [B_big ; B_big ; B_small], one GEMM of depth 3K with the epilogue."""
-    m, n, k = g.m, g.n, g.k
-    lda, ldb = _aligned(3 * k), _aligned(n)
-    a = SplitOperand(g.a, scratch_a, *((k, m) if g.a_trans else (m, k)), batch=g.batch if g.stride_a else 1,
-                     s_batch=g.stride_a, s_row=g.ld_a or (m if g.a_trans else k), transpose=g.a_trans,
-                     d_row=lda, off_big=0, off_small=k, size=m * lda, off_big2=2 * k)
-    b = SplitOperand(g.b, scratch_b, *((n, k) if g.b_trans else (k, n)), batch=g.batch if g.stride_b else 1,
-                     s_batch=g.stride_b, s_row=g.ld_b or (k if g.b_trans else n), transpose=g.b_trans,
-                     d_row=ldb, off_big=0, off_small=2 * k * ldb, size=3 * k * ldb, off_big2=k * ldb)
+    k = g.k
+    lda, ldb = _aligned(3 * k), _aligned(g.n)
+    a, b = _operands(g, scratch_a, scratch_b, lda, ldb, (0, k, 2 * k), (0, 2 * k * ldb, k * ldb), copies=3)
     main = replace(g, k=3 * k, a=a.dst, b=b.dst, a_trans=False, b_trans=False, ld_a=lda, ld_b=ldb,
                    stride_a=a.d_batch, stride_b=b.d_batch)
     return SplitPlan(a, b, None, main)
+
+
+def _operands(g: Gemm, scratch_a: str, scratch_b: str, lda: int, ldb: int, a_at: tuple[int, int, int],
+              b_at: tuple[int, int, int], copies: int) -> tuple[SplitOperand, SplitOperand]:
+    """Both operands' splits: A into [M, lda] rows, B into [copies * K, ldb]; ``*_at`` are the
+    (big, small, second big or -1) offsets of the copies."""
+    m, n, k = g.m, g.n, g.k
+    a = SplitOperand(g.a, scratch_a, *((k, m) if g.a_trans else (m, k)), batch=g.batch if g.stride_a else 1,
+                     s_batch=g.stride_a, s_row=g.ld_a or (m if g.a_trans else k), transpose=g.a_trans,
+                     d_row=lda, off_big=a_at[0], off_small=a_at[1], size=m * lda, off_big2=a_at[2])
+    b = SplitOperand(g.b, scratch_b, *((n, k) if g.b_trans else (k, n)), batch=g.batch if g.stride_b else 1,
+                     s_batch=g.stride_b, s_row=g.ld_b or (k if g.b_trans else n), transpose=g.b_trans,
+                     d_row=ldb, off_big=b_at[0], off_small=b_at[1], size=copies * k * ldb, off_big2=b_at[2])
+    return a, b
 
 
 def _offset(buf: str) -> int:
