@@ -248,9 +248,9 @@ class SplitPlan:
     main: Gemm  # A_big . B_big + the output (C), with the epilogue; alone: all three products, depth 3K
 
 
-# Below these the split's two extra passes and second GEMM cost more than the tensor cores save
-# (measured on an H100: K = 64, N = 32 and the 32 x 512 x 8000 steps of a GRU decoder all ran
-# slower split than in fp32 SGEMM); such products stay on cuBLAS in the split variant.
+# Below these (M or N under 128, under 2^28 multiply-adds) the split's extra passes cost more than
+# the tensor cores save (measured on an H100: N = 32 and the 32 x 512 x 8000 steps of a GRU
+# decoder ran slower split than in fp32 SGEMM); such products stay on cuBLAS in the split variant.
 MIN_SIDE = 128
 MIN_MACS = 1 << 28
 
