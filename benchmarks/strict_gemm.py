@@ -142,6 +142,8 @@ def run_task(work: Path, entry: dict, reps: int, compile_limit_s: float, variant
              skip_compile: bool = False) -> dict:
     import torch
 
+    from stitchcuda.verify.torch_state import set_tf32
+
     row = {"task": entry["task"], "error": entry.get("error")}
     if row["error"]:
         return row
@@ -155,8 +157,7 @@ def run_task(work: Path, entry: dict, reps: int, compile_limit_s: float, variant
     with torch.no_grad():
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, False  # torch's defaults
         row["eager_default_ms"] = _time_ms(lambda: model(*inputs), reps)
-        torch.backends.cudnn.allow_tf32 = False  # true fp32 from here on: the baseline and the reference
-        torch.backends.cuda.matmul.allow_tf32 = False
+        set_tf32(False)  # true fp32 from here on: the baseline and the reference
         row["eager_ms"] = _time_ms(lambda: model(*inputs), reps)
         ref32 = model(*inputs)
         ref64 = _load(work / "tasks" / f"{entry['task']}.py", "ref64_" + entry["task"])
