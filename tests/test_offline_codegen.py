@@ -238,30 +238,34 @@ def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
             simulate_lt(lg.gemm, flat)
         elif lg.gemm is not None:
             text = emitter.gemm(lg.gemm)
-            scaled = re.match(r"\{\nconst float kAlpha = (.*)f;\n(.*)\n\}$", text, re.S)
+            scaled = re.search(r"const float kAlpha = (.*)f;", text)
             alpha = float(scaled.group(1)) if scaled else 1.0
-            text = scaled.group(2) if scaled else text
-            loop = re.match(r"for \(int o = 0; o < (\d+); \+\+o\) \{\n(.*)\n\}$", text, re.S)
-            for o in range(int(loop.group(1)) if loop else 1):
-                call = loop.group(2) if loop else text
-                args = [x.strip() for x in call[call.index("(", call.index("cublas")) + 1:
-                                                call.rindex(")") - 1].split(",")]
-                ta, tb = args[1], args[2]
-                m, n, k = (int(x) for x in args[3:6])
+            call = next(line for line in text.splitlines() if "SC_CUBLAS_CHECK(cublas" in line)
+            args = [x.strip() for x in call[call.index("(", call.index("cublas")) + 1:call.rindex(")") - 1].split(",")]
+            ta, tb = args[1], args[2]
+            m, n, k = (int(x) for x in args[3:6])
+            num = lambda s: int(s.removesuffix("LL"))  # noqa: E731
 
-                def buf(text, o=o):  # "a.x", "a.x + 40", "a.x + 40 + o * 96LL"
-                    name, *terms = text.removeprefix("a.").split(" + ")
-                    off = sum(o * int(t.split(" * ")[1].removesuffix("LL")) if t.startswith("o * ") else int(t)
-                              for t in terms)
-                    return flat[name][off:]
-                num = lambda s: int(s.removesuffix("LL"))  # noqa: E731
-                if "Batched" in call:
-                    sgemm_colmajor(ta, tb, m, n, k, buf(args[7]), num(args[8]), buf(args[10]), num(args[11]),
-                                   buf(args[14]), num(args[15]), batch=num(args[17]), sa=num(args[9]),
-                                   sb=num(args[12]), sc=num(args[16]), alpha=alpha)
-                else:
-                    sgemm_colmajor(ta, tb, m, n, k, buf(args[7]), num(args[8]), buf(args[9]), num(args[10]),
-                                   buf(args[12]), num(args[13]), alpha=alpha)
+            def buf(text, extra=0):  # "a.x", "a.x + 40"
+                name, *terms = text.removeprefix("a.").split(" + ")
+                return flat[name][sum(int(t) for t in terms) + extra:]
+            pointers = re.search(r"sc_batch_ptrs<<<[^>]*>>>\((.*?)\);", text)
+            if pointers:  # one pointer-array call over two batch dimensions: matrix i = o * inner + j
+                p = [x.strip() for x in pointers.group(1).split(",")]
+                inner, total = int(p[3]), int(p[4])
+                sa, oa, sb, ob, sc, oc = (num(x) for x in p[5:11])
+                for i in range(total):
+                    o, j = divmod(i, inner)
+                    sgemm_colmajor(ta, tb, m, n, k, buf(p[1], o * ob + j * sb), num(args[8]),
+                                   buf(p[0], o * oa + j * sa), num(args[10]), buf(p[2], o * oc + j * sc),
+                                   num(args[13]), alpha=alpha)
+            elif "Batched" in call:
+                sgemm_colmajor(ta, tb, m, n, k, buf(args[7]), num(args[8]), buf(args[10]), num(args[11]),
+                               buf(args[14]), num(args[15]), batch=num(args[17]), sa=num(args[9]),
+                               sb=num(args[12]), sc=num(args[16]), alpha=alpha)
+            else:
+                sgemm_colmajor(ta, tb, m, n, k, buf(args[7]), num(args[8]), buf(args[9]), num(args[10]),
+                               buf(args[12]), num(args[13]), alpha=alpha)
         if lg.conv is not None:
             simulate_conv(lg.conv, flat)
         if lg.program is not None and lg.program.steps:

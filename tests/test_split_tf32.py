@@ -65,10 +65,10 @@ def test_operand_layouts_for_the_cross_and_big_gemms():
 def _place(op, src: np.ndarray) -> np.ndarray:
     """What the kernels write, in numpy: element (b, r, c) of the stored matrix at its place."""
     dst = np.zeros(op.scratch, np.float32)
-    for b in range(op.batch):
+    for b in range(op.matrices):
         for r in range(op.rows):
             for c in range(op.cols):
-                x = src[b * op.s_batch + r * op.s_row + c]
+                x = src[(b // op.batch) * op.s_outer + (b % op.batch) * op.s_batch + r * op.s_row + c]
                 big = _tf32(np.float32(x))
                 small = _tf32(np.float32(x - big))
                 o = b * op.d_batch + (c * op.d_row + r if op.transpose else r * op.d_row + c)
@@ -146,11 +146,44 @@ def test_mlp_runs_split_with_bias_and_activation_in_the_epilogue():
     assert arithmetic_of(program) == [X3TF32]  # not plain TF32: the split is visible to the Verifier
 
 
+def test_attention_scores_split_with_their_two_batch_dimensions_made_one():
+    """Q.K^T of a fused QKV projection [b, s, 3, h, d]: heads (stride d) inside the batch (stride
+    s * 3hd). The split writes both operands' matrices densely, b * h of them, and one batched
+    GEMM writes the scores (dense over both); P.V, whose output puts heads inside tokens, stays on
+    one pointer-array SGEMM, as do products too narrow to split (N = d = 16 here)."""
+    b, s, h, d = 2, 5, 3, 4
+    rng = np.random.default_rng(2)
+    qkv = rng.standard_normal(b * s * 3 * h * d, dtype=np.float32)
+    g = Gemm(h, s, s, d, "qkv", f"qkv + {h * d}", a_trans=False, b_trans=True, out="scores", stride_a=d,
+             stride_b=d, stride_c=s * s, ld_a=3 * h * d, ld_b=3 * h * d, outer=b, outer_a=s * 3 * h * d,
+             outer_b=s * 3 * h * d, outer_c=h * s * s)
+    plan = plan_split(g, "xa", "xb")
+    assert (plan.main.batch, plan.main.outer, plan.main.stride_c) == (b * h, 1, s * s)
+    assert (plan.a.matrices, plan.b.matrices, plan.a.s_outer) == (b * h, b * h, s * 3 * h * d)
+    xa = _place(plan.a, qkv)
+    xb = _place(plan.b, qkv[h * d:])
+    x4 = qkv.reshape(b, s, 3, h, d).astype(np.float64)
+    for i in range(b * h):
+        av = xa[i * plan.a.d_batch:][:s * plan.main.ld_a].reshape(s, plan.main.ld_a)[:, :plan.main.k]
+        bv = xb[i * plan.b.d_batch:][:plan.main.k * plan.main.ld_b].reshape(plan.main.k, plan.main.ld_b)[:, :s]
+        q, k = x4[i // h, :, 0, i % h], x4[i // h, :, 1, i % h]
+        ref = q @ k.T
+        assert np.abs(av.astype(np.float64) @ bv - ref).max() / np.abs(ref).max() < 1e-6
+    # the output's two dimensions do not fold (P.V into [b, s, h, d]): no split
+    assert not worth_splitting(Gemm(12, 512, 512, 512, "p", "v", False, False, out="o", stride_a=512 * 512,
+                                    stride_b=64, stride_c=64, outer=8, outer_a=12 * 512 * 512, outer_b=512 * 2304,
+                                    outer_c=512 * 768))
+
+
 def test_products_split_where_one_strided_call_does():
-    _, _, low = _lowered("transformer_block")
+    task, compiled, low = _lowered("transformer_block")
     gemms = _gemms(low)
-    assert all((g.split is not None) == (g.outer == 1) for g in gemms)  # attention's 2-d batch stays on SGEMM
-    assert low.uses_blas and sum(g.split is not None for g in gemms) == 4
+    qk, pv = (g for g in gemms if g.outer > 1 or (g.split is not None and g.split.main.batch > 1))
+    assert qk.split is not None and qk.split.main.batch == 96  # 8 x 12 score matrices, one GEMM
+    assert pv.split is None and pv.n == 64  # N = head dim: too narrow to pay
+    assert low.uses_blas and sum(g.split is not None for g in gemms) == 5
+    cuda = cuda_source(generate(task, compiled.graph, compiled.groups, SPLIT))
+    assert "cublasSgemmBatched(" in cuda and "sc_batch_ptrs<<<" in cuda and "for (int o = 0; o < 8" not in cuda
     plan = plan_split(Gemm(12, 512, 512, 64, "q", "k", False, True, out="s", stride_a=32768, stride_b=32768,
                            stride_c=262144), "xa", "xb")
     assert plan.cross is None  # head dim 64: one GEMM of depth 192, batch-strided
@@ -256,11 +289,11 @@ def test_a_transposed_convolutions_weight_splits_along_its_input_channels():
 def test_convolutions_split_where_the_reduction_is_deep_enough():
     _, _, cnn = _lowered("small_cnn")
     assert [c.split is not None for c in cnn.convs] == [False, True, True]  # the 3-channel stem stays fp32
-    _, _, dw = _lowered("depthwise_separable")  # depthwise; a 1x1 of a large image moves more than it saves
-    assert [(c.groups, c.split is not None) for c in dw.convs] == [(128, False), (1, False)]
-    _, _, diffusion = _lowered("diffusion_resblock")  # the 3x3s (128 and 256 channels) pay, the 1x1 skip does not
-    assert [(c.kernel, c.split is not None) for c in diffusion.convs] == [((3, 3), True), ((1, 1), False),
-                                                                           ((3, 3), True)]
+    _, _, dw = _lowered("depthwise_separable")  # depthwise stays fp32; the 1x1 is a GEMM, left unsplit
+    assert [(c.groups, c.split is not None) for c in dw.convs] == [(128, False)]
+    assert [(g.batch, g.m, g.n, g.k, g.split) for g in _gemms(dw)] == [(32, 256, 112 * 112, 128, None)]
+    _, _, diffusion = _lowered("diffusion_resblock")  # the 3x3s (128 and 256 channels) pay
+    assert [(c.kernel, c.split is not None) for c in diffusion.convs] == [((3, 3), True), ((3, 3), True)]
     assert not worth_splitting_conv(Conv(0, 1, 64, 64, (4, 4), (4, 4), (1, 1), (0, 0), (1, 1), (1, 1), 1, False,
                                          "x", "w"))  # 2^16 multiply-adds
     task, compiled, _ = _lowered("small_cnn")

@@ -41,16 +41,16 @@ This module is the front; the work is split along the pipeline:
   the state the lowerings share;
 - ``lower_gemm.py``, ``lower_conv.py``, ``lower_pointwise.py``, ``lower_rows.py``,
   ``lower_attention.py``, ``lower_recurrent.py``: the fused lowerings, one per family of groups
-  (the GEMM and convolution modules also write their library calls' host code);
+  (the convolution module also writes its library calls' host code; ``gemm_calls.py`` the GEMMs');
 - ``emit.py``: the IR programs of the fused kernels as CUDA; ``program.py``: the whole program.
 """
 
 from stitchcuda.compiler.emit import Emitter
 from stitchcuda.compiler.expr import Unsupported
+from stitchcuda.compiler.gemm_calls import _lt_operands as _lt_operands
 from stitchcuda.compiler.lower import lower, supported
 from stitchcuda.compiler.lower_conv import ConvGeometry as ConvGeometry
 from stitchcuda.compiler.lower_conv import conv_geometry as conv_geometry
-from stitchcuda.compiler.lower_gemm import _lt_operands as _lt_operands
 from stitchcuda.compiler.lowered import CodegenOptions
 from stitchcuda.compiler.lowered import Conv as Conv
 from stitchcuda.compiler.lowered import Gemm as Gemm

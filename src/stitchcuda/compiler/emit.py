@@ -11,7 +11,7 @@ from typing import Any
 
 from stitchcuda.compiler.expr import OPS, Expr, Leaf, Program, Unsupported, c_float, contiguous_strides, numel
 from stitchcuda.compiler.formulas import row_scalar_leaf
-from stitchcuda.compiler.lower_gemm import gemm_launch
+from stitchcuda.compiler.gemm_calls import gemm_launch
 from stitchcuda.compiler.lowered import CodegenOptions, Gemm, Lowering
 from stitchcuda.templating import environment
 

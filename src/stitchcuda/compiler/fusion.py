@@ -76,6 +76,9 @@ from stitchcuda.compiler.ops import (
     stat_shapes,
 )
 
+# Activations cuBLASLt's and CUTLASS's epilogues apply as they write a product (lower_gemm.py).
+LIBRARY_ACTIVATIONS = frozenset({"aten.relu", "aten.gelu", "aten.silu", "aten.sigmoid"})
+
 
 class FusionGroup(BaseModel):
     id: int
@@ -315,23 +318,44 @@ class _Fuser(Grouping):
             gid = self.new("gemm" if role == "gemm" else "conv", n.name, [n.name])
             if gid is None:
                 continue
-            numel = self._numel(self.out_shape(n.name))
-            tail, pending = n.name, []
-            while True:
-                users = self.users(tail)
-                if len(users) != 1 or not self.free(users[0]):
+            steps = self._epilogue(n.name)
+            if steps and all(len(step) == 1 for step in steps) and self._feeds_rows(steps[-1][0]):
+                # A row kernel reads the result: it applies the chain as it loads its rows (one pass
+                # over the product fewer), all but an activation the library's epilogue takes.
+                steps = steps[:1] if self.node[steps[0][0]].op in LIBRARY_ACTIVATIONS else []
+            for step in steps:
+                if not self.add(gid, step):
                     break
-                c = users[0]
-                if self.node[c].op in LAYOUT_VIEWS and self.free_view(c) and len(self.values[c]) == 1 \
-                        and self._numel(self.out_shape(c)) == numel:
-                    pending.append(c)
-                    tail = c
-                    continue
-                if self.role[c] != "elementwise" or self._numel(self.out_shape(c)) != numel:
-                    break
-                if not self.add(gid, [*pending, c]):
-                    break
-                pending, tail = [], c
+
+    def _epilogue(self, anchor: str) -> list[list[str]]:
+        """The single-consumer elementwise chain after a GEMM or convolution, each step an op and
+        the layout-preserving views before it."""
+        numel = self._numel(self.out_shape(anchor))
+        tail, pending, steps = anchor, [], []
+        while True:
+            users = self.users(tail)
+            if len(users) != 1 or not self.free(users[0]):
+                return steps
+            c = users[0]
+            if self.node[c].op in LAYOUT_VIEWS and self.free_view(c) and len(self.values[c]) == 1 \
+                    and self._numel(self.out_shape(c)) == numel:
+                pending.append(c)
+                tail = c
+                continue
+            if self.role[c] != "elementwise" or self._numel(self.out_shape(c)) != numel:
+                return steps
+            steps.append([*pending, c])
+            pending, tail = [], c
+
+    def _feeds_rows(self, value: str) -> bool:
+        """``value``'s one reader is a free row reduction of it (a norm over the last dims, a softmax,
+        a sum or max over rows; phase 4 then takes its producers)."""
+        shape, users = self.out_shape(value), self.users(value)
+        if len(users) != 1 or self.returned_from(value) or not shape:
+            return False
+        u = self.node[users[0]]
+        return self.role[u.name] == "reduce" and self.free(u.name) and self.reads[u.name][:1] == [value] \
+            and u.op not in ("aten.group_norm", "aten.batch_norm") and reduce_geometry(u, shape) is not None
 
     @staticmethod
     def _numel(shape: list[int] | None) -> int:

@@ -21,11 +21,12 @@ from stitchcuda.compiler.families import FAMILIES, Strided
 from stitchcuda.compiler.families.state import write_back
 from stitchcuda.compiler.formulas import COMPARISONS, MASK_OPS, ROW_OPS, is_pointwise
 from stitchcuda.compiler.fusion import FusionGroup
+from stitchcuda.compiler.gemm_calls import BATCH_PTRS, uses_batch_ptrs
 from stitchcuda.compiler.graph import Node, OpGraph
 from stitchcuda.compiler.lower_attention import lower_attention
 from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_conv import lower_conv
-from stitchcuda.compiler.lower_gemm import assign_cutlass, assign_split, lower_gemm
+from stitchcuda.compiler.lower_gemm import assign_cutlass, assign_split, lower_gemm, reserve_scratch
 from stitchcuda.compiler.lower_pointwise import lower_pointwise
 from stitchcuda.compiler.lower_recurrent import batch_recurrent_inputs, lower_recurrent
 from stitchcuda.compiler.lower_rows import lower_group_norm, lower_row
@@ -293,14 +294,24 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
     if lowerer.problems:
         raise Unsupported("; ".join(lowerer.problems), frozenset(lowerer.failing_ops))
     gemms = [x.gemm for g in low.groups for x in g.launches() if x.gemm is not None]
+    late: dict[int, str] = {}  # products given their arithmetic here, after their group was described
     if lowerer.cx.options.cutlass:  # attention's and recurrent cells' products too, with a plain epilogue
         for gemm in gemms:
             if gemm.cutlass is None and gemm.lt is None:
                 assign_cutlass(low, gemm, "tf32" if lowerer.cx.options.tf32 else "3xtf32")
+                late[id(gemm)] = f"CUTLASS {'TF32' if lowerer.cx.options.tf32 else '3xTF32'}"
     if lowerer.cx.options.split_tf32:  # attention's and recurrent cells' products too, where one call does
         for gemm in gemms:
             if gemm.split is None and gemm.lt is None and gemm.cutlass is None and worth_splitting(gemm):
                 assign_split(low, gemm)
+                late[id(gemm)] = "3xTF32 split operands on cuBLASLt TF32 tensor cores"
+    for lg in low.groups:
+        ways = [late[id(x.gemm)] for x in lg.launches() if x.gemm is not None and id(x.gemm) in late]
+        if ways:
+            lg.describe += f" [{len(ways)} of its products via {', '.join(dict.fromkeys(ways))}]"
+    for gemm in gemms:
+        if uses_batch_ptrs(gemm):
+            reserve_scratch(low, BATCH_PTRS, 6 * gemm.outer * gemm.batch)
     low.uses_blas = any(g.lt is None and g.cutlass is None and g.split is None for g in gemms)
     return low
 

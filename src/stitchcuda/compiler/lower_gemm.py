@@ -1,8 +1,9 @@
 """Matrix products through cuBLAS: ``linear`` / ``mm`` / ``matmul`` / ``bmm`` / ``addmm`` as a
 true-fp32 SGEMM (strided-batched where batched, the row-major trick C^T = B^T A^T), a bias and a
 pointwise chain after it as one epilogue kernel, or through cuBLASLt with the bias (and a ReLU or
-tanh-GELU) in its own epilogue. Also the strided products attention and recurrent cells build,
-and the host code of both libraries' calls."""
+tanh-GELU) in its own epilogue; or through CUTLASS, or as 3xTF32 by split operands. Also the
+strided products attention and recurrent cells build. The calls' host code is in
+:mod:`gemm_calls`."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from stitchcuda.compiler.expr import (
     Expr,
     Leaf,
     Unsupported,
-    c_float,
     contiguous_strides,
     numel,
     view_expr,
@@ -210,20 +210,6 @@ def _widest(*extents: int) -> int:
 
 
 SPLIT_K_SCRATCH = "x_split_k"
-SPLIT_K_KERNEL = r"""
-// Split-K: the slices' partial products [slices, n] summed into the output, pairwise in fp32.
-__global__ void sc_sum_slices(const float* __restrict__ src, float* __restrict__ dst, long long n, int slices) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-    float part[64];  // slices <= 64
-    for (int s = 0; s < slices; ++s) part[s] = src[s * n + i];
-    for (int width = slices; width > 1; width = (width + 1) / 2) {
-      for (int s = 0; s < width / 2; ++s) part[s] = part[2 * s] + part[2 * s + 1];
-      if (width & 1) part[width / 2] = part[width - 1];
-    }
-    dst[i] = part[0];
-  }
-}
-"""
 
 
 def split_k_slices(gemm: Gemm) -> int:
@@ -283,7 +269,7 @@ def describe_gemm(anchor: Node, gemm: Gemm) -> str:
                 + (f", split-K: K = {gemm.k * gemm.split_k} as {gemm.split_k} slices, summed" if gemm.split_k > 1 else ""))
     if gemm.split is not None:
         fused = f" (epilogue {gemm.epilogue.lower().replace('_', ' + ')})" if gemm.epilogue else ""
-        return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.batch} x [{gemm.m} x {gemm.k}] . [{gemm.k} x "
+        return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . [{gemm.k} x "
                 f"{gemm.n}] via 3xTF32 split operands on cuBLASLt TF32 tensor cores{fused}")
     return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . "
             f"[{gemm.k} x {gemm.n}] via "
@@ -381,134 +367,3 @@ def strided_gemm(cx: LowerContext, where: str, lhs: Expr, rhs: Expr, out: str, o
     return Gemm(inner[0], m, n, k, buf, bbuf, a_t, b_t, out=out, stride_a=inner[1], stride_b=inner[2],
                 stride_c=inner[3], ld_a=ld_a, ld_b=ld_b, ld_c=ld_c, outer=outer[0], outer_a=outer[1],
                 outer_b=outer[2], outer_c=outer[3])
-
-
-def _lt_operands(g: Gemm) -> list[tuple[str, int, int, int, int]]:
-    """(buffer, rows, cols, leading dimension, byte alignment) of cuBLASLt's A, B and D: the
-    column-major view of the row-major product, C^T = B^T A^T, as in ``gemm_launch``."""
-    def align(buf: str) -> int:
-        off = int(buf.split(" + ")[1]) if " + " in buf else 0
-        a = 256
-        while off and (off * 4) % a:
-            a //= 2
-        return a
-
-    lt_a = (g.b, g.k, g.n, g.ld_b or g.k) if g.b_trans else (g.b, g.n, g.k, g.ld_b or g.n)
-    lt_b = (g.a, g.m, g.k, g.ld_a or g.m) if g.a_trans else (g.a, g.k, g.m, g.ld_a or g.k)
-    lt_d = (g.out, g.n, g.m, g.ld_c or g.n)
-    return [(*x, align(x[0])) for x in (lt_a, lt_b, lt_d)]
-
-
-def lt_members(g: Gemm) -> list[str]:
-    i = g.lt
-    return [f"cublasLtMatmulDesc_t lt_desc{i} = nullptr;",
-            f"cublasLtMatrixLayout_t lt_a{i} = nullptr, lt_b{i} = nullptr, lt_d{i} = nullptr;",
-            f"cublasLtMatmulAlgo_t lt_algo{i}{{}};"]
-
-
-def lt_setup(g: Gemm, compute: str) -> list[str]:
-    """Descriptors, layouts and the heuristic's algorithm, once per Program (never in a capture)."""
-    i, m = g.lt, "made->"
-    (_, ar, ac, ald, aal), (_, br, bc, bld, bal), (_, dr, dc, dld, dal) = _lt_operands(g)
-    op_a = "CUBLAS_OP_T" if g.b_trans else "CUBLAS_OP_N"
-    op_b = "CUBLAS_OP_T" if g.a_trans else "CUBLAS_OP_N"
-    compute = "CUBLAS_COMPUTE_32F_FAST_TF32" if g.fast_tf32 else compute
-    lines = [
-        f"SC_CUBLAS_CHECK(cublasLtMatmulDescCreate(&{m}lt_desc{i}, {compute}, CUDA_R_32F));",
-        f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_TRANSA, {op_a});",
-        f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_TRANSB, {op_b});",
-        f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_{g.epilogue or 'DEFAULT'});",
-        f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_a{i}, CUDA_R_32F, {ar}, {ac}, {ald}));",
-        f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_b{i}, CUDA_R_32F, {br}, {bc}, {bld}));",
-        f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_d{i}, CUDA_R_32F, {dr}, {dc}, {dld}));",
-    ]
-    if g.batch > 1:  # strided batches: cuBLASLt's A is our B, its B our A
-        lines += [f"sc_lt_batch({m}lt_a{i}, {g.batch}, {g.stride_b});", f"sc_lt_batch({m}lt_b{i}, {g.batch}, {g.stride_a});",
-                  f"sc_lt_batch({m}lt_d{i}, {g.batch}, {g.stride_c});"]
-    return [*lines, f"{m}lt_algo{i} = sc_lt_algo({m}lt, {m}lt_desc{i}, {m}lt_a{i}, {m}lt_b{i}, {m}lt_d{i}, "
-                    f"{aal}, {bal}, {dal});"]
-
-
-def lt_launch(g: Gemm, accumulate: bool = False) -> str:
-    """One cuBLASLt call; ``accumulate``: D = A.B + D (C is the output itself, beta 1)."""
-    i = g.lt
-    lines = ["{"]
-    if g.bias:
-        lines += [f"  const float* bias = a.{g.bias};",
-                  f"  SC_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(P.lt_desc{i}, CUBLASLT_MATMUL_DESC_BIAS_POINTER, "
-                  "&bias, sizeof(bias)));"]
-    alpha = "&kOne"
-    if g.alpha != 1.0:
-        lines.append(f"  const float kAlpha = {c_float(g.alpha)};")
-        alpha = "&kAlpha"
-    beta = "&kOne" if accumulate else "&kZero"
-    lines += [f"  SC_CUBLAS_CHECK(cublasLtMatmul(P.lt, P.lt_desc{i}, {alpha}, a.{g.b}, P.lt_a{i}, a.{g.a}, P.lt_b{i}, "
-              f"{beta}, a.{g.out}, P.lt_d{i}, a.{g.out}, P.lt_d{i}, &P.lt_algo{i}, P.lt_workspace_ptr, "
-              "kLtWorkspaceBytes, stream));", "}"]
-    return "\n".join(lines)
-
-
-def split_launch(g: Gemm) -> str:
-    """3xTF32 by split operands: both operands' TF32 halves, the cross products, then the big one
-    on top of them (C = the output) with the epilogue."""
-    plan = g.split
-    if plan.cross is None:  # a shallow product: all three products in one GEMM
-        return "\n".join(["{", plan.a.launch(), plan.b.launch(), lt_launch(plan.main), "}"])
-    return "\n".join(["{", plan.a.launch(), plan.b.launch(), lt_launch(plan.cross), lt_launch(plan.main, True), "}"])
-
-
-def cutlass_launch(g: Gemm) -> str:
-    """One call of the kernel extension's launcher through the program's slot table (a host loop
-    over an outer batch dimension that does not fold into the strided one)."""
-    lda = g.ld_a or (g.m if g.a_trans else g.k)
-    ldb = g.ld_b or (g.k if g.b_trans else g.n)
-
-    def ptr(buf: str, step: int) -> str:
-        return f"a.{buf}" + (f" + o * {step}LL" if g.outer > 1 and step else "")
-
-    c = f"a.{g.c}" if g.c else "nullptr"
-    call = (f"ScGemmArgs ga{{{g.m}, {g.n}, {g.k}, {g.batch}, {ptr(g.a, g.outer_a)}, {ptr(g.b, g.outer_b)}, {c}, "
-            f"{ptr(g.out, g.outer_c)}, {lda}, {ldb}, {g.ld_c_src}, {g.ld_c or g.n}, {g.stride_a}, {g.stride_b}, "
-            f"{g.stride_c_src}, {g.stride_c}, {c_float(g.alpha)}, {c_float(g.beta)}}};\n"
-            f"sc_cutlass_check(sc_cutlass_gemm({g.slot})(&ga, stream), \"{g.cutlass.describe}\");")
-    if g.outer > 1:
-        return f"for (int o = 0; o < {g.outer}; ++o) {{\n{call}\n}}"
-    if g.split_k > 1:
-        mn = g.m * g.n
-        call += (f"\nsc_sum_slices<<<{min((mn + 255) // 256, 1 << 20)}, 256, 0, stream>>>(a.{g.out}, "
-                 f"a.{g.split_k_out}, {mn}LL, {g.split_k});")
-    return f"{{\n{call}\n}}"
-
-
-def gemm_launch(g: Gemm) -> str:
-    if g.split is not None:
-        return split_launch(g)
-    if g.cutlass is not None:
-        return cutlass_launch(g)
-    if g.lt is not None:
-        return lt_launch(g)
-    # Row-major C[M,N] = A[M,K] B[K,N] is column-major C^T = B^T A^T: cuBLAS's first operand
-    # is B (as B^T, [N x K]), its second A (as A^T, [K x M]), ldc = N.
-    # Strided views pass their row stride as the leading dimension; an outer batch dimension
-    # that does not fold into the strided batch is a host loop over o, offsetting every pointer.
-    op_b, ld_b = ("CUBLAS_OP_T", g.ld_b or g.k) if g.b_trans else ("CUBLAS_OP_N", g.ld_b or g.n)
-    op_a, ld_a = ("CUBLAS_OP_T", g.ld_a or g.m) if g.a_trans else ("CUBLAS_OP_N", g.ld_a or g.k)
-    ld_c = g.ld_c or g.n
-
-    def ptr(buf: str, step: int) -> str:
-        return f"a.{buf}" + (f" + o * {step}LL" if g.outer > 1 and step else "")
-
-    pa, pb, pc = ptr(g.a, g.outer_a), ptr(g.b, g.outer_b), ptr(g.out, g.outer_c)
-    one = "&kOne" if g.alpha == 1.0 else "&kAlpha"
-    if g.batch == 1:
-        call = (f"SC_CUBLAS_CHECK(cublasSgemm(blas, {op_b}, {op_a}, {g.n}, {g.m}, {g.k}, {one}, {pb}, {ld_b}, "
-                f"{pa}, {ld_a}, &kZero, {pc}, {ld_c}));")
-    else:
-        call = (f"SC_CUBLAS_CHECK(cublasSgemmStridedBatched(blas, {op_b}, {op_a}, {g.n}, {g.m}, {g.k}, {one}, "
-                f"{pb}, {ld_b}, {g.stride_b}LL, {pa}, {ld_a}, {g.stride_a}LL, &kZero, {pc}, {ld_c}, "
-                f"{g.stride_c}LL, {g.batch}));")
-    if g.outer > 1:
-        call = f"for (int o = 0; o < {g.outer}; ++o) {{\n  {call}\n}}"
-    if g.alpha != 1.0:
-        call = f"{{\nconst float kAlpha = {c_float(g.alpha)};\n{call}\n}}"
-    return call

@@ -79,6 +79,7 @@ class Gemm:
     beta: float = 0.0
     split: Any = None  # its SplitPlan, when it runs as 3xTF32 by split operands (split_tf32.py)
     fast_tf32: bool = False  # a cuBLASLt GEMM on TF32 tensor cores: one of a split plan's two parts
+    no_split: bool = False  # a 1x1 convolution's product: see lower_conv.pointwise
     split_k: int = 1  # CUTLASS over this many slices of K into scratch (``out``), summed into ``split_k_out``
     split_k_out: str = ""
 

@@ -16,10 +16,16 @@ from stitchcuda.compiler.cutlass_gemm import kernel_sources as gemm_sources
 from stitchcuda.compiler.emit import Emitter
 from stitchcuda.compiler.expr import Unsupported
 from stitchcuda.compiler.fusion import FusionGroup
+from stitchcuda.compiler.gemm_calls import (
+    BATCH_PTRS_KERNEL,
+    SPLIT_K_KERNEL,
+    lt_members,
+    lt_setup,
+    uses_batch_ptrs,
+)
 from stitchcuda.compiler.graph import OpGraph
 from stitchcuda.compiler.lower import lower
 from stitchcuda.compiler.lower_conv import conv_launch, conv_members, conv_setup, cutlass_conv_setup
-from stitchcuda.compiler.lower_gemm import SPLIT_K_KERNEL, lt_members, lt_setup
 from stitchcuda.compiler.lowered import CodegenOptions, to_ident
 from stitchcuda.compiler.pymodule import REFERENCE_CLASS, reference_init_source
 from stitchcuda.compiler.split_tf32 import KERNEL as SPLIT_KERNEL
@@ -72,8 +78,11 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     emitter = Emitter(low, options, prefix)
     split = any(g.fast_tf32 for g in low.lt_gemms) or any(c.split is not None for c in low.convs)
     kernels, launches = ([SPLIT_KERNEL] if split else []), []
-    if any(x.gemm is not None and x.gemm.split_k > 1 for lg in low.groups for x in lg.launches()):
+    gemms = [x.gemm for lg in low.groups for x in lg.launches() if x.gemm is not None]
+    if any(g.split_k > 1 for g in gemms):
         kernels.append(SPLIT_K_KERNEL)
+    if any(uses_batch_ptrs(g) for g in gemms):
+        kernels.append(BATCH_PTRS_KERNEL)
     emitted_family: set[str] = set()
     for lg in low.groups:
         head = f"// group {lg.group.id} ({lg.group.kind}): {lg.describe}"

@@ -36,15 +36,16 @@ __device__ __forceinline__ float sc_tf32_round(float x) {
 }
 
 // One operand's two TF32 halves (see split_tf32.py): the tensor cores read both unchanged, so
-// only small.small is lost. Element (b, r, c) of the stored matrix goes to b*d_batch + r*d_row + c.
+// only small.small is lost. Element (b, r, c) of the stored matrix goes to b*d_batch + r*d_row + c;
+// matrix b is read at (b / inner)*s_outer + (b % inner)*s_batch (two batch dimensions, made one).
 __global__ void sc_split_tf32(const float* __restrict__ src, float* __restrict__ dst, long long rows,
                               long long cols, long long total, long long s_batch, long long s_row,
                               long long d_batch, long long d_row, long long off_big, long long off_small,
-                              long long off_big2) {
+                              long long off_big2, long long inner, long long s_outer) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
        i += (long long)gridDim.x * blockDim.x) {
     const long long c = i % cols, r = (i / cols) % rows, b = i / (cols * rows);
-    const float x = src[b * s_batch + r * s_row + c];
+    const float x = src[(b / inner) * s_outer + (b % inner) * s_batch + r * s_row + c];
     const float big = sc_tf32_round(x);
     const float small = isfinite(x) ? sc_tf32_round(x - big) : 0.0f;
     const long long d = b * d_batch + r * d_row + c;
@@ -63,13 +64,15 @@ __device__ __forceinline__ float4 sc_tf32_round4(float4 x) {
 
 __global__ void sc_split_tf32_v4(const float* __restrict__ src, float* __restrict__ dst, long long rows_total,
                                  long long rows, int cols4, long long s_batch, long long s_row, long long d_batch,
-                                 long long d_row, long long off_big, long long off_small, long long off_big2) {
+                                 long long d_row, long long off_big, long long off_small, long long off_big2,
+                                 long long inner, long long s_outer) {
   const int c4 = blockIdx.x * blockDim.x + threadIdx.x;
   if (c4 >= cols4) return;
   for (long long rt = blockIdx.y * (long long)blockDim.y + threadIdx.y; rt < rows_total;
        rt += (long long)gridDim.y * blockDim.y) {
     const long long b = rt / rows, r = rt - b * rows;
-    const float4 x = *reinterpret_cast<const float4*>(src + b * s_batch + r * s_row + 4LL * c4);
+    const float4 x = *reinterpret_cast<const float4*>(src + (b / inner) * s_outer + (b % inner) * s_batch +
+                                                      r * s_row + 4LL * c4);
     const float4 big = sc_tf32_round4(x);
     float4 small = sc_tf32_round4(make_float4(x.x - big.x, x.y - big.y, x.z - big.z, x.w - big.w));
     if (!isfinite(x.x)) small.x = 0.0f;
@@ -87,9 +90,10 @@ __global__ void sc_split_tf32_v4(const float* __restrict__ src, float* __restric
 // both reads and writes coalesced.
 __global__ void sc_split_tf32_t(const float* __restrict__ src, float* __restrict__ dst, int rows, int cols,
                                 long long s_batch, long long s_row, long long d_batch, long long d_row,
-                                long long off_big, long long off_small, long long off_big2) {
+                                long long off_big, long long off_small, long long off_big2, long long inner,
+                                long long s_outer) {
   __shared__ float tile[32][33];
-  const float* s = src + blockIdx.z * s_batch;
+  const float* s = src + (blockIdx.z / inner) * s_outer + (blockIdx.z % inner) * s_batch;
   float* d = dst + blockIdx.z * d_batch;
   const int r0 = blockIdx.y * 32, c0 = blockIdx.x * 32;
   for (int j = threadIdx.y; j < 32; j += blockDim.y) {
@@ -195,7 +199,7 @@ class SplitOperand:
     dst: str  # the scratch buffer both halves go to
     rows: int
     cols: int
-    batch: int  # matrices to split: 1 where the operand is shared by every batch
+    batch: int  # matrices to split along the (inner) batch: 1 where the operand is shared by every batch
     s_batch: int
     s_row: int
     transpose: bool  # the scratch holds the stored matrix transposed
@@ -204,37 +208,44 @@ class SplitOperand:
     off_small: int
     size: int  # floats per matrix in the scratch (all its copies)
     off_big2: int = -1  # a second copy of the big half (the one-GEMM split of a shallow product), -1: none
+    outer: int = 1  # a second batch dimension (attention's batch outside its heads), written as one
+    s_outer: int = 0
+
+    @property
+    def matrices(self) -> int:
+        return self.batch * self.outer
 
     @property
     def d_batch(self) -> int:
-        return self.size if self.batch > 1 else 0
+        return self.size if self.matrices > 1 else 0
 
     @property
     def scratch(self) -> int:  # floats of scratch it needs
-        return self.size * self.batch
+        return self.size * self.matrices
 
     def launch(self) -> str:
         if self.transpose:
-            grid = f"dim3({(self.cols + 31) // 32}, {(self.rows + 31) // 32}, {self.batch})"
+            grid = f"dim3({(self.cols + 31) // 32}, {(self.rows + 31) // 32}, {self.matrices})"
             return (f"sc_split_tf32_t<<<{grid}, dim3(32, 8), 0, stream>>>(a.{self.src}, a.{self.dst}, {self.rows}, "
                     f"{self.cols}, {self.s_batch}LL, {self.s_row}LL, {self.d_batch}LL, {self.d_row}LL, "
-                    f"{self.off_big}LL, {self.off_small}LL, {self.off_big2}LL);")
-        total = self.batch * self.rows * self.cols
+                    f"{self.off_big}LL, {self.off_small}LL, {self.off_big2}LL, {self.batch}LL, {self.s_outer}LL);")
+        total = self.matrices * self.rows * self.cols
         blocks = min((total + 255) // 256, 1 << 20)
         scalar = (f"sc_split_tf32<<<{blocks}, 256, 0, stream>>>(a.{self.src}, a.{self.dst}, {self.rows}LL, "
                   f"{self.cols}LL, {total}LL, {self.s_batch}LL, {self.s_row}LL, {self.d_batch}LL, {self.d_row}LL, "
-                  f"{self.off_big}LL, {self.off_small}LL, {self.off_big2}LL);")
-        steps = (self.cols, self.s_row, self.s_batch, self.d_row, self.d_batch, self.off_big, self.off_small,
-                 max(self.off_big2, 0), _offset(self.dst))
+                  f"{self.off_big}LL, {self.off_small}LL, {self.off_big2}LL, {self.batch}LL, {self.s_outer}LL);")
+        steps = (self.cols, self.s_row, self.s_batch, self.s_outer, self.d_row, self.d_batch, self.off_big,
+                 self.off_small, max(self.off_big2, 0), _offset(self.dst))
         if any(x % 4 for x in steps):
             return scalar
-        cols4, rows_total = self.cols // 4, self.batch * self.rows
+        cols4, rows_total = self.cols // 4, self.matrices * self.rows
         tx = min(256, -(-cols4 // 32) * 32)
         ty = 256 // tx
         grid = f"dim3({-(-cols4 // tx)}, {min(-(-rows_total // ty), 65535)})"
         vector = (f"sc_split_tf32_v4<<<{grid}, dim3({tx}, {ty}), 0, stream>>>(a.{self.src}, a.{self.dst}, "
                   f"{rows_total}LL, {self.rows}LL, {cols4}, {self.s_batch}LL, {self.s_row}LL, {self.d_batch}LL, "
-                  f"{self.d_row}LL, {self.off_big}LL, {self.off_small}LL, {self.off_big2}LL);")
+                  f"{self.d_row}LL, {self.off_big}LL, {self.off_small}LL, {self.off_big2}LL, {self.batch}LL, "
+                  f"{self.s_outer}LL);")
         # the source's own alignment is known only at run time (a view can start anywhere)
         return (f"if (reinterpret_cast<uintptr_t>(a.{self.src}) % 16 == 0) {{ {vector} }} "
                 f"else {{ {scalar} }}")
@@ -267,13 +278,30 @@ def worth_splitting(g: Gemm) -> bool:
     """Whether ``g`` is large enough, on every side, for split 3xTF32 to pay (and within the
     transposing split's grid: 65535 blocks of 32 rows, 65535 matrices)."""
     deep_enough = g.k >= MIN_SIDE or MIN_K <= g.k <= ONE_GEMM_MAX_K
-    return (g.outer == 1 and min(g.m, g.n) >= MIN_SIDE and deep_enough and g.batch * g.m * g.n * g.k >= MIN_MACS
-            and g.batch <= 65535 and max(g.m, g.n, g.k) <= 32 * 65535)
+    matrices = g.outer * g.batch
+    return (not g.no_split and _folds(g) and min(g.m, g.n) >= MIN_SIDE and deep_enough and matrices * g.m * g.n * g.k >= MIN_MACS
+            and matrices <= 65535 and max(g.m, g.n, g.k) <= 32 * 65535)
+
+
+def _folds(g: Gemm) -> bool:
+    """Whether ``g``'s two batch dimensions (if two) become one in its split: the split writes each
+    operand's matrices densely, so an operand must vary along both or neither, and the output
+    must already be dense across them (attention's scores are; its P.V output, heads inside
+    tokens, is not)."""
+    if g.outer == 1:
+        return True
+    return all(bool(inner) == bool(outer) for inner, outer in ((g.stride_a, g.outer_a), (g.stride_b, g.outer_b))) \
+        and g.outer_c == g.batch * g.stride_c
+
+
+def _one_batch(g: Gemm) -> Gemm:
+    """The split GEMMs' batch: the two dimensions as one (see :func:`_folds`)."""
+    return replace(g, batch=g.outer * g.batch, outer=1, outer_a=0, outer_b=0, outer_c=0)
 
 
 def plan_split(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
-    """The split of ``g`` (batch strided, no outer loop) into its cuBLASLt GEMMs: two, or one for a
-    shallow product."""
+    """The split of ``g`` (batch strided, two batch dimensions made one) into its cuBLASLt GEMMs:
+    two, or one for a shallow product."""
     n, k = g.n, g.k
     if k <= ONE_GEMM_MAX_K:
         return _plan_one_gemm(g, scratch_a, scratch_b)
@@ -283,6 +311,7 @@ def plan_split(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
     # H100, with or without: the cause is not found).
     lda, ldb = _aligned(2 * k), _aligned(n)
     a, b = _operands(g, scratch_a, scratch_b, lda, ldb, (0, k, -1), (k * ldb, 0, -1), copies=2)
+    g = _one_batch(g)
     dense = {"a_trans": False, "b_trans": False, "ld_a": lda, "ld_b": ldb, "stride_a": a.d_batch,
              "stride_b": b.d_batch}
     # [A_big | A_small] . [B_small ; B_big] = A_big.B_small + A_small.B_big
@@ -297,6 +326,7 @@ def _plan_one_gemm(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
     k = g.k
     lda, ldb = _aligned(3 * k), _aligned(g.n)
     a, b = _operands(g, scratch_a, scratch_b, lda, ldb, (0, k, 2 * k), (0, 2 * k * ldb, k * ldb), copies=3)
+    g = _one_batch(g)
     main = replace(g, k=3 * k, a=a.dst, b=b.dst, a_trans=False, b_trans=False, ld_a=lda, ld_b=ldb,
                    stride_a=a.d_batch, stride_b=b.d_batch)
     return SplitPlan(a, b, None, main)
@@ -309,10 +339,12 @@ def _operands(g: Gemm, scratch_a: str, scratch_b: str, lda: int, ldb: int, a_at:
     m, n, k = g.m, g.n, g.k
     a = SplitOperand(g.a, scratch_a, *((k, m) if g.a_trans else (m, k)), batch=g.batch if g.stride_a else 1,
                      s_batch=g.stride_a, s_row=g.ld_a or (m if g.a_trans else k), transpose=g.a_trans,
-                     d_row=lda, off_big=a_at[0], off_small=a_at[1], size=m * lda, off_big2=a_at[2])
+                     d_row=lda, off_big=a_at[0], off_small=a_at[1], size=m * lda, off_big2=a_at[2],
+                     outer=g.outer if g.outer_a else 1, s_outer=g.outer_a)
     b = SplitOperand(g.b, scratch_b, *((n, k) if g.b_trans else (k, n)), batch=g.batch if g.stride_b else 1,
                      s_batch=g.stride_b, s_row=g.ld_b or (k if g.b_trans else n), transpose=g.b_trans,
-                     d_row=ldb, off_big=b_at[0], off_small=b_at[1], size=copies * k * ldb, off_big2=b_at[2])
+                     d_row=ldb, off_big=b_at[0], off_small=b_at[1], size=copies * k * ldb, off_big2=b_at[2],
+                     outer=g.outer if g.outer_b else 1, s_outer=g.outer_b)
     return a, b
 
 
