@@ -208,6 +208,57 @@ def simulate_conv(c, flat: dict[str, torch.Tensor]) -> None:
     flat[c.out.split(" + ")[0]][: y.numel()].copy_(y.float().reshape(-1))
 
 
+def simulate_blas(text: str, flat: dict[str, torch.Tensor]) -> None:
+    """An emitted cuBLAS call (one, strided-batched, or by pointer arrays), emulated."""
+    scaled = re.search(r"const float kAlpha = (.*)f;", text)
+    alpha = float(scaled.group(1)) if scaled else 1.0
+    call = next(line for line in text.splitlines() if "SC_CUBLAS_CHECK(cublas" in line)
+    args = [x.strip() for x in call[call.index("(", call.index("cublas")) + 1:call.rindex(")") - 1].split(",")]
+    ta, tb = args[1], args[2]
+    m, n, k = (int(x) for x in args[3:6])
+    num = lambda s: int(s.removesuffix("LL"))  # noqa: E731
+
+    def buf(text, extra=0):  # "a.x", "a.x + 40"
+        name, *terms = text.removeprefix("a.").split(" + ")
+        return flat[name][sum(int(t) for t in terms) + extra:]
+    pointers = re.search(r"sc_batch_ptrs<<<[^>]*>>>\((.*?)\);", text)
+    if pointers:  # one pointer-array call over two batch dimensions: matrix i = o * inner + j
+        p = [x.strip() for x in pointers.group(1).split(",")]
+        inner, total = int(p[3]), int(p[4])
+        sa, oa, sb, ob, sc, oc = (num(x) for x in p[5:11])
+        for i in range(total):
+            o, j = divmod(i, inner)
+            sgemm_colmajor(ta, tb, m, n, k, buf(p[1], o * ob + j * sb), num(args[8]),
+                           buf(p[0], o * oa + j * sa), num(args[10]), buf(p[2], o * oc + j * sc),
+                           num(args[13]), alpha=alpha)
+    elif "Batched" in call:
+        sgemm_colmajor(ta, tb, m, n, k, buf(args[7]), num(args[8]), buf(args[10]), num(args[11]),
+                       buf(args[14]), num(args[15]), batch=num(args[17]), sa=num(args[9]),
+                       sb=num(args[12]), sc=num(args[16]), alpha=alpha)
+    else:
+        sgemm_colmajor(ta, tb, m, n, k, buf(args[7]), num(args[8]), buf(args[9]), num(args[10]),
+                       buf(args[12]), num(args[13]), alpha=alpha)
+
+
+def simulate_tiny(text: str, flat: dict[str, torch.Tensor]) -> None:
+    """The tiny batched-GEMM kernel's launch, emulated: matrix b = o * inner + j."""
+    args = [x.strip() for x in text[text.index(">>>(") + 4:text.index(");")].split(",")]
+    num = lambda s: int(s.removesuffix("LL"))  # noqa: E731
+
+    def buf(arg):
+        name, *terms = arg.removeprefix("a.").split(" + ")
+        return flat[name], sum(int(t) for t in terms)
+    (a, a0), (b, b0), (c, c0) = buf(args[0]), buf(args[1]), buf(args[2])
+    m, n, k, a_rs, a_cs, b_rs, b_cs, ldc, inner, sa, oa, sb, ob, sc, oc = (num(x) for x in args[3:18])
+    alpha = float(args[18].removesuffix("f"))
+    total = int(text.split("<<<")[1].split(",")[0])
+    for mat in range(total):
+        o, j = divmod(mat, inner)
+        am = a.as_strided((m, k), (a_rs, a_cs), a0 + o * oa + j * sa).double()
+        bm = b.as_strided((k, n), (b_rs, b_cs), b0 + o * ob + j * sb).double()
+        c.as_strided((m, n), (ldc, 1), c0 + o * oc + j * sc).copy_((alpha * am @ bm).float())
+
+
 def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None):
     """Run the lowered program on the CPU: GEMMs through an emulation of the emitted cuBLAS
     calls, kernels through the IR evaluator; returns (outputs, reference outputs)."""
@@ -238,34 +289,7 @@ def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
             simulate_lt(lg.gemm, flat)
         elif lg.gemm is not None:
             text = emitter.gemm(lg.gemm)
-            scaled = re.search(r"const float kAlpha = (.*)f;", text)
-            alpha = float(scaled.group(1)) if scaled else 1.0
-            call = next(line for line in text.splitlines() if "SC_CUBLAS_CHECK(cublas" in line)
-            args = [x.strip() for x in call[call.index("(", call.index("cublas")) + 1:call.rindex(")") - 1].split(",")]
-            ta, tb = args[1], args[2]
-            m, n, k = (int(x) for x in args[3:6])
-            num = lambda s: int(s.removesuffix("LL"))  # noqa: E731
-
-            def buf(text, extra=0):  # "a.x", "a.x + 40"
-                name, *terms = text.removeprefix("a.").split(" + ")
-                return flat[name][sum(int(t) for t in terms) + extra:]
-            pointers = re.search(r"sc_batch_ptrs<<<[^>]*>>>\((.*?)\);", text)
-            if pointers:  # one pointer-array call over two batch dimensions: matrix i = o * inner + j
-                p = [x.strip() for x in pointers.group(1).split(",")]
-                inner, total = int(p[3]), int(p[4])
-                sa, oa, sb, ob, sc, oc = (num(x) for x in p[5:11])
-                for i in range(total):
-                    o, j = divmod(i, inner)
-                    sgemm_colmajor(ta, tb, m, n, k, buf(p[1], o * ob + j * sb), num(args[8]),
-                                   buf(p[0], o * oa + j * sa), num(args[10]), buf(p[2], o * oc + j * sc),
-                                   num(args[13]), alpha=alpha)
-            elif "Batched" in call:
-                sgemm_colmajor(ta, tb, m, n, k, buf(args[7]), num(args[8]), buf(args[10]), num(args[11]),
-                               buf(args[14]), num(args[15]), batch=num(args[17]), sa=num(args[9]),
-                               sb=num(args[12]), sc=num(args[16]), alpha=alpha)
-            else:
-                sgemm_colmajor(ta, tb, m, n, k, buf(args[7]), num(args[8]), buf(args[9]), num(args[10]),
-                               buf(args[12]), num(args[13]), alpha=alpha)
+            (simulate_tiny if text.startswith("sc_tiny_gemm<<<") else simulate_blas)(text, flat)
         if lg.conv is not None:
             simulate_conv(lg.conv, flat)
         if lg.program is not None and lg.program.steps:
@@ -506,6 +530,40 @@ def test_lowered_program_computes_the_reference_on_cpu(case, vector_width):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
     source_text = generate(task, graph, groups, options)
     assert hacking_level(static_findings(source_text).findings) == "none"
+
+
+TINY_PRODUCTS = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, t, q, k):
+        z = torch.bmm(t, t.transpose(1, 2))   # 300 pairwise-interaction products, 5 x 5 x 8
+        s = torch.bmm(q.transpose(1, 2), k)   # 320 products of a transposed 3 x 6 and a 6 x 4
+        return z * 0.5, s
+
+def get_inputs():
+    return [torch.randn(300, 5, 8), torch.randn(320, 6, 3), torch.randn(320, 6, 4)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.mark.parametrize("options", [CodegenOptions(), CodegenOptions(cutlass=True), CodegenOptions(split_tf32=True)])
+def test_many_tiny_products_run_one_block_each(options):
+    """Batched products of at most 32 x 32 x 128 (a recommender's pairwise interactions) run as one
+    block a product, cuBLAS's and CUTLASS's tiles being mostly empty for them, in every variant."""
+    task = task_from("tiny_products", TINY_PRODUCTS)
+    graph = capture(task)
+    groups = fuse(graph)
+    gemms = [x.gemm for g in lower(graph, groups, options).groups for x in g.launches() if x.gemm]
+    assert [(g.batch * g.outer, g.cutlass, g.split) for g in gemms] == [(300, None, None), (320, None, None)]
+    got, expected = simulate(task, graph, groups, options)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+    cuda = cuda_source(generate(task, graph, groups, options))
+    assert cuda.count("sc_tiny_gemm<<<") == 2 and "cublasSgemm" not in cuda
 
 
 @pytest.mark.parametrize("case", ["causal", "block"])

@@ -41,6 +41,62 @@ __global__ void sc_batch_ptrs(const float* a, const float* b, float* c, int inne
 """
 
 
+# Products this small per matrix run on one block each (cuBLAS's smallest tiles ran a recommender's
+# 32768 pairwise-interaction products, 17 x 17 x 64, at a few TFLOP/s on an H100: each call moves
+# little and the tiles stay mostly empty). Both operands fit in shared memory with padded rows.
+TINY_SIDE, TINY_K, TINY_MIN_MATRICES = 32, 128, 256
+TINY_GEMM_KERNEL = r"""
+// Tiny batched products: one block a matrix, both operands staged in shared memory (rows padded
+// by one against bank conflicts), each output a k-ordered fp32 FMA chain. Matrix b = o*inner + j.
+__global__ void __launch_bounds__(128) sc_tiny_gemm(const float* __restrict__ A, const float* __restrict__ B,
+                                                    float* __restrict__ C, int m, int n, int k, long long a_rs,
+                                                    long long a_cs, long long b_rs, long long b_cs, long long ldc,
+                                                    int inner, long long sa, long long oa, long long sb,
+                                                    long long ob, long long sc, long long oc, float alpha) {
+  extern __shared__ float sc_tiny_smem[];
+  float* As = sc_tiny_smem;            // [m][k + 1]
+  float* Bs = sc_tiny_smem + m * (k + 1);  // [k][n + 1]
+  const long long o = blockIdx.x / inner, j = blockIdx.x % inner;
+  const float* a = A + o * oa + j * sa;
+  const float* b = B + o * ob + j * sb;
+  float* c = C + o * oc + j * sc;
+  for (int t = threadIdx.x; t < m * k; t += blockDim.x) {  // along the unit stride: coalesced
+    const int i = a_cs == 1 ? t / k : t % m, kk = a_cs == 1 ? t % k : t / m;
+    As[i * (k + 1) + kk] = a[i * a_rs + kk * a_cs];
+  }
+  for (int t = threadIdx.x; t < k * n; t += blockDim.x) {
+    const int kk = b_cs == 1 ? t / n : t % k, jj = b_cs == 1 ? t % n : t / k;
+    Bs[kk * (n + 1) + jj] = b[kk * b_rs + jj * b_cs];
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < m * n; t += blockDim.x) {
+    const int i = t / n, jj = t % n;
+    float acc = 0.0f;
+    for (int kk = 0; kk < k; ++kk) acc = fmaf(As[i * (k + 1) + kk], Bs[kk * (n + 1) + jj], acc);
+    c[i * ldc + jj] = alpha * acc;
+  }
+}
+"""
+
+
+def tiny(g: Gemm) -> bool:
+    """``g`` runs as :data:`TINY_GEMM_KERNEL` (many products of at most 32 x 32 x 128)."""
+    return (max(g.m, g.n) <= TINY_SIDE and g.k <= TINY_K and g.batch * g.outer >= TINY_MIN_MATRICES
+            and g.lt is None and g.cutlass is None and g.split is None and g.split_k == 1)
+
+
+def tiny_launch(g: Gemm) -> str:
+    lda = g.ld_a or (g.m if g.a_trans else g.k)
+    ldb = g.ld_b or (g.k if g.b_trans else g.n)
+    a_rs, a_cs = (1, lda) if g.a_trans else (lda, 1)
+    b_rs, b_cs = (1, ldb) if g.b_trans else (ldb, 1)
+    smem = 4 * (g.m * (g.k + 1) + g.k * (g.n + 1))
+    return (f"sc_tiny_gemm<<<{g.batch * g.outer}, 128, {smem}, stream>>>(a.{g.a}, a.{g.b}, a.{g.out}, {g.m}, {g.n}, "
+            f"{g.k}, {a_rs}LL, {a_cs}LL, {b_rs}LL, {b_cs}LL, {g.ld_c or g.n}LL, {g.batch}, {g.stride_a}LL, "
+            f"{g.outer_a}LL, {g.stride_b}LL, {g.outer_b}LL, {g.stride_c}LL, {g.outer_c}LL, {c_float(g.alpha)});\n"
+            "SC_CUDA_CHECK(cudaGetLastError());")
+
+
 def _lt_operands(g: Gemm) -> list[tuple[str, int, int, int, int]]:
     """(buffer, rows, cols, leading dimension, byte alignment) of cuBLASLt's A, B and D: the
     column-major view of the row-major product, C^T = B^T A^T, as in ``gemm_launch``."""
@@ -145,6 +201,8 @@ def gemm_launch(g: Gemm) -> str:
         return cutlass_launch(g)
     if g.lt is not None:
         return lt_launch(g)
+    if tiny(g):
+        return tiny_launch(g)
     # Row-major C[M,N] = A[M,K] B[K,N] is column-major C^T = B^T A^T: cuBLAS's first operand
     # is B (as B^T, [N x K]), its second A (as A^T, [K x M]), ldc = N.
     # Strided views pass their row stride as the leading dimension. Two batch dimensions that fold
@@ -182,4 +240,4 @@ def gemm_launch(g: Gemm) -> str:
 
 def uses_batch_ptrs(g: Gemm) -> bool:
     """``g`` runs as a cuBLAS pointer-array call (and needs :data:`BATCH_PTRS` and its kernel)."""
-    return g.outer > 1 and g.lt is None and g.cutlass is None and g.split is None
+    return g.outer > 1 and g.lt is None and g.cutlass is None and g.split is None and not tiny(g)

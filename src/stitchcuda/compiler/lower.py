@@ -21,7 +21,7 @@ from stitchcuda.compiler.families import FAMILIES, Strided
 from stitchcuda.compiler.families.state import write_back
 from stitchcuda.compiler.formulas import COMPARISONS, MASK_OPS, ROW_OPS, is_pointwise
 from stitchcuda.compiler.fusion import FusionGroup
-from stitchcuda.compiler.gemm_calls import BATCH_PTRS, uses_batch_ptrs
+from stitchcuda.compiler.gemm_calls import BATCH_PTRS, tiny, uses_batch_ptrs
 from stitchcuda.compiler.graph import Node, OpGraph
 from stitchcuda.compiler.lower_attention import lower_attention
 from stitchcuda.compiler.lower_context import LowerContext
@@ -297,7 +297,7 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
     late: dict[int, str] = {}  # products given their arithmetic here, after their group was described
     if lowerer.cx.options.cutlass:  # attention's and recurrent cells' products too, with a plain epilogue
         for gemm in gemms:
-            if gemm.cutlass is None and gemm.lt is None:
+            if gemm.cutlass is None and gemm.lt is None and not tiny(gemm):
                 assign_cutlass(low, gemm, "tf32" if lowerer.cx.options.tf32 else "3xtf32")
                 late[id(gemm)] = f"CUTLASS {'TF32' if lowerer.cx.options.tf32 else '3xTF32'}"
     if lowerer.cx.options.split_tf32:  # attention's and recurrent cells' products too, where one call does
@@ -312,7 +312,7 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
     for gemm in gemms:
         if uses_batch_ptrs(gemm):
             reserve_scratch(low, BATCH_PTRS, 6 * gemm.outer * gemm.batch)
-    low.uses_blas = any(g.lt is None and g.cutlass is None and g.split is None for g in gemms)
+    low.uses_blas = any(g.lt is None and g.cutlass is None and g.split is None and not tiny(g) for g in gemms)
     return low
 
 

@@ -18,6 +18,7 @@ from stitchcuda.compiler.expr import (
     view_expr,
 )
 from stitchcuda.compiler.fusion import FusionGroup
+from stitchcuda.compiler.gemm_calls import tiny
 from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_pointwise import epilogue_text, with_epilogue
@@ -62,7 +63,7 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node], gemms: list[
     split = cx.options.split_tf32 and worth_splitting(gemm)
     if split:
         value, epilogue, bias = _lt_fold(cx, gemm, anchor, epilogue, bias)
-    elif cx.options.cutlass:
+    elif cx.options.cutlass and not tiny(gemm):
         value, epilogue, bias = _cutlass_epilogue(cx, gemm, anchor, epilogue, bias, env)
     elif bias is not None and cx.options.cublaslt:
         value, epilogue, bias = _lt_fold(cx, gemm, anchor, epilogue, bias)
@@ -274,6 +275,7 @@ def describe_gemm(anchor: Node, gemm: Gemm) -> str:
     return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . "
             f"[{gemm.k} x {gemm.n}] via "
             + (f"cuBLASLt (epilogue {gemm.epilogue.lower().replace('_', ' + ')})" if gemm.lt is not None else
+               "one block a product (fp32, operands in shared memory)" if tiny(gemm) else
                f"cublasSgemm{'StridedBatched' if gemm.batch > 1 else ''}")
             + (f" ({gemm.outer} calls)" if gemm.outer > 1 else ""))
 

@@ -19,8 +19,10 @@ from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.gemm_calls import (
     BATCH_PTRS_KERNEL,
     SPLIT_K_KERNEL,
+    TINY_GEMM_KERNEL,
     lt_members,
     lt_setup,
+    tiny,
     uses_batch_ptrs,
 )
 from stitchcuda.compiler.graph import OpGraph
@@ -83,6 +85,8 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         kernels.append(SPLIT_K_KERNEL)
     if any(uses_batch_ptrs(g) for g in gemms):
         kernels.append(BATCH_PTRS_KERNEL)
+    if any(tiny(g) for g in gemms):
+        kernels.append(TINY_GEMM_KERNEL)
     emitted_family: set[str] = set()
     for lg in low.groups:
         head = f"// group {lg.group.id} ({lg.group.kind}): {lg.describe}"
