@@ -17,7 +17,8 @@ over the nodes in graph order; a node belongs to the first group that claims it:
 3. ``gemm`` / ``conv``: a GEMM-like or convolution anchor absorbs the single-consumer elementwise
    chain after it (activations, residual adds, scales, casts; eval-mode ``batch_norm``, a
    per-channel affine, is folded there too unless ``fold_batch_norm=False``), passing through
-   layout-preserving views (reshape, unsqueeze, ...) of contiguous values.
+   layout-preserving views (reshape, unsqueeze, ...) of contiguous values. Where that chain's only
+   reader is a row reduction, the chain (all but a first activation) is left to phase 4.
 4. ``row_reduce``: a reduction or normalisation over rows (softmax, log_softmax, layer_norm,
    group_norm, mean/sum/amax over trailing dims, training-mode batch_norm) absorbs elementwise
    producers of full row shape (a residual add it then also writes out), and every following

@@ -130,8 +130,8 @@ def pointwise(geo: ConvGeometry) -> bool:
 def _as_gemm(cx: LowerContext, g: FusionGroup, anchor: Node, geo: ConvGeometry, x: str, w: str,
              bias: Expr | None, epilogue: list[Node], env: dict[str, Expr], text: str) -> Lowered:
     """A pointwise convolution as a batched GEMM over the images (the weight shared), then the
-    bias and the epilogue as one pointwise kernel; the variants treat it as any GEMM (CUTLASS,
-    3xTF32 by split operands)."""
+    bias and the epilogue as one pointwise kernel; the CUTLASS variant runs it through CUTLASS as
+    any GEMM, the split variant leaves it in fp32 (see :func:`pointwise`)."""
     hw = numel(geo.size)
     images = geo.n > 1
     gemm = Gemm(geo.n, geo.k, hw, geo.c, w, x, a_trans=False, b_trans=False, out="",
