@@ -26,7 +26,7 @@ from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_gemm import SPLIT_SCRATCH, activation_of, feeds_only, reserve_scratch
-from stitchcuda.compiler.lower_pointwise import epilogue_text, lower_pointwise, with_epilogue
+from stitchcuda.compiler.lower_pointwise import epilogue_text, library_call, lower_pointwise
 from stitchcuda.compiler.lowered import Conv, Gemm, Lowered, to_ident
 from stitchcuda.compiler.split_tf32 import plan_conv_split, worth_splitting_conv
 
@@ -106,13 +106,10 @@ def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node], convs: list[
                                                                                   shape=tuple(out_shape)))]
         env[anchor.name] = ref(to_ident(anchor.name), out_shape) if bias is not None else value
         low = lower_pointwise(cx, g, epilogue, env, Program("pointwise", out_shape, steps=steps))
-    elif bias is None and not epilogue:
-        conv.out = cx.buffer(anchor.name)
-        return Lowered(g, "conv", conv=conv, describe=text)
+        low.kind, low.describe = "conv", text + " + epilogue " + epilogue_text(bias, epilogue)
     else:
-        low, conv.out = with_epilogue(cx, g, anchor, epilogue, bias, env)
-    low.kind, low.conv = "conv", conv
-    low.describe = text + " + epilogue " + epilogue_text(bias, epilogue)
+        low, conv.out = library_call(cx, g, "conv", anchor, epilogue, bias, env, text)
+    low.conv = conv
     return low
 
 
@@ -137,12 +134,8 @@ def _as_gemm(cx: LowerContext, g: FusionGroup, anchor: Node, geo: ConvGeometry, 
     gemm = Gemm(geo.n, geo.k, hw, geo.c, w, x, a_trans=False, b_trans=False, out="",
                 stride_b=geo.c * hw if images else 0, stride_c=geo.k * hw if images else 0, no_split=True)
     text += f" as a GEMM: {geo.n} x [{geo.k} x {geo.c}] . [{geo.c} x {hw}]"
-    if bias is None and not epilogue:
-        gemm.out = cx.buffer(anchor.name)
-        return Lowered(g, "gemm", gemm=gemm, describe=text)
-    low, gemm.out = with_epilogue(cx, g, anchor, epilogue, bias, env)
-    low.kind, low.gemm = "gemm", gemm
-    low.describe = text + " + epilogue " + epilogue_text(bias, epilogue)
+    low, gemm.out = library_call(cx, g, "gemm", anchor, epilogue, bias, env, text)
+    low.gemm = gemm
     return low
 
 
@@ -169,12 +162,8 @@ def _cutlass_conv(cx: LowerContext, g: FusionGroup, anchor: Node, conv: Conv, bi
     fused = [*(["bias"] if bias is not None else []), *([activation] if activation != "identity" else [])]
     text += (f" via CUTLASS {'3xTF32' if math == '3xtf32' else 'TF32'} implicit GEMM"
              + (f" (epilogue {' + '.join(fused)})" if fused else ""))
-    if not epilogue:
-        conv.out = cx.buffer(value.name)
-        return Lowered(g, "conv", conv=conv, describe=text)
-    low, conv.out = with_epilogue(cx, g, value, epilogue, None, env)
-    low.kind, low.conv = "conv", conv
-    low.describe = text + " + epilogue " + epilogue_text(None, epilogue)
+    low, conv.out = library_call(cx, g, "conv", value, epilogue, None, env, text)
+    low.conv = conv
     return low
 
 

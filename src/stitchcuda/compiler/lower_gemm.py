@@ -21,7 +21,7 @@ from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.gemm_calls import tiny
 from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
-from stitchcuda.compiler.lower_pointwise import epilogue_text, with_epilogue
+from stitchcuda.compiler.lower_pointwise import library_call
 from stitchcuda.compiler.lowered import SPLITS, Gemm, Lowered, Lowering
 from stitchcuda.compiler.split_tf32 import plan_split, worth_splitting
 
@@ -70,18 +70,13 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node], gemms: list[
         if gemm.epilogue:
             gemm.lt = len(cx.out.lt_gemms)
             cx.out.lt_gemms.append(gemm)
-    rest = ""
-    if not epilogue and bias is None:  # nothing left after what the library's epilogue applies
-        gemm.out = cx.buffer(value.name)
-        low = Lowered(g, "gemm", gemm=gemm)
-    else:
-        low, gemm.out = with_epilogue(cx, g, value, epilogue, bias, env)
-        low.kind, low.gemm, rest = "gemm", gemm, " + epilogue " + epilogue_text(bias, epilogue)
+    low, gemm.out = library_call(cx, g, "gemm", value, epilogue, bias, env, "")
+    low.gemm = gemm
     if split:
         assign_split(cx.out, gemm)
     elif gemm.cutlass is not None and gemm.cutlass.activation == "identity" and (slices := split_k_slices(gemm)) > 1:
         _slice_k(cx.out, gemm, slices)
-    low.describe = describe_gemm(anchor, gemm) + rest
+    low.describe = describe_gemm(anchor, gemm) + low.describe  # after the split or split-K: it names them
     return low
 
 

@@ -4,6 +4,8 @@ epilogue kernel that applies bias + a pointwise chain in place after a cuBLAS or
 
 from __future__ import annotations
 
+from typing import Literal
+
 from stitchcuda.compiler.expr import (
     DATA_OPS,
     VIEWS,
@@ -72,6 +74,18 @@ def lower_pointwise(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: di
 def epilogue_text(bias: Expr | None, epilogue: list[Node]) -> str:
     return ", ".join(([f"bias {bias.leaf.value}"] if bias is not None and bias.leaf else [])  # type: ignore[union-attr]
                      + [f"{n.op}" for n in epilogue]) or "copy"
+
+
+def library_call(cx: LowerContext, g: FusionGroup, kind: Literal["gemm", "conv"], value: Node, epilogue: list[Node], bias: Expr | None,
+                 env: dict[str, Expr], describe: str) -> tuple[Lowered, str]:
+    """A library call (``kind``: "gemm" or "conv") that writes ``value``'s buffer itself, or, with
+    a bias or an epilogue left, its raw result for one pointwise kernel (:func:`with_epilogue`);
+    returns (the group's lowering, the buffer the call must write)."""
+    if bias is None and not epilogue:
+        return Lowered(g, kind, describe=describe), cx.buffer(value.name)
+    low, out = with_epilogue(cx, g, value, epilogue, bias, env)
+    low.kind, low.describe = kind, describe + " + epilogue " + epilogue_text(bias, epilogue)
+    return low, out
 
 
 def with_epilogue(cx: LowerContext, g: FusionGroup, anchor: Node, epilogue: list[Node], bias: Expr | None,
