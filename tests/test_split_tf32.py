@@ -289,8 +289,8 @@ def test_a_transposed_convolutions_weight_splits_along_its_input_channels():
 def test_convolutions_split_where_the_reduction_is_deep_enough():
     _, _, cnn = _lowered("small_cnn")
     assert [c.split is not None for c in cnn.convs] == [False, True, True]  # the 3-channel stem stays fp32
-    _, _, dw = _lowered("depthwise_separable")  # depthwise stays fp32; the 1x1 is a GEMM, left unsplit
-    assert [(c.groups, c.split is not None) for c in dw.convs] == [(128, False)]
+    _, _, dw = _lowered("depthwise_separable")  # depthwise: a pointwise kernel; the 1x1 is a GEMM, left unsplit
+    assert dw.convs == []
     assert [(g.batch, g.m, g.n, g.k, g.split) for g in _gemms(dw)] == [(32, 256, 112 * 112, 128, None)]
     _, _, diffusion = _lowered("diffusion_resblock")  # the 3x3s (128 and 256 channels) pay
     assert [(c.kernel, c.split is not None) for c in diffusion.convs] == [((3, 3), True), ((3, 3), True)]

@@ -55,16 +55,14 @@ def _load(lf: Leaf, low: Lowering, offset: Any, coord: Any) -> str:
     """C expression reading ``lf``: ``offset(leaf)`` gives a read's element offset and ``coord(axis)``
     the output coordinate along an axis counted from the end. Index reads go through
     ``sc_gather_at`` (bounds, wrapping; -1 when out of range) and ``sc_gather_load`` (NaN for -1); a
-    guarded piece reads nothing outside its range and is -0.0 there (the identity of the sum)."""
-    ptr = low.storage[lf.value]
-    if not lf.gathers:
-        text = f"{ptr}[{offset(lf)}]"
-    else:
-        at = f"static_cast<long long>({offset(lf)})"
-        for g in lf.gathers:
-            k = f"static_cast<long long>({low.storage[g.index.value]}[{offset(g.index)}])"
-            at = f"sc_gather_at({at}, {k}, {g.bound}LL, {g.stride}LL, {'true' if g.wrap else 'false'})"
-        text = f"sc_gather_load({ptr}, {at})"
+    guarded piece reads nothing outside its range and is -0.0 there (the identity of the sum), a
+    window's tap nothing outside the input and is 0.0 there (zero padding)."""
+    text = _read(lf, low, offset)
+    if lf.window:
+        inside = " && ".join(f"static_cast<unsigned>({coord(axis)}{f' * {step}' if step != 1 else ''}"
+                             f"{f' + {shift}' if shift > 0 else f' - {-shift}' if shift else ''}) < {size}u"
+                             for axis, step, shift, size in lf.window)
+        text = f"(({inside}) ? {text} : 0.0f)"
     if lf.guard is None:
         return text
     axis, lo, hi = lf.guard
@@ -74,14 +72,69 @@ def _load(lf: Leaf, low: Lowering, offset: Any, coord: Any) -> str:
     return f"(({cond}) ? {text} : -0.0f)"
 
 
-def _code(e: Expr, leafs: dict[Leaf, str], refs: dict[str, str]) -> str:
+def _read(lf: Leaf, low: Lowering, offset: Any) -> str:
+    """``lf``'s read, its guard (if any) left out."""
+    ptr = low.storage[lf.value]
+    if not lf.gathers:
+        return f"{ptr}[{offset(lf)}]"
+    at = f"static_cast<long long>({offset(lf)})"
+    for g in lf.gathers:
+        k = f"static_cast<long long>({low.storage[g.index.value]}[{offset(g.index)}])"
+        at = f"sc_gather_at({at}, {k}, {g.bound}LL, {g.stride}LL, {'true' if g.wrap else 'false'})"
+    return f"sc_gather_load({ptr}, {at})"
+
+
+@dataclass(frozen=True)
+class _Pieces:
+    """Guarded reads emitted inline where they are used: ``reads`` their unguarded loads,
+    ``coord(axis)`` the output coordinate their guards test."""
+    reads: dict[Leaf, str]
+    coord: Any
+
+
+def _terms(e: Expr) -> list[Expr]:
+    return [t for a in e.args for t in _terms(a)] if e.op == "add" else [e]
+
+
+def _select(e: Expr, pieces: _Pieces) -> str | None:
+    """A sum of guarded pieces that tile one axis (a concatenation) as a binary tree of selects on
+    that coordinate, so each element evaluates one piece's index arithmetic and load instead of
+    every piece's: the same value, since the other terms are -0.0 there. None if ``e`` is not
+    such a sum."""
+    terms = _terms(e)
+    if len(terms) < 2 or any(t.op != "leaf" or t.leaf not in pieces.reads for t in terms):
+        return None
+    guards = sorted(((t.leaf.guard, t.leaf) for t in terms), key=lambda x: x[0])  # type: ignore[union-attr]
+    axis = guards[0][0][0]
+    size = guards[0][1].shape[axis]
+    edge = 0
+    for (ax, lo, hi), _ in guards:
+        if ax != axis or lo != edge:
+            return None
+        edge = hi
+    if edge != size:
+        return None
+    c = pieces.coord(axis)
+
+    def tree(part: list[Any]) -> str:
+        if len(part) == 1:
+            return pieces.reads[part[0][1]]
+        mid = len(part) // 2
+        return f"(({c} < {part[mid][0][1]}) ? {tree(part[:mid])} : {tree(part[mid:])})"
+
+    return tree(guards)
+
+
+def _code(e: Expr, leafs: dict[Leaf, str], refs: dict[str, str], pieces: _Pieces | None = None) -> str:
     if e.op == "leaf":
         return leafs[e.leaf]  # type: ignore[index]
     if e.op == "const":
         return c_float(e.const)
     if e.op == "ref":
         return refs[e.ref]
-    return OPS[e.op][0].format(*(_code(a, leafs, refs) for a in e.args))
+    if e.op == "add" and pieces is not None and (chain := _select(e, pieces)) is not None:
+        return chain
+    return OPS[e.op][0].format(*(_code(a, leafs, refs, pieces) for a in e.args))
 
 
 def _ctype(lf: Leaf, low: Lowering) -> str:
@@ -154,7 +207,7 @@ class Emitter:
         self._kernels[key] = name
         return name, source
 
-    def pointwise(self, gid: int, prog: Program) -> _Kernel:
+    def pointwise(self, gid: int | str, prog: Program) -> _Kernel:
         low, block = self.low, self.options.block
         shape = prog.shape
         total = numel(shape)
@@ -168,12 +221,26 @@ class Emitter:
         def offset(x: Leaf) -> str:
             return _offset(x.effective_strides(shape), shape, "i", x.offset)
 
+        def coord(axis: int) -> str:
+            return _coord(shape, len(shape) + axis, "i")
+
         moved = {lf: _shifted(lf, low, shifts) for lf in leaves}
-        loads = [(leaf_vars[lf], _ctype(lf, low), low.storage[lf.value],
-                  _load(moved[lf], low, offset, lambda axis: _coord(shape, len(shape) + axis, "i")),
+        # the pieces of a concatenation are read inline, where a select picks the one to read
+        pieces = _Pieces({lf: _read(moved[lf], low, offset) for lf in leaves if lf.guard is not None}, coord)
+        leaf_vars.update({lf: _load(moved[lf], low, offset, coord) for lf in pieces.reads})
+        inner = next((d for d in reversed(range(len(shape))) if shape[d] > 1), None)
+
+        def quad(lf: Leaf) -> str:
+            """The read at ``base`` where all four elements of a float4 step read the same value (a
+            per-channel parameter over NCHW rows of a multiple of 4), so it is loaded once."""
+            if not lf.plain or inner is None or shape[inner] % 4 or lf.effective_strides(shape)[inner]:
+                return ""
+            return _read(moved[lf], low, lambda x: _offset(x.effective_strides(shape), shape, "base", x.offset))
+
+        loads = [(leaf_vars[lf], _ctype(lf, low), low.storage[lf.value], _load(moved[lf], low, offset, coord),
                   lf.plain and moved[lf].offset == 0 and lf.effective_strides(shape) == contiguous_strides(shape)
-                  and low.storage[lf.value] not in low.ctypes) for lf in leaves]
-        steps = [(refs[s.name], _code(s.expr, leaf_vars, refs)) for s in prog.steps]
+                  and low.storage[lf.value] not in low.ctypes, quad(lf)) for lf in leaves if lf not in pieces.reads]
+        steps = [(refs[s.name], _code(s.expr, leaf_vars, refs, pieces)) for s in prog.steps]
         stores = [(low.storage[v], refs[s]) for v, s in prog.outputs.items()]
         vec = self.options.vector_width == 4 and total % 4 == 0 and total >= 4
         name = f"{self.prefix}_g{gid}_pointwise"
@@ -186,7 +253,7 @@ class Emitter:
             name=name, block=block, total=total, args=args, vec=vec, pointers=pointers)
         return _Kernel(source, launch, decls)
 
-    def row(self, gid: int, prog: Program) -> _Kernel:
+    def row(self, gid: int | str, prog: Program) -> _Kernel:
         low = self.low
         shape = prog.shape
         n = shape[-1]

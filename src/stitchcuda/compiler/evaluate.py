@@ -23,8 +23,9 @@ def _positions(shape: Sequence[int], strides: Sequence[int], offset: int) -> Any
 
 
 def _indexed_read(lf: Leaf, flat: Callable[[str], Any]) -> Any:
-    """A gathered and/or guarded read over ``lf.shape``, as the kernel computes it: index reads
-    bounds-checked (NaN outside), a guarded piece -0.0 outside its range (and nothing read there)."""
+    """A gathered, guarded or windowed read over ``lf.shape``, as the kernel computes it: index
+    reads bounds-checked (NaN outside), a guarded piece -0.0 outside its range, a window's tap 0.0
+    outside the input (and nothing read there)."""
     def take(buf: Any, pos: Any) -> Any:
         return buf[pos.clamp(0, max(buf.numel() - 1, 0))]
 
@@ -45,6 +46,11 @@ def _indexed_read(lf: Leaf, flat: Callable[[str], Any]) -> Any:
         at[axis] = lf.shape[axis]
         coord = torch.arange(lf.shape[axis]).reshape(at)
         values = torch.where((coord >= lo) & (coord < hi), values, -0.0)
+    for axis, step, shift, size in lf.window:
+        at = [1] * len(lf.shape)
+        at[axis] = lf.shape[axis]
+        inside = torch.arange(lf.shape[axis]).reshape(at) * step + shift
+        values = torch.where((inside >= 0) & (inside < size), values, 0.0)
     return values
 
 

@@ -14,7 +14,8 @@ earlier steps, and constants. A read may also be indexed (:class:`Gather`: embed
 advanced indexing add ``index * stride`` per int64 index read, bounds-checked, NaN outside) and
 guarded (one piece of a concatenation: it reads only where the output coordinate along one axis
 lies in its range and is ``-0.0`` elsewhere, so a ``cat`` / ``stack`` is the sum of its lifted
-pieces, exact because ``-0.0`` is the identity of float addition). One table (:data:`OPS`) gives
+pieces, exact because ``-0.0`` is the identity of float addition) or windowed (one tap of a
+zero-padded convolution window: ``0.0`` where the tap falls outside the input). One table (:data:`OPS`) gives
 every operator both its CUDA text and a torch function computing the same formula, so
 ``evaluate.evaluate`` runs a program on the CPU exactly as the generated kernel would (in the same
 order, with the same reduction structure): that is how the tests check the expression builder
@@ -92,11 +93,15 @@ class Leaf:
     offset: int = 0  # elements from the buffer's start (slices, selects); negative for a lifted piece
     gathers: tuple[Gather, ...] = ()  # indexed dimensions (their own strides are 0 in ``strides``)
     guard: tuple[int, int, int] | None = None  # (axis counted from the end, lo, hi): a piece of a cat
+    # A zero-padded window (one tap of a convolution): per entry (axis counted from the end, step,
+    # shift, size), the input coordinate ``coord * step + shift`` of that output axis must lie in
+    # [0, size), else the value is 0.0 and nothing is read.
+    window: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def plain(self) -> bool:
         """A read at an affine offset (no index reads, no guard): views and GEMMs take only these."""
-        return not self.gathers and self.guard is None
+        return not self.gathers and self.guard is None and not self.window
 
     @property
     def contiguous(self) -> bool:

@@ -46,34 +46,49 @@ __global__ void sc_batch_ptrs(const float* a, const float* b, float* c, int inne
 # little and the tiles stay mostly empty). Both operands fit in shared memory with padded rows.
 TINY_SIDE, TINY_K, TINY_MIN_MATRICES = 32, 128, 256
 TINY_GEMM_KERNEL = r"""
-// Tiny batched products: one block a matrix, both operands staged in shared memory (rows padded
-// by one against bank conflicts), each output a k-ordered fp32 FMA chain. Matrix b = o*inner + j.
-__global__ void __launch_bounds__(128) sc_tiny_gemm(const float* __restrict__ A, const float* __restrict__ B,
-                                                    float* __restrict__ C, int m, int n, int k, long long a_rs,
-                                                    long long a_cs, long long b_rs, long long b_cs, long long ldc,
-                                                    int inner, long long sa, long long oa, long long sb,
-                                                    long long ob, long long sc, long long oc, float alpha) {
-  extern __shared__ float sc_tiny_smem[];
-  float* As = sc_tiny_smem;            // [m][k + 1]
-  float* Bs = sc_tiny_smem + m * (k + 1);  // [k][n + 1]
+// Tiny batched products: one block a matrix, both operands staged in shared memory (A's rows
+// padded by one against bank conflicts, B's to a multiple of four for float4 reads), each thread
+// a 1 x 4 strip of the output as k-ordered fp32 FMA chains. Matrix b = o*inner + j. The shape is
+// compile-time, so the index arithmetic of the staging loops is shifts and multiplies.
+template <int M, int N, int K, bool A_ROWS, bool B_ROWS, int THREADS>
+__global__ void __launch_bounds__(THREADS) sc_tiny_gemm(const float* __restrict__ A, const float* __restrict__ B,
+                                                        float* __restrict__ C, long long lda, long long ldb,
+                                                        long long ldc, int inner, long long sa, long long oa,
+                                                        long long sb, long long ob, long long sc, long long oc,
+                                                        float alpha) {
+  constexpr int KP = K + 1, NP = (N + 3) / 4 * 4, NT = NP / 4;
+  __shared__ float As[M * KP];
+  __shared__ __align__(16) float Bs[K * NP];
   const long long o = blockIdx.x / inner, j = blockIdx.x % inner;
   const float* a = A + o * oa + j * sa;
   const float* b = B + o * ob + j * sb;
   float* c = C + o * oc + j * sc;
-  for (int t = threadIdx.x; t < m * k; t += blockDim.x) {  // along the unit stride: coalesced
-    const int i = a_cs == 1 ? t / k : t % m, kk = a_cs == 1 ? t % k : t / m;
-    As[i * (k + 1) + kk] = a[i * a_rs + kk * a_cs];
+  for (int t = threadIdx.x; t < M * K; t += THREADS) {  // along the unit stride: coalesced
+    const int i = A_ROWS ? t / K : t % M, kk = A_ROWS ? t % K : t / M;
+    As[i * KP + kk] = a[A_ROWS ? i * lda + kk : kk * lda + i];
   }
-  for (int t = threadIdx.x; t < k * n; t += blockDim.x) {
-    const int kk = b_cs == 1 ? t / n : t % k, jj = b_cs == 1 ? t % n : t / k;
-    Bs[kk * (n + 1) + jj] = b[kk * b_rs + jj * b_cs];
+  for (int t = threadIdx.x; t < K * NP; t += THREADS) {
+    const int kk = B_ROWS ? t / NP : t % K, jj = B_ROWS ? t % NP : t / K;
+    Bs[kk * NP + jj] = jj < N ? b[B_ROWS ? kk * ldb + jj : jj * ldb + kk] : 0.0f;
   }
   __syncthreads();
-  for (int t = threadIdx.x; t < m * n; t += blockDim.x) {
-    const int i = t / n, jj = t % n;
-    float acc = 0.0f;
-    for (int kk = 0; kk < k; ++kk) acc = fmaf(As[i * (k + 1) + kk], Bs[kk * (n + 1) + jj], acc);
-    c[i * ldc + jj] = alpha * acc;
+  for (int t = threadIdx.x; t < M * NT; t += THREADS) {
+    const int i = t / NT, j0 = (t % NT) * 4;
+    float acc0 = 0.0f, acc1 = 0.0f, acc2 = 0.0f, acc3 = 0.0f;
+#pragma unroll 8
+    for (int kk = 0; kk < K; ++kk) {
+      const float av = As[i * KP + kk];
+      const float4 bv = *reinterpret_cast<const float4*>(&Bs[kk * NP + j0]);
+      acc0 = fmaf(av, bv.x, acc0);
+      acc1 = fmaf(av, bv.y, acc1);
+      acc2 = fmaf(av, bv.z, acc2);
+      acc3 = fmaf(av, bv.w, acc3);
+    }
+    float* row = c + i * ldc + j0;
+    row[0] = alpha * acc0;
+    if (j0 + 1 < N) row[1] = alpha * acc1;
+    if (j0 + 2 < N) row[2] = alpha * acc2;
+    if (j0 + 3 < N) row[3] = alpha * acc3;
   }
 }
 """
@@ -86,14 +101,17 @@ def tiny(g: Gemm) -> bool:
 
 
 def tiny_launch(g: Gemm) -> str:
+    """One block a product, as many threads as the product has 1 x 4 output strips (whole warps,
+    at most 128)."""
     lda = g.ld_a or (g.m if g.a_trans else g.k)
     ldb = g.ld_b or (g.k if g.b_trans else g.n)
-    a_rs, a_cs = (1, lda) if g.a_trans else (lda, 1)
-    b_rs, b_cs = (1, ldb) if g.b_trans else (ldb, 1)
-    smem = 4 * (g.m * (g.k + 1) + g.k * (g.n + 1))
-    return (f"sc_tiny_gemm<<<{g.batch * g.outer}, 128, {smem}, stream>>>(a.{g.a}, a.{g.b}, a.{g.out}, {g.m}, {g.n}, "
-            f"{g.k}, {a_rs}LL, {a_cs}LL, {b_rs}LL, {b_cs}LL, {g.ld_c or g.n}LL, {g.batch}, {g.stride_a}LL, "
-            f"{g.outer_a}LL, {g.stride_b}LL, {g.outer_b}LL, {g.stride_c}LL, {g.outer_c}LL, {c_float(g.alpha)});\n"
+    strips = g.m * -(-g.n // 4)
+    threads = min(128, -(-strips // 32) * 32)
+    a_rows, b_rows = str(not g.a_trans).lower(), str(not g.b_trans).lower()
+    return (f"sc_tiny_gemm<{g.m}, {g.n}, {g.k}, {a_rows}, {b_rows}, {threads}><<<{g.batch * g.outer}, {threads}, 0, "
+            f"stream>>>(a.{g.a}, a.{g.b}, a.{g.out}, {lda}LL, {ldb}LL, {g.ld_c or g.n}LL, {g.batch}, "
+            f"{g.stride_a}LL, {g.outer_a}LL, {g.stride_b}LL, {g.outer_b}LL, {g.stride_c}LL, {g.outer_c}LL, "
+            f"{c_float(g.alpha)});\n"
             "SC_CUDA_CHECK(cudaGetLastError());")
 
 

@@ -94,6 +94,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
             launches.append(head + " -- no launch")
             continue
         text = [head]
+        kinds: dict[str, int] = {}  # a group's second kernel of a kind is named g<id>_1, and so on
         for part in lg.launches():
             if part.call is not None:
                 for kname, ksource in part.call.kernels.items():
@@ -107,8 +108,10 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
             if part.conv is not None:
                 text.append(conv_launch(part.conv))
             if part.program is not None and (part.kind not in ("gemm", "conv") or part.program.steps):
-                k = emitter.row(lg.group.id, part.program) if part.kind == "row" else emitter.pointwise(
-                    lg.group.id, part.program)
+                kind = "row" if part.kind == "row" else "pointwise"
+                kinds[kind] = kinds.get(kind, -1) + 1
+                gid = f"{lg.group.id}_{kinds[kind]}" if kinds[kind] else str(lg.group.id)
+                k = emitter.row(gid, part.program) if kind == "row" else emitter.pointwise(gid, part.program)
                 if k.source:
                     kernels.append(k.source)
                 text.append(k.launch)
