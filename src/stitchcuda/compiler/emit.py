@@ -73,7 +73,7 @@ def _load(lf: Leaf, low: Lowering, offset: Any, coord: Any) -> str:
 
 
 def _read(lf: Leaf, low: Lowering, offset: Any) -> str:
-    """``lf``'s read, its guard (if any) left out."""
+    """``lf``'s read (through its index reads), its guard and window left out."""
     ptr = low.storage[lf.value]
     if not lf.gathers:
         return f"{ptr}[{offset(lf)}]"

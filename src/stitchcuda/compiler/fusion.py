@@ -48,7 +48,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from stitchcuda.compiler.expr import POOL_OPS, pool_fusable
+from stitchcuda.compiler.expr import POOL_OPS, numel, pool_fusable
 from stitchcuda.compiler.families import FAMILIES
 from stitchcuda.compiler.families.layout_typed import claims
 from stitchcuda.compiler.formulas import ROW_OPS
@@ -113,7 +113,7 @@ def row_lowerable(node: Node, in_shape: list[int] | None) -> bool:
     rank = len(shape)
     if node.op == "aten.group_norm":
         groups = int(node.args[1]) if len(node.args) > 1 else 1
-        return rank >= 2 and shape[1] % groups == 0 and _numel(shape[1:]) // groups <= MAX_ROW
+        return rank >= 2 and shape[1] % groups == 0 and numel(shape[1:]) // groups <= MAX_ROW
     if extra:
         return True
     if not dims:
@@ -122,14 +122,7 @@ def row_lowerable(node: Node, in_shape: list[int] | None) -> bool:
         return False  # the row kernel reduces the last dim alone, by sum, mean or amax
     if list(dims) != list(range(rank - len(dims), rank)):
         return False
-    return _numel([shape[d] for d in dims]) <= MAX_ROW
-
-
-def _numel(shape: Any) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
+    return numel([shape[d] for d in dims]) <= MAX_ROW
 
 
 def op_role(node: Node, fold_batch_norm: bool = True, in_shape: list[int] | None = None) -> Role:
@@ -331,7 +324,7 @@ class _Fuser(Grouping):
     def _epilogue(self, anchor: str) -> list[list[str]]:
         """The single-consumer elementwise chain after a GEMM or convolution, each step an op and
         the layout-preserving views before it."""
-        numel = self._numel(self.out_shape(anchor))
+        size = numel(self.out_shape(anchor) or ())
         tail, pending, steps = anchor, [], []
         while True:
             users = self.users(tail)
@@ -339,11 +332,11 @@ class _Fuser(Grouping):
                 return steps
             c = users[0]
             if self.node[c].op in LAYOUT_VIEWS and self.free_view(c) and len(self.values[c]) == 1 \
-                    and self._numel(self.out_shape(c)) == numel:
+                    and numel(self.out_shape(c) or ()) == size:
                 pending.append(c)
                 tail = c
                 continue
-            if self.role[c] != "elementwise" or self._numel(self.out_shape(c)) != numel:
+            if self.role[c] != "elementwise" or numel(self.out_shape(c) or ()) != size:
                 return steps
             steps.append([*pending, c])
             pending, tail = [], c
@@ -357,13 +350,6 @@ class _Fuser(Grouping):
         u = self.node[users[0]]
         return self.role[u.name] == "reduce" and self.free(u.name) and self.reads[u.name][:1] == [value] \
             and u.op not in ("aten.group_norm", "aten.batch_norm") and reduce_geometry(u, shape) is not None
-
-    @staticmethod
-    def _numel(shape: list[int] | None) -> int:
-        n = 1
-        for d in shape or []:
-            n *= d
-        return n
 
     # -- phase 4: row reductions and normalisations
 
@@ -404,7 +390,7 @@ class _Fuser(Grouping):
 
     def _row_note(self, gid: int, geo: Any) -> str:
         shape, dims, extra = geo
-        length = self._numel([shape[d] for d in dims])
+        length = numel([shape[d] for d in dims])
         reductions = [m for m in self._ordered(gid) if self.role[m] == "reduce"]
         what = ", ".join(short(self.node[m].op) for m in reductions)
         if extra.startswith("groups"):
@@ -412,7 +398,7 @@ class _Fuser(Grouping):
         elif extra == "channels":
             rows = f"{shape[1] if len(shape) > 1 else 1} channels of {length} (batch statistics)"
         else:
-            count = self._numel(list(shape)) // max(length, 1)
+            count = numel(list(shape)) // max(length, 1)
             rows = f"{count} row{'s' if count != 1 else ''} of {length}"
             if dims and dims[-1] != len(shape) - 1:
                 rows += " (strided rows)"
@@ -432,7 +418,7 @@ class _Fuser(Grouping):
             self.grow(gid, lambda c, s=shape: self.role[c] == "elementwise" and self.out_shape(c) == s)
             self.absorb_producers(gid, lambda p: self.role[p] == "elementwise")
             self.groups[gid].notes.append(f"{len(self.groups[gid].members)} elementwise op(s) in one pass over "
-                                          f"{self._numel(shape)} elements")
+                                          f"{numel(shape)} elements")
 
     # -- phase 6: free views and constants join their one reader
 

@@ -9,7 +9,7 @@ from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_gemm import describe_gemm, strided_gemm
 from stitchcuda.compiler.lower_rows import lower_row
-from stitchcuda.compiler.lowered import SPLITS, Lowered, to_ident
+from stitchcuda.compiler.lowered import SPLITS, Lowered
 
 
 def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
@@ -50,9 +50,7 @@ def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
             raise Unsupported(f"{n.name} ({n.op}) is used outside the attention group")
     # Q.K^T into a contiguous scores buffer, then the row kernel in place over it
     s_shape = cx.shape(qk.name)
-    scores = f"b_{to_ident(qk.name)}"
-    cx.out.intermediates.append((scores, list(s_shape)))
-    cx.out.storage[qk.name] = scores
+    scores = cx.scratch(qk.name, s_shape)
     arg = cx.arg(env, f"{qk.name} ({qk.op})")
     g_qk = strided_gemm(cx, f"{qk.name} ({qk.op})", arg(qk.args[0]), arg(qk.args[1]), scores, s_shape,
                         contiguous_strides(s_shape))

@@ -109,6 +109,14 @@ class LowerContext:
             self.out.intermediates.append((ident, list(self.shape(value))))
         return ident
 
+    def scratch(self, value: str, shape: Any) -> str:
+        """A buffer of the program's own for a value the graph does not name (a library call's raw
+        result, a patch copy): ``b_<value>``, registered as an intermediate of ``shape``."""
+        ident = f"b_{to_ident(value)}"
+        self.out.intermediates.append((ident, list(shape)))
+        self.out.storage[value] = ident
+        return ident
+
     def arg(self, env: dict[str, Expr], where: str):
         def resolve(a: Any) -> Expr:
             if isinstance(a, str) and a.startswith("%"):

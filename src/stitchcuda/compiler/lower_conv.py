@@ -26,7 +26,7 @@ from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node
 from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_gemm import SPLIT_SCRATCH, activation_of, feeds_only, reserve_scratch
-from stitchcuda.compiler.lower_pointwise import epilogue_text, library_call, lower_pointwise
+from stitchcuda.compiler.lower_pointwise import apply_epilogue, epilogue_text, library_call, lower_pointwise
 from stitchcuda.compiler.lowered import Conv, Gemm, Lowered, to_ident
 from stitchcuda.compiler.split_tf32 import plan_conv_split, worth_splitting_conv
 
@@ -99,17 +99,12 @@ def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node], convs: list[
         text += " via cuDNN"
     if any(geo.trim):  # uneven 'same' padding: cuDNN writes one more row where it is, the epilogue drops it
         wide = (geo.n, geo.k, *geo.out_size)
-        conv.out = f"b_{to_ident(anchor.name)}__wide"
-        cx.out.intermediates.append((conv.out, list(wide)))
-        cx.out.storage[f"{anchor.name}__wide"] = conv.out
+        conv.out = cx.scratch(f"{anchor.name}__wide", wide)
         st = contiguous_strides(wide)
         lead = st[:2] if geo.batched else st[1:2]  # an input without its batch dim: N = 1, dropped
         value = leaf(f"{anchor.name}__wide", out_shape, (*lead, *st[len(st) - spatial:]),
                      sum(t * s for t, s in zip(geo.trim, st[2:], strict=True)))
-        steps = [] if bias is None else [Step(to_ident(anchor.name), "full", Expr("add", (value, bias),
-                                                                                  shape=tuple(out_shape)))]
-        env[anchor.name] = ref(to_ident(anchor.name), out_shape) if bias is not None else value
-        low = lower_pointwise(cx, g, epilogue, env, Program("pointwise", out_shape, steps=steps))
+        low = apply_epilogue(cx, g, anchor, value, epilogue, bias, env)
         low.kind, low.describe = "conv", text + " + epilogue " + epilogue_text(bias, epilogue)
     else:
         low, conv.out = library_call(cx, g, "conv", anchor, epilogue, bias, env, text)
@@ -212,27 +207,15 @@ def _patches_as_gemm(cx: LowerContext, g: FusionGroup, anchor: Node, geo: ConvGe
     shape = (geo.c, *geo.kernel, geo.n, *geo.out_size)
     st = contiguous_strides((geo.n, geo.c, *geo.size))
     strides = (st[1], *st[2:], st[0], *(k * s for k, s in zip(geo.kernel, st[2:], strict=True)))
-    patches = f"{anchor.name}__patches"
-    cx.out.intermediates.append((f"b_{to_ident(patches)}", list(shape)))
-    cx.out.storage[patches] = f"b_{to_ident(patches)}"
+    patches, raw = f"{anchor.name}__patches", f"{anchor.name}__raw"
     copy = Program("pointwise", shape, steps=[Step(to_ident(patches), "full", leaf(x.value, shape, strides, x.offset))])
     copy.outputs[patches], copy.output_shapes[patches] = to_ident(patches), shape
-    raw = f"{anchor.name}__raw"
-    cx.out.intermediates.append((f"b_{to_ident(raw)}", [geo.k, cols]))
-    cx.out.storage[raw] = f"b_{to_ident(raw)}"
-    gemm = Gemm(1, geo.k, cols, depth, w, cx.out.storage[patches], a_trans=False, b_trans=False,
-                out=cx.out.storage[raw])
+    gemm = Gemm(1, geo.k, cols, depth, w, cx.scratch(patches, shape), a_trans=False, b_trans=False,
+                out=cx.scratch(raw, (geo.k, cols)))
     out_shape = tuple(cx.shape(anchor.name))
-    positions = numel(geo.out_size)
     spatial = contiguous_strides(tuple(out_shape[-(len(out_shape) - (2 if geo.batched else 1)):]))
-    value = leaf(raw, out_shape, ((positions,) if geo.batched else ()) + (cols,) + spatial)
-    steps = []
-    if bias is not None:
-        steps.append(Step(to_ident(anchor.name), "full", Expr("add", (value, bias), shape=out_shape)))
-        env[anchor.name] = ref(to_ident(anchor.name), out_shape)
-    else:
-        env[anchor.name] = value
-    write = lower_pointwise(cx, g, epilogue, env, Program("pointwise", out_shape, steps=steps))
+    value = leaf(raw, out_shape, ((numel(geo.out_size),) if geo.batched else ()) + (cols,) + spatial)
+    write = apply_epilogue(cx, g, anchor, value, epilogue, bias, env)
     text += (f" as a GEMM over its patches: [{geo.k} x {depth}] . [{depth} x {cols}], written NCHW"
              + (" with " + epilogue_text(bias, epilogue) if bias is not None or epilogue else ""))
     return Lowered(g, "sequence", describe=text, parts=[

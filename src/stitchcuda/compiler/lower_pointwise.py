@@ -94,22 +94,25 @@ def with_epilogue(cx: LowerContext, g: FusionGroup, anchor: Node, epilogue: list
     scratch buffer), and one pointwise kernel applies bias + the epilogue in place there;
     returns (that kernel, the buffer the library call must write)."""
     out_shape = cx.shape(anchor.name)
-    outs = cx.outputs_of(g)
-    raw_target = next((v for v in outs if cx.shape(v) == out_shape), None)
-    if raw_target is None:
-        raw = f"b_{to_ident(anchor.name)}__raw"
-        cx.out.intermediates.append((raw, list(out_shape)))
-    else:
-        raw = cx.buffer(raw_target)
     raw_value = f"{anchor.name}__raw"
-    cx.out.storage[raw_value] = raw
-    value = leaf(raw_value, out_shape)
+    raw_target = next((v for v in cx.outputs_of(g) if cx.shape(v) == out_shape), None)
+    if raw_target is None:
+        raw = cx.scratch(raw_value, out_shape)
+    else:
+        raw = cx.out.storage[raw_value] = cx.buffer(raw_target)
+    return apply_epilogue(cx, g, anchor, leaf(raw_value, out_shape), epilogue, bias, env), raw
+
+
+def apply_epilogue(cx: LowerContext, g: FusionGroup, anchor: Node, value: Expr, epilogue: list[Node],
+                   bias: Expr | None, env: dict[str, Expr]) -> Lowered:
+    """The bias and the epilogue as one pointwise kernel over the anchor's output shape, ``value``
+    reading the library call's result wherever (and in whatever layout) it wrote it."""
+    out_shape = cx.shape(anchor.name)
     steps: list[Step] = []
     if bias is not None:
-        steps.append(Step(to_ident(anchor.name), "full", Expr("add", (value, bias), shape=broadcast(value.shape,
-                                                                                                    bias.shape))))
+        steps.append(Step(to_ident(anchor.name), "full", Expr("add", (value, bias),
+                                                              shape=broadcast(value.shape, bias.shape))))
         env[anchor.name] = ref(to_ident(anchor.name), out_shape)
     else:
         env[anchor.name] = value
-    program = Program("pointwise", out_shape, steps=steps)
-    return lower_pointwise(cx, g, epilogue, env, program), raw
+    return lower_pointwise(cx, g, epilogue, env, Program("pointwise", out_shape, steps=steps))
