@@ -288,3 +288,171 @@ def test_report_renders_in_headless_chromium(tmp_path):
     assert float(gray.std()) > 0.05
     assert float((gray < 0.9).mean()) > 0.01
 
+
+
+# --- why a task failed -----------------------------------------------------------------------
+
+def _verdict(**fields):
+    from stitchcuda.verify.config import TOLERANCES
+    from stitchcuda.verify.verdict import SourceRef, Verdict
+
+    return Verdict(task=SourceRef(name="t", sha256="0"), candidate=SourceRef(name="c", sha256="1"),
+                   tolerance=TOLERANCES["strict"], **fields)
+
+
+def _trial(index: int, passed: bool, max_abs_error: float | None, error: str | None = None):
+    from stitchcuda.verify.verdict import TrialResult
+
+    return TrialResult(index=index, seed=index, distribution="normal", order="reference-first", passed=passed,
+                       max_abs_error=max_abs_error, error=error)
+
+
+def failing_verdicts() -> dict[str, tuple[object, str]]:
+    """One real Verdict per way of failing, with the reason the bench must print for it."""
+    from stitchcuda.verify.verdict import (
+        BuildReport,
+        CompilerMessage,
+        CorrectnessReport,
+        CrashReport,
+        ExtensionBuild,
+        Finding,
+        HackingReport,
+    )
+
+    message = CompilerMessage(file="/cache/fused_ab12/cuda.cu", line=12, message='identifier "blockDimx" is undefined',
+                              candidate_line=40)
+    build = BuildReport(extensions=[
+        ExtensionBuild(requested_name="fused", name="fused_ab12", build_dir="/cache/fused_ab12", ok=False,
+                       cache_hit=False, seconds=3.0, messages=[message])])
+    wrong = CorrectnessReport(trials=[_trial(0, False, 3.2e-2, "out of tolerance"), _trial(1, True, 1e-6),
+                                      _trial(2, False, 1.5e-3, "out of tolerance")])
+    traceback = "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA error: an illegal memory access"
+    hack = HackingReport(level="total", findings=[
+        Finding(check="global_state", detail="changed a flag", level="partial"),
+        Finding(check="no_custom_kernels", detail="the candidate built no extension", level="total")])
+    return {
+        "build": (_verdict(build=build, errors=["build of 'fused' failed"]),
+                  'build error: cuda.cu:12 (candidate line 40): identifier "blockDimx" is undefined'),
+        "wrong_output": (_verdict(compiled=True, correctness=wrong),
+                         "wrong output: max abs error 3.2e-02 (tolerance strict) in 2 of 3 trials"),
+        "timeout": (_verdict(compiled=True, crash=CrashReport(kind="timeout", phase="timing",
+                                                              message="it ran past its limit of 120 s")),
+                    "timeout: during timing: it ran past its limit of 120 s"),
+        "crash": (_verdict(compiled=True, crash=CrashReport(kind="illegal_address", phase="correctness",
+                                                            message=traceback)),
+                  "crash: illegal address during correctness: RuntimeError: CUDA error: an illegal memory access"),
+        "hack": (_verdict(compiled=True, correct=True, hacking=hack),
+                 "hack: level total, no_custom_kernels: the candidate built no extension"),
+    }
+
+
+def failed_bench() -> BenchResult:
+    from stitchcuda.bench.runner import result_from_verdict
+    from stitchcuda.verify.failure import failure
+
+    tasks = [result_from_verdict(f"t_{kind}", 1, verdict, None) for kind, (verdict, _) in failing_verdicts().items()]
+    tasks += [
+        TaskResult(task="t_unsupported", level=1, status="unsupported", error="no lowering for aten::fft",
+                   failure=failure("no_candidate", "no lowering for aten::fft")),
+        _ok("t_ok", 1, eager=1.5),
+        # a bench stored before failures were recorded: its error text is all there is
+        TaskResult.model_validate_json('{"task": "t_old", "status": "failed", "error": "nvcc died"}'),
+    ]
+    return BenchResult(info=info(), tasks=tasks)
+
+
+def test_failure_of_each_verdict_names_its_reason():
+    from stitchcuda.verify.failure import failure_of
+    from stitchcuda.verify.verdict import CorrectnessReport, CrashReport
+
+    for kind, (verdict, text) in failing_verdicts().items():
+        found = failure_of(verdict)  # type: ignore[arg-type]
+        assert found is not None and found.kind == kind and found.text == text
+    assert failure_of(_verdict(compiled=True, correct=True, passed=True)) is None
+    segfault = failure_of(_verdict(compiled=True, crash=CrashReport(kind="segfault", phase="correctness",
+                                                                    signal="SIGSEGV", message="")))
+    assert segfault is not None and segfault.text == "crash: segfault during correctness (SIGSEGV)"
+    # no number to give (a shape that differs): the trial's own words
+    shape = failure_of(_verdict(compiled=True, correctness=CorrectnessReport(
+        trials=[_trial(0, False, None, "output shape (2, 3), expected (2, 4)")])))
+    assert shape is not None and shape.kind == "wrong_output" and "shape (2, 3), expected (2, 4)" in shape.detail
+    unloaded = failure_of(_verdict(errors=["importing the candidate failed: NameError: name 'x' is not defined"]))
+    assert unloaded is not None and unloaded.kind == "build" and "NameError" in unloaded.detail
+    broken_reference = failure_of(_verdict(reference_error="Traceback\nValueError: bad reference\n"))
+    assert broken_reference is not None and broken_reference.kind == "error" and "Traceback" in broken_reference.detail
+
+
+def test_failed_tasks_say_why_in_the_record_the_report_and_the_terminal(tmp_path):
+    from rich.console import Console
+
+    from stitchcuda.bench.report import md_escape, write_report
+    from stitchcuda.console import bench_view
+
+    result = failed_bench()
+    by_task = {t.task: t for t in result.tasks}
+    for kind, (_, text) in failing_verdicts().items():
+        record = by_task[f"t_{kind}"]
+        assert record.failure is not None and record.failure.kind == kind and record.why == text
+        # stored and loaded back: a typed field, not text to parse
+        assert TaskResult.model_validate_json(record.model_dump_json()).failure == record.failure
+    assert by_task["t_ok"].failure is None and by_task["t_ok"].why is None
+    assert by_task["t_unsupported"].why == "no candidate: no lowering for aten::fft"
+    assert by_task["t_old"].failure is None and by_task["t_old"].why == "nvcc died"
+
+    files = write_report(result, tmp_path / "report")
+    md, html = files.markdown.read_text(), files.html.read_text()
+    reasons = [text for _, text in failing_verdicts().values()] + ["no candidate: no lowering for aten::fft",
+                                                                   "nvcc died"]
+    for text in reasons:
+        assert md_escape(text) in md
+        assert text.replace('"', "&#34;") in html
+    header = next(line for line in md.splitlines() if line.startswith("| task |"))
+    cells = re.compile(r"(?<!\\)\|")
+    rows = [line for line in md.splitlines() if line.startswith("| t\\_")]
+    assert len(rows) == len(result.tasks) and all(len(cells.findall(r)) == len(cells.findall(header)) for r in rows)
+    assert header.rstrip().endswith("| why |")
+
+    console = Console(width=400, record=True)
+    console.print(bench_view(result, bench_metrics(result.tasks, result.info)))
+    text = console.export_text()
+    for reason in reasons:
+        assert reason in text
+    ok_line = next(line for line in text.splitlines() if "t_ok" in line)
+    assert "error" not in ok_line and "wrong" not in ok_line
+
+
+def test_a_run_that_kept_nothing_says_why_from_its_last_verdict(tmp_path):
+    from stitchcuda.bench.runner import last_failure
+    from stitchcuda.records import RunState, SampleOutcome, StepRecord
+
+    build_verdict, _ = failing_verdicts()["build"]
+    wrong_verdict, wrong_text = failing_verdicts()["wrong_output"]
+    paths = {}
+    for name, v in (("build", build_verdict), ("wrong", wrong_verdict)):
+        paths[name] = tmp_path / f"{name}.verdict.json"
+        paths[name].write_text(v.model_dump_json())  # type: ignore[attr-defined]
+
+    class Store:
+        def __init__(self, steps):
+            self._steps = steps
+
+        def steps(self, run_id):
+            return self._steps
+
+    state = RunState(run_id="r", task="t", task_sha256="0", status="stopped", stop_reason="budget: 2 steps")
+    steps = [StepRecord(index=0, subtask=1, skill="scratch", chosen=0,
+                        samples=[SampleOutcome(sample=0, verdict_path=str(paths["build"]))]),
+             # the step keeps its second sample (compiled, wrong) over its first (did not build)
+             StepRecord(index=1, subtask=1, skill="feedback", chosen=1,
+                        samples=[SampleOutcome(sample=0, verdict_path=str(paths["build"])),
+                                 SampleOutcome(sample=1, verdict_path=str(paths["wrong"]))]),
+             StepRecord(index=2, subtask=1, skill="feedback", chosen=0,
+                        samples=[SampleOutcome(sample=0, extract_error="no code block in the answer")])]
+    assert last_failure(Store(steps), state).text == wrong_text
+
+    nothing = last_failure(Store(steps[2:]), state)
+    assert (nothing.kind, nothing.detail) == ("no_candidate", "no program in the Coder's answer: no code block "
+                                                              "in the answer")
+    failed = state.model_copy(update={"status": "failed", "stop_reason": "the Coder's LLM failed: 401 Unauthorized"})
+    llm = last_failure(Store([]), failed)
+    assert llm.text == "no candidate: the Coder's LLM failed: 401 Unauthorized"

@@ -79,6 +79,15 @@ def test_bench_evaluate_locally_then_resume_redoes_nothing_verified(tmp_path, ca
     assert json.loads(rows["d_missing"])["status"] == "failed"
     assert json.loads(rows["d_missing"])["error"].startswith("no solution")
     assert json.loads(rows["c_wrong"])["correct"] is False
+    # every task that did not pass says why, typed, in its row and in --json
+    failures = {f["task"]: f for f in metrics["failures"]}
+    assert set(failures) == {"b_pure", "c_wrong", "d_missing"} and honest["failure"] is None
+    for task, f in failures.items():
+        assert json.loads(rows[task])["failure"] == {"kind": f["kind"], "detail": f["detail"]}
+    assert failures["b_pure"]["kind"] == "hack" and failures["b_pure"]["detail"].startswith("level total, ")
+    assert failures["c_wrong"]["kind"] == "wrong_output"
+    assert failures["c_wrong"]["detail"].startswith("max abs error ") and "(tolerance strict)" in failures["c_wrong"]["detail"]
+    assert failures["d_missing"]["kind"] == "no_candidate" and failures["d_missing"]["detail"].startswith("no solution")
 
     # a kill mid-bench: one task still pending; resume verifies it alone
     db.execute("UPDATE bench_tasks SET status = 'pending' WHERE task = 'c_wrong'")
@@ -216,6 +225,10 @@ def test_bench_optimize_records_each_run_and_its_attempts(tmp_path, cache):
     assert done.exit_code == 0, done.output
     row = json.loads(sqlite3.connect(ws / "runs.sqlite").execute("SELECT result FROM bench_tasks").fetchone()[0])
     assert row["run_id"] and row["status"] == "done" and row["error"] == "no candidate passed"
+    assert row["failure"]["kind"] == "hack" and row["failure"]["detail"].startswith("level total, ")
+    assert json.loads(done.stdout)["failures"] == [{"task": "tiny", **row["failure"]}]
+    shown = bench("--resume", "last", "--workspace", str(ws))  # nothing left to run: the table alone
+    assert shown.exit_code == 0 and "hack: level total" in shown.stdout
     assert row["steps"] == 1 and row["llm_calls"] == 2 and row["tokens"] > 0
     assert [(a["step"], a["outcome"]) for a in row["attempts"]] == [(0, "hack (total)")]
     assert json.loads(done.stdout)["overall"]["succeeded"] == 0

@@ -22,8 +22,9 @@ PACKAGE = SRC / "stitchcuda"
 # PEERS says so.
 LAYERS: list[tuple[str, set[str]]] = [
     # the version string, where the cache lives, what the machine has (nvidia-smi, the CUDA
-    # toolkit), the one Jinja setup every template renders under
-    ("foundation", {"stitchcuda", "paths", "machine", "templating"}),
+    # toolkit and its library headers), the one Jinja setup every template renders under, the hints
+    # messages carry
+    ("foundation", {"stitchcuda", "paths", "machine", "cuda_headers", "templating", "hints"}),
     # the task and candidate records and their loading, and the records of an optimize run
     # (plan, steps, state): what every stage passes around
     ("task, records", {"task", "records"}),
@@ -49,6 +50,7 @@ PEERS: dict[tuple[str, str], str] = {
     ("cli", "terminal"): "commands write through the one terminal console",
     ("cli", "doctor"): "`stitchcuda doctor` runs the checks",
     ("console", "doctor"): "the doctor report's view",
+    ("console", "terminal"): "the live progress view writes through the one terminal console",
 }
 
 @dataclass(frozen=True)

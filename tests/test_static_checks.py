@@ -139,6 +139,109 @@ class ModelNew(nn.Module):
         threading.Thread(target=self._run, args=(x, out)).start()
         return out
 '''),
+    # issue 29: outputs collected in a Python list and joined are the inputs' results, not constants
+    "loop_append_then_stack": ("none", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        h = torch.zeros(4, 8, device="cuda")
+        outs = []
+        for t in range(x.size(0)):
+            h = _ext.f(x[t], h)
+            outs.append(h)
+        return torch.stack(outs, dim=0)
+'''),
+    "comprehension_then_cat": ("none", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        parts = [_ext.f(c) for c in x.split(128)]
+        return torch.cat(parts, dim=0)
+'''),
+    "while_extend_then_stack": ("none", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        outs, i = [], 0
+        while i < x.size(0):
+            outs.extend(_ext.f(x[i:i + 2]).unbind(0))
+            i += 2
+        return torch.stack(outs)
+'''),
+    "unpacked_state_in_a_loop": ("none", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        h, c = self.h0, self.c0
+        hs = []
+        for xt in x:
+            h, c = _ext.f(xt, h, c)
+            hs += [h]
+        return torch.stack(hs), (h, c)
+'''),
+    # module state rebuilt on every call holds this call's results
+    "state_list_reset_each_call": ("none", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        self.outs = []
+        for xt in x.unbind(0):
+            self.outs.append(_ext.f(xt))
+        return torch.stack(self.outs)
+'''),
+    "constants_stacked": ("total", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        _ext.f(x)
+        outs = []
+        for t in range(x.size(0)):
+            outs.append(torch.zeros(4, 8, device="cuda"))
+        return torch.stack(outs, dim=0)
+'''),
+    # the comprehension walks the input but builds each element without it
+    "constants_from_a_comprehension": ("total", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        _ext.f(x)
+        return torch.cat([torch.zeros(4, 8, device="cuda") for c in x.chunk(4)])
+'''),
+    # unpacking pairs element by element: outs is the empty list, not the kernel's result
+    "constants_list_unpacked_beside_a_result": ("total", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        outs, y = [], _ext.f(x)
+        for t in range(3):
+            outs.append(torch.zeros(4, 8, device="cuda"))
+        return torch.cat(outs)
+'''),
+    "stacked_result_cached_on_self": ("total", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if self.cache is None:
+            outs = []
+            for xt in x:
+                outs.append(_ext.f(xt))
+            self.cache = torch.stack(outs)
+        return self.cache
+'''),
+    "list_on_self_filled_once": ("total", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        if not self.outs:
+            for t in range(x.size(0)):
+                self.outs.append(_ext.f(x[t]))
+        return torch.stack(self.outs)
+'''),
+    # appended on every call, never emptied: the first call's result comes back forever
+    "list_on_self_grows_across_calls": ("total", '''
+class ModelNew(nn.Module):
+    def forward(self, x):
+        self.outs.append(_ext.f(x))
+        return self.outs[0]
+'''),
+    "module_list_grows_across_calls": ("total", '''
+_RESULTS = []
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        _RESULTS.append(_ext.f(x))
+        return torch.stack(_RESULTS[:1])
+'''),
 }
 
 
@@ -148,6 +251,21 @@ def test_rule(name):
     report = static_findings(HEAD + body)
     found = hacking_level(report.findings)
     assert found == expect, [(f.check, f.level, f.detail) for f in report.findings]
+
+
+@pytest.mark.parametrize(("name", "check"), [
+    ("constants_stacked", "constant_output"),
+    ("constants_from_a_comprehension", "constant_output"),
+    ("stacked_result_cached_on_self", "cached_output"),
+    ("list_on_self_filled_once", "cached_output"),
+    ("list_on_self_grows_across_calls", "cached_output"),
+    ("module_list_grows_across_calls", "cached_output"),
+])
+def test_joined_lists_keep_their_finding(name, check):
+    """The hacks among the list cases are caught as what they are, not by a side rule."""
+    report = static_findings(HEAD + CASES[name][1])
+    assert check in {f.check for f in report.findings if f.level == "total"}, \
+        [(f.check, f.level, f.detail) for f in report.findings]
 
 
 def test_thread_target_is_followed():

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 
 import typer
 from pydantic import ValidationError
+from rich.text import Text
 
 from stitchcuda.agents.session import SessionError, build_config, run_session
 from stitchcuda.bench.metrics import bench_metrics
@@ -35,13 +36,15 @@ from stitchcuda.console import (
     verdict_view,
 )
 from stitchcuda.doctor import diagnose
+from stitchcuda.hints import BENCH_SKIP_UNUSABLE, NO_GPU, TASKS_CHECK, Hint, render
 from stitchcuda.llm import LLMConfig, LLMError, make_client
 from stitchcuda.reward import RewardConfig, RubricJudge
 from stitchcuda.reward.score import score_candidate
 from stitchcuda.rl.config import TrainConfig
 from stitchcuda.rl.dataset import build_dataset
 from stitchcuda.store import RunStore, db_path
-from stitchcuda.task import TaskError, load_candidate, probe_reference, resolve_tasks
+from stitchcuda.task import TaskError, load_candidate, resolve_tasks
+from stitchcuda.task.probe import check_references
 from stitchcuda.task.record import Task
 from stitchcuda.terminal import console
 from stitchcuda.verify import DeviceUnavailable, Verifier, VerifyConfig
@@ -75,19 +78,59 @@ WeightsOpt = Annotated[WeightsConvention, typer.Option(
          "copy: the reference's state_dict loaded into ModelNew, to verify against given weights.")]
 
 
-def _unusable(message: str) -> typer.Exit:
-    console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+def _unusable(message: str, hints: list[Hint] | None = None, json_out: bool = False) -> typer.Exit:
+    """Exit 2 with ``message`` (and what to try instead): on stderr, or as a JSON error on stdout
+    with ``--json``, so a script reading stdout always gets JSON."""
+    hints = hints or []
+    if json_out:
+        print(json.dumps({"error": message, "exit_code": EXIT_UNUSABLE,
+                          "hints": [h.model_dump() for h in hints]}, indent=1))
+    else:
+        text = Text("error: ", style="bold red")
+        text.append(message + render(hints))
+        console(stderr=True).print(text, highlight=False, soft_wrap=True)
     return typer.Exit(EXIT_UNUSABLE)
 
 
-def _tasks(spec: str | None, kernelbench: Path | None, level: int | None, problem: int | None) -> list[Task]:
+def _tasks(spec: str | None, kernelbench: Path | None, level: int | None, problem: int | None,
+           json_out: bool = False, checked: bool = True) -> list[Task]:
+    """The tasks ``spec`` names. ``checked=False`` keeps files that do not parse, for a caller that
+    checks every reference itself and names each unusable one (bench, ``tasks --check``)."""
     source = str(kernelbench) if kernelbench is not None else spec
     if source is None:
-        raise _unusable("name a task (file, folder, bundled name) or pass --kernelbench PATH --level N")
+        raise _unusable("name a task (file, folder, bundled name) or pass --kernelbench PATH --level N",
+                        json_out=json_out)
+    if kernelbench is not None and not kernelbench.expanduser().exists():
+        raise _unusable(f"--kernelbench {kernelbench}: no such file or folder (give a KernelBench checkout or "
+                        "its parquet file)", json_out=json_out)
     try:
-        return resolve_tasks(source, level, problem)
+        return resolve_tasks(source, level, problem, checked=checked)
     except TaskError as exc:
-        raise _unusable(str(exc)) from None
+        raise _unusable(str(exc), json_out=json_out) from None
+
+
+def _one_task(tasks: list[Task], json_out: bool) -> Task:
+    if len(tasks) != 1:
+        raise _unusable(f"{len(tasks)} tasks match; narrow it to one with --problem ID", json_out=json_out)
+    return tasks[0]
+
+
+def _usable(tasks: list[Task], json_out: bool, skip: bool = False) -> list[Task]:
+    """The tasks whose reference imports, builds and runs one forward (on the meta device, within
+    a time limit), checked before anything else: any other is an unusable task, named with its
+    file and line. ``skip`` leaves those out (said on stderr) instead of stopping."""
+    with console(stderr=True).status(f"checking {len(tasks)} reference(s)" if len(tasks) > 1
+                                     else "checking the reference"):
+        checks = check_references(tasks)
+    problems = [c.problem for c in checks if c.problem]
+    if problems and not skip:
+        many = len(tasks) > 1
+        head = f"{len(problems)} of {len(tasks)} tasks are unusable:\n" if many else ""
+        raise _unusable(head + "\n".join(problems), hints=[BENCH_SKIP_UNUSABLE, TASKS_CHECK] if many else [],
+                        json_out=json_out)
+    for problem in problems:
+        console(stderr=True).print(Text(f"skipped: {problem}", style="yellow"), soft_wrap=True)
+    return [t for t, c in zip(tasks, checks, strict=True) if c.ok]
 
 
 @app.command()
@@ -119,16 +162,14 @@ def verify(
     if kernelbench is not None and candidate is None:
         reference, candidate = "", Path(reference)  # `verify --kernelbench KB --level 1 --problem 3 CAND`
     if candidate is None:
-        raise _unusable("missing CANDIDATE: stitchcuda verify REFERENCE CANDIDATE")
+        raise _unusable("missing CANDIDATE: stitchcuda verify REFERENCE CANDIDATE", json_out=json_out)
     if preset not in PRESETS:
-        raise _unusable(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
-    tasks = _tasks(reference or None, kernelbench, level, problem)
-    if len(tasks) != 1:
-        raise _unusable(f"{len(tasks)} tasks match; narrow it to one (--level N --problem ID)")
+        raise _unusable(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}", json_out=json_out)
+    task = _one_task(_tasks(reference or None, kernelbench, level, problem, json_out), json_out)
     try:
         cand = load_candidate(candidate)
     except TaskError as exc:
-        raise _unusable(str(exc)) from None
+        raise _unusable(str(exc), json_out=json_out) from None
 
     updates: dict = {"tolerance": tolerance, "weights": weights}
     if trials is not None:
@@ -146,15 +187,16 @@ def verify(
     config = PRESETS[preset].model_copy(update=updates)
 
     verifier = Verifier(config)
-    if static_only:
-        verdict = verifier.verify_static(tasks[0], cand)
+    if static_only:  # reads the candidate's source alone: the reference never runs
+        verdict = verifier.verify_static(task, cand)
     else:
+        _usable([task], json_out)
         try:
             verifier.require_device()
         except DeviceUnavailable as exc:
-            raise _unusable(str(exc)) from None
+            raise _unusable(str(exc), NO_GPU["verify"], json_out) from None
         with console(stderr=True).status("starting the worker") as status:
-            verdict = verifier.verify(tasks[0], cand, on_phase=lambda p: status.update(f"verifying: {p}"))
+            verdict = verifier.verify(task, cand, on_phase=lambda p: status.update(f"verifying: {p}"))
     if json_out:
         print(verdict.model_dump_json(indent=1))
     else:
@@ -177,23 +219,25 @@ def profile(
 ) -> None:
     """The reference's profile for planning: GPU time per operator and module, launches, idle
     share, copies and syncs, FLOPs and bytes against this GPU's roofline."""
-    tasks = _tasks(reference, kernelbench, level, problem)
-    if len(tasks) != 1:
-        raise _unusable(f"{len(tasks)} tasks match; narrow it to one (--level N --problem ID)")
+    task = _one_task(_tasks(reference, kernelbench, level, problem, json_out), json_out)
+    _usable([task], json_out)
+    if not device.startswith("cuda"):
+        raise _unusable(f"--device {device}: profiling reads GPU kernels, so it needs a CUDA device (cuda:N)",
+                        NO_GPU["profile"], json_out)
     verifier = Verifier(VerifyConfig(device=device))
     try:
         verifier.require_device()
     except DeviceUnavailable as exc:
-        raise _unusable(str(exc)) from None
-    with console(stderr=True).status(f"profiling {tasks[0].name}"):
-        result = verifier.profile(tasks[0])
+        raise _unusable(str(exc), NO_GPU["profile"], json_out) from None
+    with console(stderr=True).status(f"profiling {task.name}"):
+        result = verifier.profile(task)
     if result.reference_error or result.crash or result.reference_profile is None:
         why = result.reference_error or (result.crash.message if result.crash else "; ".join(result.errors))
-        raise _unusable(f"the reference could not be profiled: {why}")
+        raise _unusable(f"the reference could not be profiled: {why}", json_out=json_out)
     if json_out:
         print(result.reference_profile.model_dump_json(indent=1))
     else:
-        console().print(profile_view(tasks[0].name, result.reference_profile))
+        console().print(profile_view(task.name, result.reference_profile))
 
 
 Provider = Literal["openai", "anthropic", "hf"]
@@ -257,7 +301,7 @@ def optimize(
             reporter=LiveReporter(quiet=json_out),
         )
     except SessionError as exc:
-        raise _unusable(str(exc)) from None
+        raise _unusable(str(exc), exc.hints, json_out) from None
     if json_out:
         print(json.dumps(summary, indent=1))
     else:
@@ -302,23 +346,34 @@ def bench(
     resume: Annotated[str | None, typer.Option(help="Resume a bench (id, unique prefix, or 'last').")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the bench's metrics as JSON.")] = False,
     kernelbench_harness: HarnessOpt = None,
+    skip_unusable: Annotated[bool, typer.Option(
+        "--skip-unusable", help="Leave out tasks whose reference does not run (named on stderr) instead of "
+                                "stopping.")] = False,
 ) -> None:
     """Run the system over a suite (one optimize run per task) or verify a folder of solutions; resumable."""
-    store = BenchStore(workspace)
     jobs: list[tuple[Task, int | None, str | None]] = []
     if resume is not None:
+        if not db_path(workspace).exists():
+            raise _unusable(f"cannot resume: no run store in {workspace} (pass the --workspace of the bench)",
+                            json_out=json_out)
+        store = BenchStore(workspace)
         try:
             bench_id = store.resolve(resume)
         except KeyError as exc:
-            raise _unusable(f"cannot resume: {exc.args[0]} in {workspace}") from None
+            raise _unusable(f"cannot resume: {exc.args[0]} in {workspace}", json_out=json_out) from None
         config = BenchConfig.model_validate_json(store.config_json(bench_id))
     else:
-        found = _tasks(suite, kernelbench, level, None)
+        found = _usable(_tasks(suite, kernelbench, level, None, json_out, checked=False), json_out,
+                        skip=skip_unusable)
+        if not found:
+            raise _unusable("no usable task is left", json_out=json_out)
         devices = ["cpu"] if gpus == "cpu" else [f"cuda:{g.strip()}" for g in gpus.split(",")] if gpus \
             else default_gpus()
-        if not devices:
-            raise _unusable("no GPU is visible here: a bench verifies on GPUs (--gpus cpu only for C++-only "
-                            "debugging), or runs on a cluster with --ray ADDRESS")
+        if not devices and ray is None:
+            raise _unusable("no GPU is visible here: a bench verifies its programs on GPUs", NO_GPU["bench"],
+                            json_out)
+        devices = devices or ["cuda:0"]  # the cluster's workers have the GPUs
+        store = BenchStore(workspace)
         try:
             optimize = build_config(
                 model=model, coder=coder, provider=provider, base_url=base_url, api_key_env=api_key_env,
@@ -328,21 +383,21 @@ def bench(
                 device=devices[0], preset=preset, max_steps=max_steps, max_llm_calls=None, max_tokens=None,
                 max_cost=max_cost, max_wall=max_wall, max_attempts=6, max_replans=2, max_subtasks=4)
         except SessionError as exc:
-            raise _unusable(str(exc)) from None
+            raise _unusable(str(exc), exc.hints, json_out) from None
         if kernelbench_harness is not None:
             optimize.verify.kernelbench_harness = str(kernelbench_harness.expanduser().resolve())
             if why := harness_problem(kernelbench_harness):  # said up front too; the bench still runs
-                console(stderr=True).print(f"[yellow]warning:[/] --kernelbench-harness: {why}", highlight=False)
+                console(stderr=True).print(Text(f"warning: --kernelbench-harness: {why}", style="yellow"))
         label = f"{kernelbench.name} level {level}" if kernelbench else suite
         config = BenchConfig(suite=label, optimize=optimize, evaluate=str(evaluate) if evaluate else None,
                              gpus=devices, ray=ray, runs_per_gpu=runs_per_gpu)
         if evaluate is not None:
             if not evaluate.is_dir():
-                raise _unusable(f"--evaluate {evaluate}: not a folder")
+                raise _unusable(f"--evaluate {evaluate}: not a folder", json_out=json_out)
             rows, unmatched = match_solutions(found, evaluate)
             if unmatched:
-                console(stderr=True).print(f"[yellow]{len(unmatched)} file(s) in {evaluate} match no task[/]: "
-                                           + ", ".join(unmatched[:8]), highlight=False)
+                console(stderr=True).print(Text(f"{len(unmatched)} file(s) in {evaluate} match no task: "
+                                                + ", ".join(unmatched[:8]), style="yellow"))
             jobs = [(t, t.level, path or str(evaluate.resolve() / f"{t.file_stem}.py")) for t, path in rows]
         else:
             jobs = [(t, t.level, None) for t in found]
@@ -351,18 +406,20 @@ def bench(
     def on_done(result) -> None:
         if not json_out:
             best = result.speedup.get("eager")
+            why = result.why
             progress.print(f"{result.task}: {result.status}" + (f", {best:.2f}x vs eager" if best else "")
                           + (f", hacking {result.hacking}" if result.hacking else "")
-                          + (f" ({result.error[:120]})" if result.error and not result.passed else ""),
-                          highlight=False, soft_wrap=True)
+                          + (f" ({why[:160]})" if why else ""),
+                          highlight=False, soft_wrap=True, markup=False)
 
     try:
         result = run_bench(store, jobs, config, on_done=on_done, resume=resume)
     except (BenchError, SessionError) as exc:
-        raise _unusable(str(exc)) from None
+        raise _unusable(str(exc), getattr(exc, "hints", None), json_out) from None
     metrics = bench_metrics(result.tasks, result.info)
-    if json_out:
-        print(metrics.model_dump_json(indent=1))
+    if json_out:  # the metrics, and why each task that did not pass failed
+        failures = [{"task": t.task, **t.failure.model_dump()} for t in result.tasks if t.failure is not None]
+        print(json.dumps(json.loads(metrics.model_dump_json()) | {"failures": failures}, indent=1))
     else:
         console().print(bench_view(result, metrics))
         console().print(f"report: stitchcuda report {result.info.id} --workspace {workspace}", highlight=False)
@@ -411,7 +468,8 @@ def reward(
     json_out: Annotated[bool, typer.Option("--json", help="Print every part of the reward as JSON.")] = False,
 ) -> None:
     """Every part of one candidate's reward: the rule reward from a verification, the rubric, the combination."""
-    tasks = _tasks(reference, None, None, None)
+    task = _one_task(_tasks(reference, None, None, None, json_out), json_out)
+    _usable([task], json_out)
     try:
         program = load_candidate(candidate)
         weights = RewardConfig.model_validate_json(config.read_text()) if config else RewardConfig()
@@ -424,18 +482,17 @@ def reward(
             try:
                 verifier.require_device()
             except DeviceUnavailable as exc:
-                raise DeviceUnavailable(f"{exc} For the reward alone, pass --verdict FILE from an earlier "
-                                        "verification (stitchcuda verify ... --json > FILE).") from None
+                raise _unusable(str(exc), NO_GPU["reward"], json_out) from None
             with console(stderr=True).status(f"verifying {candidate.name}"):
-                verdict = verifier.verify(tasks[0], program)
+                verdict = verifier.verify(task, program)
         judge = None
         if judge_model:
             judge = RubricJudge(make_client(LLMConfig(provider=judge_provider, model=judge_model,
                                                       base_url=judge_base_url, api_key_env=api_key_env,
                                                       temperature=0.0)), retries=weights.judge_retries)
-    except (TaskError, DeviceUnavailable, LLMError, OSError, ValueError) as exc:
-        raise _unusable(str(exc)) from None
-    breakdown = score_candidate(tasks[0], program.source, verdict, judge=judge, config=weights,
+    except (TaskError, LLMError, OSError, ValueError) as exc:
+        raise _unusable(str(exc), json_out=json_out) from None
+    breakdown = score_candidate(task, program.source, verdict, judge=judge, config=weights,
                                 skill="feedback" if skill == 2 else "scratch",
                                 feedback=feedback.read_text() if feedback else "")
     if json_out:
@@ -544,10 +601,16 @@ def runs(
 def doctor(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     no_ncu_probe: Annotated[bool, typer.Option("--no-ncu-probe", help="Skip profiling a probe kernel.")] = False,
+    fetch_headers: Annotated[bool, typer.Option(
+        "--fetch-headers", help="First fetch the CUDA library headers missing here (cuBLAS, cuSPARSE, cuSOLVER, "
+                                "cuDNN) into the header cache, once: pip downloads NVIDIA's wheels (up to about "
+                                "1.4 GB) and only their headers (about 2.4 MB) are kept.")] = False,
 ) -> None:
-    """What this machine can do: GPU, nvcc, torch, ncu counters, build cache; each problem with its fix."""
-    with console(stderr=True).status("checking the machine"):
-        report = diagnose(probe_ncu=not no_ncu_probe)
+    """What this machine can do: GPU, nvcc, torch, CUDA headers, ncu counters, build cache; each problem with its fix."""
+    doing = "fetching the missing CUDA library headers with pip, then checking the machine" if fetch_headers \
+        else "checking the machine"
+    with console(stderr=True).status(doing):
+        report = diagnose(probe_ncu=not no_ncu_probe, fetch_headers=fetch_headers)
     if json_out:
         print(report.model_dump_json(indent=1))
     else:
@@ -566,14 +629,12 @@ def tasks(
     check: Annotated[bool, typer.Option("--check", help="Import each task and run its input functions.")] = False,
 ) -> None:
     """List tasks: the bundled suite, a folder, a KernelBench checkout or its parquet file."""
-    found = _tasks(spec, kernelbench, level, problem)
+    # with --check, a file that does not parse is a row of the table, not the end of the listing
+    found = _tasks(spec, kernelbench, level, problem, json_out, checked=not check)
     problems: dict[str, str] = {}
     if check:
-        for t in found:
-            try:
-                probe_reference(t.source, label=t.name)
-            except TaskError as exc:
-                problems[t.name] = str(exc)
+        with console(stderr=True).status(f"checking {len(found)} task(s)"):
+            problems = {c.task: c.problem for c in check_references(found) if c.problem}
     if json_out:
         rows = [t.model_dump() | {"sha256": t.sha256} | ({"problem": problems.get(t.name)} if check else {})
                 for t in found]

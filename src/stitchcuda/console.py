@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
 from stitchcuda.doctor import DoctorReport
 from stitchcuda.task.record import Task
+from stitchcuda.terminal import console
 from stitchcuda.verify.verdict import ProgramProfile, Verdict
 
 _STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
@@ -29,8 +30,11 @@ def verdict_view(v: Verdict) -> Group:
     else:
         headline = Text("FAILED", style="bold red")
     summary = Table.grid(padding=(0, 2))
-    summary.add_row("task", v.task.name, "candidate", v.candidate.name)
-    summary.add_row("compiled", _yes_no(v.compiled), "correct", _yes_no(v.correct))
+    summary.add_row("task", v.task.name, "candidate", v.candidate.path or v.candidate.name)
+    if v.static_only:  # nothing was built or run: neither a yes nor a no
+        summary.add_row("compiled", Text("not built", style="dim"), "correct", Text("not run", style="dim"))
+    else:
+        summary.add_row("compiled", _yes_no(v.compiled), "correct", _yes_no(v.correct))
     hack_style = {"none": "green", "partial": "yellow", "total": "bold red"}[v.hacking.level]
     summary.add_row("hacking", Text(v.hacking.level, style=hack_style), "tolerance",
                     f"{v.tolerance.name} (fp32 atol/rtol {v.tolerance.fp32_atol:g})")
@@ -45,7 +49,7 @@ def verdict_view(v: Verdict) -> Group:
         parts.append(Text("\n".join(f"- {e}" for e in v.errors), style="red"))
     if v.crash and v.crash.output_tail.strip():
         tail = "\n".join(v.crash.output_tail.strip().splitlines()[-15:])
-        parts.append(Panel(tail, title=f"output tail ({v.crash.kind})", border_style="red"))
+        parts.append(Panel(Text(tail), title=f"output tail ({v.crash.kind})", border_style="red"))
 
     if v.correctness.trials:
         trials = Table(title="correctness", title_justify="left")
@@ -103,7 +107,8 @@ def verdict_view(v: Verdict) -> Group:
     if v.counters.estimate:
         parts.append(Text(f"estimate: {v.counters.estimate}", style="dim"))
     if v.feedback:
-        parts.append(Panel(v.feedback, title="feedback", border_style="cyan"))
+        # Text, not markup: compiler output quotes source such as `x[i]`, which Rich would eat as a tag
+        parts.append(Panel(Text(v.feedback), title="feedback", border_style="cyan"))
     w = v.wall
     split = ", ".join(f"{name.replace('_', ' ')} {s:.1f}" for name, s in w.split().items() if s or name != "ncu")
     parts.append(Text(f"wall {w.total_s:.1f} s{' (worker started ahead)' if w.warm_start else ''}: {split}",
@@ -196,16 +201,12 @@ def tasks_view(tasks: list[Task], problems: dict[str, str] | None = None) -> Tab
     return table
 
 
-def stderr_console() -> Console:
-    return Console(stderr=True)
-
-
 class LiveReporter:
     """Live progress of an optimize run on stderr: a status line (subtask, step, best speedup,
     tokens, cost) under a log of what happened; silent with ``quiet``."""
 
     def __init__(self, quiet: bool = False):
-        self.console = Console(stderr=True)
+        self.console = console(stderr=True)
         self.quiet = quiet
         self._status = None
 
@@ -240,7 +241,9 @@ def optimize_summary_view(summary: dict) -> Group:
         return Group(
             Text(f"{summary['task']}: program written to {summary['output']}, NOT VERIFIED", style="bold yellow"),
             Text(f"nvcc: {check['status']}: {check['detail']}", style="red" if check["status"] == "failed" else ""),
-            Text(summary["note"]))
+            Text(summary["note"]),
+            Text(f"run {summary['run']} kept: `stitchcuda runs {summary['run']}`" if summary.get("run") else "",
+                 style="dim"))
     best = summary.get("best")
     style = {"done": "bold green", "stopped": "yellow", "failed": "bold red"}.get(summary["status"], "")
     head = Text(f"run {summary['run']} {summary['status']}: {summary.get('stop_reason') or ''}", style=style)
@@ -303,8 +306,11 @@ def run_view(state, plans, steps) -> Group:
         table.add_row(str(st.index + 1), str(st.subtask), st.skill, f"{len(st.samples)} sample(s)", result, decision)
     parts.append(table)
     best = state.best
-    parts.append(Text(f"best: {best.speedup_eager:.2f}x vs eager ({best.hacking}) at {best.path}" if best
-                      else "best: none", style="green" if best else "red"))
+    if best is None and state.status == "unverified":
+        parts.append(Text(f"program (not verified: no GPU where it ran): {state.program}", style="yellow"))
+    else:
+        parts.append(Text(f"best: {best.speedup_eager:.2f}x vs eager ({best.hacking}) at {best.path}" if best
+                          else "best: none", style="green" if best else "red"))
     parts.append(Text(f"{state.llm_calls} LLM calls, {state.prompt_tokens + state.completion_tokens:,} tokens, "
                       f"${state.cost_usd:.2f}, {state.seconds:.0f} s", style="dim"))
     return Group(*parts)
@@ -322,8 +328,9 @@ def bench_view(result, metrics) -> Group:
                         f"weights {info.weights}",
                   title_justify="left")
     harness = any(t.second_opinion is not None for t in result.tasks)
+    why = any(_why(t) for t in result.tasks)
     for col in ("task", "status", "correct", "hacking", "vs eager", "vs compile", "vs best", "ms", "wall") + (
-            ("KernelBench",) if harness else ()):
+            ("KernelBench",) if harness else ()) + (("why",) if why else ()):
         table.add_column(col, overflow="fold")
 
     def x(value: float | None) -> str:
@@ -333,7 +340,8 @@ def bench_view(result, metrics) -> Group:
         table.add_row(t.task, t.status, _yes_no(t.correct) if t.status == "done" else "-", t.hacking or "-",
                       x(t.speedup.get("eager")), x(t.speedup.get("torch_compile")), x(t.speedup.get("best")),
                       f"{t.milliseconds:.3f}" if t.milliseconds else "-", f"{t.wall_s:.0f} s",
-                      *((_opinion_cell(t.second_opinion),) if harness else ()))
+                      *((_opinion_cell(t.second_opinion),) if harness else ()),
+                      *((Text(_why(t), style="red"),) if why else ()))
     o = metrics.overall
     lines = [f"success {o.succeeded}/{o.tasks}, hacking partial {o.hacking_partial}, total {o.hacking_total}",
              "geomean over successful tasks: " + ", ".join(
@@ -358,6 +366,15 @@ def bench_view(result, metrics) -> Group:
             per = {k: v / m.verifications for k, v in m.verify_phases_s.items() if v}
             lines.append("per verification: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in per.items()))
     return Group(table, Text("\n".join(lines)))
+
+
+_WHY_CHARS = 160
+
+
+def _why(t) -> str:
+    """The task's reason for failing (TaskResult.why), cut to fit a table cell; '' when none."""
+    text = t.why or ""
+    return text if len(text) <= _WHY_CHARS else text[: _WHY_CHARS - 1] + "…"
 
 
 def _opinion_cell(o) -> Text:

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from stitchcuda import machine
+from stitchcuda import cuda_headers, machine
 from stitchcuda.paths import cache_root
 
 Status = Literal["ok", "warn", "fail"]
@@ -124,21 +124,62 @@ def check_nvcc() -> Check:
     return Check(name="nvcc", status="ok", detail=detail)
 
 
-def check_cuda_libraries() -> Check:
-    """Headers that ATen/cuda/CUDAContext.h pulls in: most real candidates include it."""
-    home = machine.cuda_home()
+def _toolkit_home() -> Path | None:
+    home, nvcc = machine.cuda_home(), machine.nvcc_path()
+    if home:
+        return Path(home)
+    return Path(nvcc).resolve().parent.parent if nvcc else None
+
+
+def check_cuda_headers() -> Check:
+    """The CUDA library headers programs include (ATen/cuda/CUDAContext.h pulls in cuBLAS(Lt),
+    cuSPARSE and cuSOLVER; convolutions call cuDNN): where each is, as compile_check finds them."""
+    home = _toolkit_home()
     if home is None:
-        return Check(name="cuda libs", status="warn", detail="no CUDA toolkit found (see nvcc)",
+        return Check(name="cuda headers", status="warn", detail="no CUDA toolkit found (see nvcc)",
                      fix="set CUDA_HOME to the toolkit folder")
-    include = Path(home) / "include"
-    wanted = ["cublas_v2.h", "cublasLt.h", "cusparse.h", "cusolverDn.h"]
-    missing = [h for h in wanted if not (include / h).exists()
-               and not any((Path(p) / h).exists() for p in os.environ.get("CPATH", "").split(os.pathsep) if p)]
-    if missing:
-        return Check(name="cuda libs", status="warn", detail=f"{include} lacks {', '.join(missing)}",
-                     fix="install the CUDA math library headers (e.g. cuda-libraries-dev): candidates that "
-                         "include ATen/cuda/CUDAContext.h or call cuBLAS(Lt) will not build here")
-    return Check(name="cuda libs", status="ok", detail=f"cuBLAS, cuBLASLt, cuSPARSE, cuSOLVER headers in {include}")
+    found = cuda_headers.locate(home)
+    if not found.missing:
+        return Check(name="cuda headers", status="ok", detail=found.present())
+    detail = (found.present() + "; " if found.where else "") + (
+        f"missing: {', '.join(found.missing)} (in neither the toolkit, $CPATH, an installed nvidia wheel nor the "
+        "header cache)")
+    if found.fetchable:
+        fix = (f"`{cuda_headers.FETCH_COMMAND}` fetches {', '.join(found.missing)} once into {cuda_headers.CACHE} "
+               "(pip downloads NVIDIA's wheels, about 1.4 GB for all four libraries, and keeps only their headers, "
+               "about 2.4 MB); until then programs that include them are not compile-checked here")
+    else:
+        fix = "install the CUDA math library headers (e.g. cuda-libraries-dev): programs that include them will not build"
+    if _torch_cuda():
+        fix += "; GPU builds (load_inline) find them only in the toolkit or on $CPATH"
+    return Check(name="cuda headers", status="warn", detail=detail, fix=fix)
+
+
+def _torch_cuda() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.version.cuda
+
+
+def fetch_cuda_headers() -> Check:
+    """``stitchcuda doctor --fetch-headers``: fetch the headers :func:`check_cuda_headers` finds
+    missing into the header cache, and say where they went."""
+    home = _toolkit_home()
+    if home is None:
+        return Check(name="fetch headers", status="fail", detail="no CUDA toolkit (nvcc) here: nothing to fetch for",
+                     fix="install the CUDA toolkit first (see nvcc)")
+    try:
+        found, fetched = cuda_headers.fetch_missing(home)
+    except cuda_headers.HeadersMissing as exc:
+        return Check(name="fetch headers", status="fail", detail=str(exc),
+                     fix="pip needs NVIDIA's wheels from its index (PIP_INDEX_URL for a mirror); else install "
+                         "the CUDA math library headers (e.g. cuda-libraries-dev) or put them on $CPATH")
+    if not fetched:
+        return Check(name="fetch headers", status="ok", detail="nothing to fetch: no CUDA library header is missing")
+    folders = sorted({str(found.where[h][1]) for h in fetched})
+    return Check(name="fetch headers", status="ok", detail=f"fetched {', '.join(fetched)} into {', '.join(folders)}")
 
 
 def check_host_compiler() -> Check:
@@ -200,6 +241,9 @@ def check_cache() -> Check:
     return Check(name="cache", status="ok", detail=detail)
 
 
-def diagnose(probe_ncu: bool = True) -> DoctorReport:
-    return DoctorReport(checks=[check_gpu(), check_torch(), check_nvcc(), check_cuda_libraries(), check_host_compiler(),
-                                check_ncu(probe_ncu), check_cache()])
+def diagnose(probe_ncu: bool = True, fetch_headers: bool = False) -> DoctorReport:
+    """Every check; with ``fetch_headers``, first fetch the missing CUDA library headers (the only
+    check that downloads, and only when asked)."""
+    fetched = [fetch_cuda_headers()] if fetch_headers else []
+    return DoctorReport(checks=[check_gpu(), check_torch(), check_nvcc(), *fetched, check_cuda_headers(),
+                                check_host_compiler(), check_ncu(probe_ncu), check_cache()])

@@ -13,7 +13,8 @@ from pydantic import BaseModel, Field
 
 Action = Literal["fix", "optimize", "next", "replan", "done"]
 Skill = Literal["scratch", "feedback"]
-RunStatus = Literal["running", "done", "stopped", "failed"]
+# unverified: the offline Coder wrote (and compile-checked) a program on a machine without a GPU
+RunStatus = Literal["running", "done", "stopped", "failed", "unverified"]
 
 
 class Subtask(BaseModel):

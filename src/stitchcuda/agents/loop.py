@@ -13,6 +13,7 @@ import hashlib
 import json
 import shutil
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -54,6 +55,11 @@ class OptimizeConfig(BaseModel):
     samples: int = Field(1, ge=1, description="Coder samples per step, verified in parallel builds, best kept")
     max_subtasks: int = Field(4, ge=1)
     knowledge: bool = True
+
+
+class RunCrashed(RuntimeError):
+    """The run stopped on an error of ours or of the machine; it is kept as failed, with the reason
+    and the traceback (``error.log`` in its folder), and can be resumed."""
 
 
 class LLMFailure(RuntimeError):
@@ -109,7 +115,7 @@ class Optimizer:
         state = self.store.load_state(run_id)
         if state.task_sha256 != self.task.sha256:
             raise ValueError(f"run {run_id} optimized another version of {state.task!r}; resume it with its task")
-        if state.status in ("stopped", "failed"):
+        if state.status in ("stopped", "failed", "unverified"):
             state.status, state.stop_reason = "running", None
         return self.run(state)
 
@@ -134,6 +140,13 @@ class Optimizer:
         except KeyboardInterrupt:
             state.status, state.stop_reason = "stopped", "interrupted; resume with --resume " + state.run_id
             raise
+        except Exception as exc:
+            log = self.store.run_dir(state.run_id) / "error.log"
+            log.write_text(traceback.format_exc())
+            state.status = "failed"
+            state.stop_reason = f"crashed: {type(exc).__name__}: {str(exc)[:300]} (traceback in {log})"
+            raise RunCrashed(f"run {state.run_id} failed: {state.stop_reason}; it is kept in the run store "
+                             f"(`stitchcuda runs {state.run_id}`)") from exc
         finally:
             state.seconds = time.time() - started
             self.store.save_state(state)

@@ -12,23 +12,30 @@ from pathlib import Path
 from typing import Any
 
 from stitchcuda.agents.knowledge import KnowledgeBase
-from stitchcuda.agents.loop import Budget, OptimizeConfig, Optimizer, Reporter, summarize
+from stitchcuda.agents.loop import Budget, OptimizeConfig, Optimizer, Reporter, RunCrashed, summarize
 from stitchcuda.agents.offline import OFFLINE, OfflineCoder, OfflinePlannerAgent
 from stitchcuda.agents.routing import RoutingConfig
 from stitchcuda.compiler.check import compile_check
 from stitchcuda.compiler.codegen import Unsupported, generate
 from stitchcuda.compiler.graph import CaptureError
+from stitchcuda.hints import NO_GPU, OPTIMIZE_OFFLINE, OPTIMIZE_RESUME, OPTIMIZE_WITH_LLM, Hint
 from stitchcuda.llm import LLMError, PriceTable, make_client
 from stitchcuda.llm.base import LLMConfig
+from stitchcuda.records import RunState, SampleOutcome, StepRecord
 from stitchcuda.store import RunStore, db_path
 from stitchcuda.task import TaskError, load_task_file, resolve_tasks
+from stitchcuda.task.probe import check_reference
 from stitchcuda.task.record import Task
 from stitchcuda.verify import DeviceUnavailable, Verifier
 from stitchcuda.verify.config import PRESETS
 
 
 class SessionError(ValueError):
-    """Unusable arguments; the message says what to change."""
+    """Unusable arguments; the message says what to change, and ``hints`` what to run instead."""
+
+    def __init__(self, message: str, hints: list[Hint] | None = None):
+        super().__init__(message)
+        self.hints = hints or []
 
 
 def _task(reference: str | None, kernelbench: Path | None, level: int | None, problem: int | None) -> Task:
@@ -54,8 +61,8 @@ def build_config(*, model: str | None, coder: str | None, provider: str, base_ur
         raise SessionError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     named = bool(model or (planner_model and coder_model))
     if coder == "llm" and not named:
-        raise SessionError("name the LLM: --model NAME (with --base-url URL for a vLLM / OpenAI-compatible "
-                           "server), or --planner-model and --coder-model; or use --coder offline")
+        raise SessionError("--coder llm needs an LLM: name it with --model (or --planner-model and --coder-model)",
+                           hints=[OPTIMIZE_WITH_LLM, OPTIMIZE_OFFLINE])
     verify = PRESETS[preset].model_copy(update={"tolerance": tolerance, "weights": weights,
                                                 **({"device": device} if device else {})})
     routing = RoutingConfig(max_attempts_per_subtask=max_attempts, max_replans=max_replans)
@@ -75,19 +82,39 @@ def build_config(*, model: str | None, coder: str | None, provider: str, base_ur
     )
 
 
-def _generate_without_gpu(task: Task, coder, out: Path | None, why: str) -> dict:
-    """No GPU: the offline Coder still writes the program and nvcc compile-checks it; nothing is verified."""
+def _generate_without_gpu(task: Task, coder, config: OptimizeConfig, store: RunStore, out: Path | None,
+                          why: str) -> dict:
+    """No GPU: the offline Coder still writes the program and nvcc compile-checks it; nothing is
+    verified. The run is kept in the store like any other, with the program, its notes (the
+    program's docstring) and the compile check."""
     try:
         program = generate(task, coder.graph, coder.groups)
     except Unsupported as exc:
-        raise SessionError(f"the offline Coder does not support {task.name} yet: {exc}") from None
+        raise SessionError(f"the offline Coder does not support {task.name} yet: {exc}",
+                           hints=[OPTIMIZE_WITH_LLM]) from None
+    state = RunState(run_id=store.new_run_id(task.name), task=task.name, task_sha256=task.sha256)
+    store.create_run(state, config)
+    run_dir = store.run_dir(state.run_id)
+    (run_dir / "task.py").write_text(task.source)
+    (run_dir / "program.py").write_text(program)
     target = out or Path(f"{task.file_stem}_stitchcuda.py")
     target.write_text(program)
     check = compile_check(program)
-    return {"run": None, "task": task.name, "status": "unverified", "stop_reason": "no CUDA GPU here: " + why,
+    (run_dir / "compile_check.json").write_text(check.model_dump_json(indent=1))
+    verify_hint = f"stitchcuda verify {task.path or task.name} {target}"
+    store.save_step(state.run_id, StepRecord(index=0, subtask=1, skill="scratch", chosen=0, samples=[SampleOutcome(
+        sample=0, sha256=task.sha256, path=str(run_dir / "program.py"), compiled=check.status == "compiled",
+        feedback=f"not verified (no CUDA GPU); nvcc {check.status}: {check.detail}")]))
+    state.status = "unverified"
+    state.steps_done = 1
+    state.program = str(run_dir / "program.py")
+    state.stop_reason = f"no CUDA GPU here: program written, nvcc {check.status}; verify it on a GPU: {verify_hint}"
+    store.save_state(state)
+    return {"run": state.run_id, "task": task.name, "status": "unverified", "stop_reason": "no CUDA GPU here: " + why,
             "output": str(target), "compile_check": check.model_dump(), "best": None,
+            "workspace": str(store.root),
             "note": "runtime verification (correctness, timing, hacking checks at run time) needs a CUDA GPU: "
-                    f"run `stitchcuda verify {task.path or task.name} {target}` on one"}
+                    f"run `{verify_hint}` on one"}
 
 
 def run_session(*, reference: str | None, kernelbench: Path | None, level: int | None, problem: int | None,
@@ -111,14 +138,18 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
         run_id = None
         task = _task(reference, kernelbench, level, problem)
         config = build_config(**options)
+    check = check_reference(task)  # before anything else runs: its inputs, Model and forward, time-limited
+    if check.problem:
+        raise SessionError(check.problem)
     if config.coder.provider == "offline":
         try:
             coder_llm = OfflineCoder(task, config.verify.tolerance)
         except CaptureError as exc:
-            raise SessionError(f"the offline Coder cannot work on {task.name}: {exc}") from None
+            raise SessionError(f"the offline Coder cannot work on {task.name}: {exc}",
+                               hints=[OPTIMIZE_WITH_LLM]) from None
         except Unsupported as exc:
-            raise SessionError(f"the offline Coder does not support {task.name} yet: {str(exc)[:600]} "
-                               "(an LLM can: --model NAME)") from None
+            raise SessionError(f"the offline Coder does not support {task.name} yet: {str(exc)[:600]}",
+                               hints=[OPTIMIZE_WITH_LLM]) from None
         planner_llm = OfflinePlannerAgent(task, coder_llm.compiled)
     else:
         try:
@@ -132,14 +163,17 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
         verifier.require_device()
     except DeviceUnavailable as exc:
         if config.coder.provider == "offline":
-            return _generate_without_gpu(task, coder_llm, out, str(exc))
-        raise SessionError(str(exc)) from None
+            return _generate_without_gpu(task, coder_llm, config, store or RunStore(workspace), out, str(exc))
+        raise SessionError(str(exc), hints=NO_GPU["optimize"]) from None
     store = store or RunStore(workspace)  # made only once the arguments are known to be usable
     optimizer = Optimizer(task, config, planner_llm, coder_llm, verifier, store, reporter=reporter,
                           knowledge=KnowledgeBase.default() if config.knowledge else None)
     live = reporter if isinstance(reporter, contextlib.AbstractContextManager) else contextlib.nullcontext()
-    with live:
-        state = optimizer.resume(run_id) if run_id else optimizer.start()
+    try:
+        with live:
+            state = optimizer.resume(run_id) if run_id else optimizer.start()
+    except RunCrashed as exc:  # kept as failed in the store, with the reason and the traceback beside it
+        raise SessionError(str(exc), hints=[OPTIMIZE_RESUME]) from None
     summary = summarize(state)
     summary["workspace"] = str(workspace)
     if state.best is not None:

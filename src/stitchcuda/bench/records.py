@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from stitchcuda.verify.failure import Failure
 from stitchcuda.verify.verdict import HackLevel, SecondOpinion
 
 TaskStatus = Literal["pending", "done", "failed", "unsupported"]
@@ -35,6 +36,9 @@ class TaskResult(BaseModel):
     run_id: str | None = None
     status: TaskStatus = "pending"
     error: str | None = Field(None, description="why the run failed or the task was skipped")
+    failure: Failure | None = Field(None, description="why nothing passed: the reason of the task's last verdict, "
+                                                      "or why it never had one; None when it passed (and in "
+                                                      "benches stored before this field)")
     compiled: bool = False
     correct: bool = False
     passed: bool = Field(False, description="compiled, correct and not a total hack")
@@ -62,6 +66,14 @@ class TaskResult(BaseModel):
     attempts: list[Attempt] = []
     second_opinion: SecondOpinion | None = Field(None, description="KernelBench's own harness on the best program "
                                                                    "(--kernelbench-harness)")
+
+    @property
+    def why(self) -> str | None:
+        """Why this judged task has no passing program, in one line; None when it passed or is
+        pending. A bench stored before failures were recorded has only its error text to give."""
+        if self.passed or self.status == "pending":
+            return None
+        return self.failure.text if self.failure is not None else self.error
 
 
 class BenchInfo(BaseModel):

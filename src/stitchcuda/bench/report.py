@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from stitchcuda.bench import plots as bench_plots
 from stitchcuda.bench.metrics import (
@@ -78,7 +78,8 @@ class TaskRow(BaseModel):
     cost: str
     wall: str
     program_href: str | None
-    error: str | None
+    why: str | None = Field(None, description="why nothing passed (TaskResult.why)")
+    error: str | None = Field(None, description="why the run itself failed, where ``why`` does not say it")
     kernelbench: str = DASH
     kernelbench_disagrees: bool = False
 
@@ -225,9 +226,9 @@ def task_row(task: TaskResult, program_href: str | None) -> TaskRow:
         value = measured_speedup(task, b) if ok else None
         # Only a successful program's speedup is a claim; a failed or hacked one shows a dash.
         speedup[b] = DASH if value is None else f"{value:.2f}×"
-    error = task.error
-    if error and len(error) > MAX_ERROR_CHARS:
-        error = error[: MAX_ERROR_CHARS - 1] + "…"
+    why = task.why
+    # a run that failed (its LLM, say) after verdicts that failed too: both reasons are news
+    error = task.error if task.status == "failed" and task.error and task.error not in (why or "") else None
     return TaskRow(
         task=task.task,
         level=DASH if task.level is None else str(task.level),
@@ -244,10 +245,15 @@ def task_row(task: TaskResult, program_href: str | None) -> TaskRow:
         cost=f"${task.cost_usd:,.2f}",
         wall=f"{task.wall_s:,.0f} s",
         program_href=program_href,
-        error=error,
+        why=_cut(why),
+        error=_cut(error),
         kernelbench=_opinion_cell(task),
         kernelbench_disagrees=task.second_opinion is not None and task.second_opinion.agrees is False,
     )
+
+
+def _cut(text: str | None) -> str | None:
+    return text[: MAX_ERROR_CHARS - 1] + "…" if text and len(text) > MAX_ERROR_CHARS else text
 
 
 def _opinion_cell(task: TaskResult) -> str:

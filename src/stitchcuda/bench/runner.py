@@ -40,6 +40,7 @@ from stitchcuda.store import RunStore
 from stitchcuda.task import TaskError, load_candidate
 from stitchcuda.task.record import Task
 from stitchcuda.verify import Verifier
+from stitchcuda.verify.failure import Failure, failure, failure_of
 from stitchcuda.verify.pool import GatedVerifier, GpuGate
 from stitchcuda.verify.second_opinion import for_verifier
 from stitchcuda.verify.verdict import BuildReport, Verdict
@@ -123,8 +124,9 @@ def run_job(job: Job, device: str | None = None, built: tuple[str, Any] | None =
                                                            verifier.stats.wait_s)
         result.verify_phases_s = dict(verifier.stats.phases)
     except Exception as exc:  # a broken job must not take the bench down with it
-        result = TaskResult(task=job.task.name, level=job.level, run_id=job.run_id, status="failed",
-                            error=f"{type(exc).__name__}: {exc}")
+        why = f"{type(exc).__name__}: {exc}"
+        result = TaskResult(task=job.task.name, level=job.level, run_id=job.run_id, status="failed", error=why,
+                            failure=failure("error", why))
     if result.status != "done" or job.candidate is not None:
         result.wall_s = result.wall_s or time.time() - started
     store = BenchStore(job.workspace)
@@ -142,19 +144,21 @@ def result_from_verdict(task: str, level: int | None, verdict: Any, program: str
         passed=verdict.passed, hacking=verdict.hacking.level if verdict.compiled else None,
         speedup=dict(verdict.speedup), milliseconds=timing.candidate.median_ms if timing else None,
         origin_share=dict(verdict.profile.origin_share) if verdict.profile else {}, program=program,
-        precision=verdict.precision.summary, arithmetic=verdict.precision.arithmetic, error=None if verdict.passed else (verdict.errors or [None])[0],
+        precision=verdict.precision.summary, arithmetic=verdict.precision.arithmetic,
+        error=None if verdict.passed else (verdict.errors or [None])[0], failure=failure_of(verdict),
         wall_s=verdict.wall.total_s, second_opinion=verdict.second_opinion)
 
 
 def _evaluate(job: Job, verifier: GatedVerifier) -> TaskResult:
     if not Path(job.candidate).exists():  # type: ignore[arg-type]
-        return TaskResult(task=job.task.name, level=job.level, status="failed", error="no solution: "
-                          f"{Path(job.candidate).parent} has no file for this task")  # type: ignore[arg-type]
+        why = f"no solution: {Path(job.candidate).parent} has no file for this task"  # type: ignore[arg-type]
+        return TaskResult(task=job.task.name, level=job.level, status="failed", error=why,
+                          failure=failure("no_candidate", why))
     try:
         candidate = load_candidate(job.candidate)  # type: ignore[arg-type]
     except TaskError as exc:
         return TaskResult(task=job.task.name, level=job.level, status="failed", error=str(exc),
-                          program=job.candidate)
+                          program=job.candidate, failure=failure("error", str(exc)))
     verdict = verifier.verify(job.task, candidate)
     out = Path(job.workspace) / "benches" / job.bench_id / "verdicts"
     out.mkdir(parents=True, exist_ok=True)
@@ -185,7 +189,8 @@ def _optimize(job: Job, verifier: GatedVerifier) -> TaskResult:
     config = job.config.optimize
     agents = _agents(job.task, config)
     if isinstance(agents, str):
-        return TaskResult(task=job.task.name, level=job.level, status="unsupported", error=agents)
+        return TaskResult(task=job.task.name, level=job.level, status="unsupported", error=agents,
+                          failure=failure("no_candidate", agents))
     planner, coder = agents
     store = RunStore(job.workspace)
     bench_store = BenchStore(job.workspace)
@@ -234,6 +239,7 @@ def result_from_run(store: Any, state: Any, level: int | None) -> TaskResult:
         a.seconds = round(at.get(a.step, 0.0), 2)
     if state.best is None:
         result.error = result.error or "no candidate passed"
+        result.failure = last_failure(store, state)
         return result
     result.program = str(store.run_dir(state.run_id) / "best.py")
     verdict_path = Path(state.best.path).with_suffix(".verdict.json")
@@ -251,6 +257,26 @@ def result_from_run(store: Any, state: Any, level: int | None) -> TaskResult:
         result.speedup = {"eager": state.best.speedup_eager}
         result.milliseconds = state.best.milliseconds
     return result
+
+
+def last_failure(store: Any, state: Any) -> Failure:
+    """Why a run kept no program: the reason of its last verdict (a step's kept sample before its
+    others), or, when nothing was ever verified, why no candidate came (the run's stop reason, or
+    the last Coder answer's LLM or extraction error)."""
+    steps = store.steps(state.run_id)
+    for step in reversed(steps):
+        for o in sorted(step.samples, key=lambda o: (o.sample != step.chosen, -o.sample)):
+            if o.verdict_path and Path(o.verdict_path).is_file():
+                found = failure_of(Verdict.model_validate_json(Path(o.verdict_path).read_text()))
+                if found is not None:
+                    return found
+    answers = [o for step in steps for o in step.samples if o.llm_error or o.extract_error]
+    last = answers[-1] if answers else None
+    why = (state.stop_reason if state.status == "failed" else None) or (
+        f"the Coder's LLM: {last.llm_error}" if last and last.llm_error
+        else f"no program in the Coder's answer: {last.extract_error}" if last
+        else f"no candidate was verified ({state.stop_reason or state.status})")
+    return failure("no_candidate", why)
 
 
 # ----------------------------------------------------------------------------- executors
@@ -307,8 +333,9 @@ def _ray(jobs: list[Job], config: BenchConfig, on_done: Callable[[TaskResult], N
             try:
                 result = TaskResult.model_validate_json(ray.get(ref))
             except Exception as exc:  # the worker process itself died: that is this task's result
-                result = TaskResult(task=job.task.name, level=job.level, status="failed",
-                                    error=f"the Ray worker died: {type(exc).__name__}: {str(exc)[:300]}")
+                why = f"the Ray worker died: {type(exc).__name__}: {str(exc)[:300]}"
+                result = TaskResult(task=job.task.name, level=job.level, status="failed", error=why,
+                                    failure=failure("crash", why))
                 BenchStore(job.workspace).save_result(job.bench_id, job.idx, result)
             on_done(result)
 

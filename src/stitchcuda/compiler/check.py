@@ -15,7 +15,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from stitchcuda import machine
+from stitchcuda import cuda_headers, machine
+
+# the one header of c10/cuda a CPU build of torch lacks: its CMake writes it for CUDA builds only
+_CMAKE_MACROS = Path("c10/cuda/impl/cuda_cmake_macros.h")
 
 
 class CompileCheck(BaseModel):
@@ -43,25 +46,32 @@ def _string_constant(program: str, name: str) -> str:
 
 
 def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> CompileCheck:
-    """nvcc -c of the program's CUDA against torch's headers, for ``arch``."""
+    """nvcc -c of the program's CUDA against torch's headers, for ``arch``.
+
+    Works with a CPU build of torch too: its headers lack only the one torch's CMake writes for CUDA
+    builds, which a stand-in replaces. The CUDA library headers the program needs (cuBLAS, ...) come
+    from wherever :mod:`stitchcuda.cuda_headers` finds them; where they are nowhere here it skips,
+    naming them and the command that fetches them (it never downloads by itself)."""
     from torch.utils.cpp_extension import include_paths
 
     nvcc = machine.nvcc_path()
     if nvcc is None:
         return CompileCheck(status="skipped", detail="nvcc not found: install the CUDA toolkit to compile-check")
     includes = [Path(p) for p in include_paths()]
-    if not any((p / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h").exists() for p in includes):
-        return CompileCheck(status="skipped", detail="this torch is a CPU build: its headers lack the CUDA parts "
-                                                     "(c10/cuda/impl/cuda_cmake_macros.h) the program includes")
-    cuda_include = Path(machine.cuda_home() or Path(nvcc).resolve().parent.parent) / "include"
-    if "cublas" in program and not (cuda_include / "cublas_v2.h").exists():
-        return CompileCheck(status="skipped", detail=f"the CUDA toolkit at {cuda_include.parent} has no cuBLAS "
-                                                     "headers (cublas_v2.h)")
-    flags = [*(f"-I{p}" for p in includes), f"-I{sysconfig.get_paths()['include']}"]
+    source = cuda_source(program)
+    home = Path(machine.cuda_home() or Path(nvcc).resolve().parent.parent)
+    headers = cuda_headers.locate(home, cuda_headers.needed_by(source, includes))
+    if headers.missing:
+        return CompileCheck(status="skipped", detail="the program needs CUDA library headers that are not here: "
+                                                     + headers.missing_detail())
+    flags = [*(f"-I{p}" for p in includes), f"-I{sysconfig.get_paths()['include']}",
+             *(f"-I{p}" for p in headers.dirs)]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="stitchcuda-nvcc-") as tmp:
+        if not any((p / _CMAKE_MACROS).exists() for p in includes):
+            flags.append(f"-I{_cpu_torch_shim(Path(tmp))}")
         unit, binding = Path(tmp) / "program.cu", Path(tmp) / "binding.cpp"
-        unit.write_text(cuda_source(program))
+        unit.write_text(source)
         binding.write_text(cpp_source(program))
         steps = [("nvcc", [nvcc, "-std=c++17", f"-arch={arch}", "-O3", "-c", str(unit), "-o",
                            str(Path(tmp) / "program.o"), *flags])]
@@ -80,3 +90,11 @@ def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> 
                                     seconds=time.perf_counter() - started)
     what = "the program's CUDA" + (" and its Python binding" if len(steps) > 1 else "")
     return CompileCheck(status="compiled", detail=f"{what} compiled for {arch}", seconds=time.perf_counter() - started)
+
+
+def _cpu_torch_shim(folder: Path) -> Path:
+    """A folder holding a stand-in for :data:`_CMAKE_MACROS`, as a CUDA build of torch (shared
+    libraries) writes it; in ``folder``, never in torch's own headers."""
+    (folder / "torch-cpu" / _CMAKE_MACROS).parent.mkdir(parents=True)
+    (folder / "torch-cpu" / _CMAKE_MACROS).write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    return folder / "torch-cpu"

@@ -25,11 +25,14 @@ def _read(path: Path, what: str) -> str:
 
 
 def load_task_file(path: str | Path, origin: str = "file", name: str | None = None,
-                   preset: str | None = None) -> Task:
-    """One task file; with ``preset``, at the sizes of that entry of the file's ``PRESETS``."""
+                   preset: str | None = None, checked: bool = True) -> Task:
+    """One task file; with ``preset``, at the sizes of that entry of the file's ``PRESETS``.
+    ``checked=False`` keeps a file that does not parse or lacks a name, for a check that reports
+    every file of a folder (``stitchcuda tasks DIR --check``)."""
     path = Path(path)
     source = _read(path, "task file")
-    check_reference_source(source, label=str(path))
+    if checked:
+        check_reference_source(source, label=str(path.resolve()))
     task = Task(name=name or path.stem, source=source, path=str(path.resolve()), origin=origin)  # type: ignore[arg-type]
     return with_preset(task, preset)
 
@@ -41,11 +44,11 @@ def with_preset(task: Task, preset: str | None) -> Task:
     return task.model_copy(update={"source": apply_preset(task.source, preset, label=f"task {task.name}")})
 
 
-def load_folder(path: str | Path) -> list[Task]:
+def load_folder(path: str | Path, checked: bool = True) -> list[Task]:
     files = sorted(p for p in Path(path).glob("*.py") if not p.name.startswith("_"))
     if not files:
         raise TaskError(f"folder {path} holds no .py task files")
-    return [load_task_file(p, origin="folder") for p in files]
+    return [load_task_file(p, origin="folder", checked=checked) for p in files]
 
 
 def kernelbench_level_dir(root: str | Path, level: int) -> Path:
@@ -59,14 +62,14 @@ def kernelbench_level_dir(root: str | Path, level: int) -> Path:
     )
 
 
-def load_kernelbench(root: str | Path, level: int, problem: int | None = None) -> list[Task]:
+def load_kernelbench(root: str | Path, level: int, problem: int | None = None, checked: bool = True) -> list[Task]:
     """Problems of one level of a KernelBench checkout (files named ``{id}_{Name}.py``)."""
     tasks = []
     for path in sorted(kernelbench_level_dir(root, level).glob("*.py"), key=_problem_order):
         match = _KB_FILE.match(path.name)
         if not match or (problem is not None and int(match["id"]) != problem):
             continue
-        task = load_task_file(path, origin="kernelbench", name=f"L{level}/{path.stem}")
+        task = load_task_file(path, origin="kernelbench", name=f"L{level}/{path.stem}", checked=checked)
         tasks.append(task.model_copy(update={"level": level, "problem_id": int(match["id"])}))
     if not tasks:
         which = f"problem {problem} in " if problem is not None else ""
@@ -126,18 +129,20 @@ def _exists(path: Path) -> bool:
 
 
 def resolve_tasks(spec: str, level: int | None = None, problem: int | None = None,
-                  preset: str | None = None) -> list[Task]:
+                  preset: str | None = None, checked: bool = True) -> list[Task]:
     """Tasks named by ``spec``: a .py file, a .parquet file, a folder, a KernelBench checkout
     (with ``level``), a bundled task name, ``suite`` for the whole bundled suite, or several of
     these separated by commas (``mlp,small_cnn``). With ``preset``, each at that named size preset
-    (an error for a task that lacks it)."""
-    return [with_preset(task, preset) for task in _resolve(spec, level, problem)]
+    (an error for a task that lacks it). ``checked=False``: files are kept unparsed (see
+    :func:`load_task_file`)."""
+    return [with_preset(task, preset) for task in _resolve(spec, level, problem, checked)]
 
 
-def _resolve(spec: str, level: int | None, problem: int | None) -> list[Task]:
+def _resolve(spec: str, level: int | None, problem: int | None, checked: bool = True) -> list[Task]:
     path = Path(spec).expanduser()
     if "," in spec and not _exists(path):
-        tasks = [t for part in spec.split(",") if part.strip() for t in _resolve(part.strip(), level, problem)]
+        tasks = [t for part in spec.split(",") if part.strip()
+                 for t in _resolve(part.strip(), level, problem, checked)]
         names = [t.name for t in tasks]
         if len(set(names)) != len(names):
             raise TaskError(f"{spec!r} names a task twice: {sorted({n for n in names if names.count(n) > 1})}")
@@ -145,18 +150,20 @@ def _resolve(spec: str, level: int | None, problem: int | None) -> list[Task]:
     if path.is_file():
         if path.suffix == ".parquet":
             return load_parquet(path, level, problem)
-        return [load_task_file(path)]
+        return [load_task_file(path, checked=checked)]
     if path.is_dir():
         is_checkout = (path / "KernelBench").is_dir() or any(path.glob("level[0-9]"))
         if is_checkout:
             if level is None:
                 raise TaskError(f"{path} is a KernelBench checkout: name a level with --level N")
-            return load_kernelbench(path, level, problem)
-        return load_folder(path)
+            return load_kernelbench(path, level, problem, checked)
+        return load_folder(path, checked)
     if spec == "suite":
         return bundled_tasks()
     if spec in bundled_task_names():
         return [load_task_file(_suite_dir() / f"{spec}.py", origin="bundled")]
+    if spec.endswith((".py", ".parquet")) or "/" in spec or "\\" in spec:
+        raise TaskError(f"{spec}: no such file or folder")
     raise TaskError(
         f"{spec!r} is neither a file, a folder, nor a bundled task (bundled: {', '.join(bundled_task_names())})"
     )

@@ -35,6 +35,7 @@ from pathlib import Path
 from stitchcuda import machine
 from stitchcuda.paths import cache_root
 from stitchcuda.task.inspect import TaskError, check_candidate_source
+from stitchcuda.task.probe import label_of
 from stitchcuda.task.record import Candidate, Task
 from stitchcuda.verify import nsight, second_opinion
 from stitchcuda.verify.config import VerifyConfig
@@ -141,9 +142,8 @@ class Verifier:
         """Raise :class:`DeviceUnavailable` unless the configured device exists here."""
         if self.config.device.startswith("cuda") and self.gpu is None:
             raise DeviceUnavailable(
-                f"{self.config.device} is not a GPU on this machine (nvidia-smi lists {len(machine.gpus())}). "
-                "Verifying needs a CUDA GPU; `--device cpu` checks pure-PyTorch or C++ candidates on the CPU, "
-                "`--static-only` runs the hacking checks alone, and `stitchcuda doctor` says what this machine can do."
+                f"{self.config.device} is not a GPU on this machine (nvidia-smi lists {len(machine.gpus())}): "
+                "running CUDA programs needs a CUDA GPU"
             )
 
     # -- environment of a worker ----------------------------------------------------------------
@@ -345,6 +345,8 @@ class Verifier:
                                   on_phase=on_phase)
             phases = _read_phases(Path(request.phase_path))
             result = outcome.result
+            if result is not None and result.reference_error:  # the user's file, not our copy of it
+                result.reference_error = result.reference_error.replace(str(ref_path), label_of(task))
             if result is not None and result.measured_baselines:
                 self._store_baselines(task, {**cached, **result.measured_baselines})
             if result is not None and result.reference_profile is not None and cached_profile is None:
@@ -415,6 +417,8 @@ class Verifier:
         result = outcome.result or WorkerResult()
         if outcome.crash is not None:
             result.crash = outcome.crash
+        if result.reference_error:
+            result.reference_error = result.reference_error.replace(str(ref_path), label_of(task))
         return result
 
     def verify_static(self, task: Task, candidate: Candidate) -> Verdict:

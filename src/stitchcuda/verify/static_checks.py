@@ -40,6 +40,11 @@ THREAD_MODULES = {"threading", "concurrent", "multiprocessing", "_thread", "asyn
 SUBCLASS_HOOKS = {"__torch_function__", "__torch_dispatch__", "_make_subclass", "_make_wrapper_subclass",
                   "TorchDispatchMode", "TorchFunctionMode", "_python_dispatch"}
 STREAM_SYNC = {"wait_stream", "synchronize", "wait_event", "record_event"}
+# Methods that put their arguments into the container they are called on (not ``add``: on a
+# tensor it computes a new one and leaves the receiver as it was).
+CONTAINER_FILLS = {"append", "extend", "insert", "setdefault", "update", "appendleft", "extendleft"}
+# One tensor out of a list of them: it holds whatever went into the list.
+TENSOR_JOINS = {"stack", "cat", "concat", "concatenate", "hstack", "vstack", "dstack", "column_stack"}
 
 
 def check_python(source: str, report: StaticReport) -> None:
@@ -242,36 +247,25 @@ def _check_outputs(fn: ast.FunctionDef, mod: CandidateModule, owner: str, report
         {fn.args.vararg.arg} if fn.args.vararg else set())
     if fn.args.args and fn.args.args[0].arg != "self":
         params.add(fn.args.args[0].arg)
-    tainted = set(params)
+    if fn.name != "forward" or owner != "ModelNew":
+        return
     empties: dict[str, ast.AST] = {}
     written: set[str] = set()
     for node in ast.walk(fn):
         if isinstance(node, ast.Call):
             for arg in list(node.args) + [k.value for k in node.keywords]:
                 written |= {n.id for n in ast.walk(arg) if isinstance(n, ast.Name)}
-    # propagate taint in statement order (a fixed point covers loops)
-    for _ in range(3):
-        for node in ast.walk(fn):
-            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None \
-                    and _names(node.value) & tainted:
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                for t in targets:
-                    tainted |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
-                    tainted |= {dotted_name(n) for n in ast.walk(t) if isinstance(n, ast.Attribute)}
-            if isinstance(node, ast.Call) and _call_reads(node) & tainted:
-                tainted |= _call_writes(node, mod)  # kernel(x, out=self.buf): the buffer now holds x's result
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-                callee = dotted_name(node.value.func).split(".")[-1]
-                if callee in ("empty", "empty_like", "new_empty", "empty_strided"):
-                    for t in node.targets:
-                        if isinstance(t, ast.Name):
-                            empties[t.id] = node
-    if fn.name != "forward" or owner != "ModelNew":
-        return
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            callee = dotted_name(node.value.func).split(".")[-1]
+            if callee in ("empty", "empty_like", "new_empty", "empty_strided"):
+                for t in node.targets:
+                    if isinstance(t, ast.Name):
+                        empties[t.id] = node
+    tainted = _input_dependent(fn, mod, params)
     for node in ast.walk(fn):
         if isinstance(node, ast.Return) and node.value is not None:
             used = _names(node.value)
-            if not (used & tainted) and not calls_extension(node.value, mod):
+            if not _reads(node.value, tainted) and not calls_extension(node.value, mod):
                 if any(isinstance(n, ast.Attribute) and dotted_name(n).startswith("self.") for n in ast.walk(node.value)) \
                         or any(n.id.isupper() for n in ast.walk(node.value) if isinstance(n, ast.Name)):
                     report.add("cached_output", "total",
@@ -313,8 +307,108 @@ def _state_root(node: ast.AST | str) -> str:
     return ".".join(dotted.split(".")[:2]) if dotted.startswith("self.") else ""
 
 
-def _call_reads(call: ast.Call) -> set[str]:
-    return {name for arg in list(call.args) + [k.value for k in call.keywords] for name in _names(arg)}
+def _input_dependent(fn: ast.FunctionDef, mod: CandidateModule, params: set[str]) -> set[str]:
+    """Names and ``self.`` attributes of ``fn`` whose value may carry data of ``params``.
+
+    Flow-insensitive and iterated to a fixed point, so a loop that fills a list in one iteration
+    and reads it in the next needs no statement order. A container filled through ``append`` and
+    the like counts only when this call makes it afresh (a local, or module state rebound on every
+    call): state or a global that is only ever appended to hands back earlier calls' results."""
+    tainted = set(params)
+    local = set(params) | {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    local -= {name for n in ast.walk(fn) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
+    fresh_state = {name for name, conditional in _state_writes(fn.body, mod, rebinds_only=True).items()
+                   if not conditional}
+    while True:
+        before = len(tainted)
+        for node in ast.walk(fn):
+            for target, value in _flows(node):
+                if _reads(value, tainted):
+                    tainted |= _bound(target)
+            if isinstance(node, ast.Call) and any(_reads(a, tainted) for a in _call_args(node)):
+                tainted |= _call_writes(node, mod)  # kernel(x, out=self.buf): the buffer now holds x's result
+                filled = _filled(node)
+                if filled and (_state_root(filled) in fresh_state if filled.startswith("self.")
+                               else filled.split(".")[0] in local):
+                    tainted |= {filled, filled.split(".")[0]} - {"self"}
+        if len(tainted) == before:
+            return tainted
+
+
+def _reads(node: ast.AST, tainted: set[str]) -> bool:
+    """Whether evaluating ``node`` reads a tainted value. A comprehension's element reads its loop
+    variable's iterable, so ``[k(c) for c in x.chunk(4)]`` reads x and ``[zeros(n) for c in x]`` does not.
+    A work list, not recursion: a long expression must not overflow the stack."""
+    todo = [(node, tainted)]
+    while todo:
+        node, names = todo.pop()
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            inner = set(names)
+            for gen in node.generators:
+                reads_iter = not _is_range(gen.iter) and _reads(gen.iter, inner)
+                inner = (inner | _bound(gen.target)) if reads_iter else (inner - _bound(gen.target))
+            todo += [(e, inner) for e in ([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt])]
+        elif isinstance(node, ast.Name):
+            if node.id in names:
+                return True
+        elif isinstance(node, ast.Attribute) and dotted_name(node) in names:
+            return True
+        else:
+            todo += [(child, names) for child in ast.iter_child_nodes(node)]
+    return False
+
+
+def _flows(node: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    """(target, value) for each binding ``node`` makes, a tuple unpacked from a tuple element by element."""
+    if isinstance(node, ast.Assign):
+        return [pair for target in node.targets for pair in _pairs(target, node.value)]
+    if isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+        return [(node.target, node.value)]
+    if isinstance(node, (ast.For, ast.AsyncFor)) and not _is_range(node.iter):  # an index carries no data
+        return [(node.target, node.iter)]
+    if isinstance(node, (ast.With, ast.AsyncWith)):
+        return [(item.optional_vars, item.context_expr) for item in node.items if item.optional_vars is not None]
+    return []
+
+
+def _pairs(target: ast.AST, value: ast.AST) -> list[tuple[ast.AST, ast.AST]]:
+    if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) \
+            and len(target.elts) == len(value.elts) \
+            and not any(isinstance(e, ast.Starred) for e in target.elts + value.elts):
+        return [pair for t, v in zip(target.elts, value.elts, strict=True) for pair in _pairs(t, v)]
+    return [(target, value)]
+
+
+def _bound(target: ast.AST) -> set[str]:
+    """What an assignment target binds: names, attributes (``self.a.b`` also rebinds what
+    ``self.a`` holds, ``obj.a`` what ``obj`` holds) and the container an item is stored into."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return set().union(*(_bound(e) for e in target.elts))
+    if isinstance(target, (ast.Subscript, ast.Starred)):
+        return _bound(target.value)
+    if isinstance(target, ast.Name):
+        return {target.id}
+    parts = dotted_name(target).split(".") if dotted_name(target) else []
+    return {".".join(parts[:i]) for i in range(1, len(parts) + 1)} - {"self"}
+
+
+def _is_range(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and dotted_name(node.func) == "range"
+
+
+def _call_args(call: ast.Call) -> list[ast.AST]:
+    return list(call.args) + [k.value for k in call.keywords]
+
+
+def _filled(call: ast.Call) -> str:
+    """The container ``outs.append(h)``, ``self.outs.extend(hs)`` or ``outs[i].append(h)`` puts
+    its arguments into; '' for any other call."""
+    if not (isinstance(call.func, ast.Attribute) and call.func.attr in CONTAINER_FILLS):
+        return ""
+    receiver = call.func.value
+    while isinstance(receiver, ast.Subscript):
+        receiver = receiver.value
+    return dotted_name(receiver)
 
 
 def _call_writes(call: ast.Call, mod: CandidateModule) -> set[str]:
@@ -325,15 +419,19 @@ def _call_writes(call: ast.Call, mod: CandidateModule) -> set[str]:
     if calls_extension(call.func, mod):
         written |= {dotted_name(a) for a in call.args if dotted_name(a)}
     if isinstance(call.func, ast.Attribute) and call.func.attr.endswith("_") and not call.func.attr.endswith("__"):
-        written.add(dotted_name(call.func.value))
+        receiver = call.func.value
+        while isinstance(receiver, ast.Subscript):  # buf[:n].copy_(y) writes buf
+            receiver = receiver.value
+        written.add(dotted_name(receiver))
     written |= {dotted_name(k.value) for k in call.keywords if k.arg == "out" and dotted_name(k.value)}
     return written - {""}
 
 
-def _state_writes(stmts: list[ast.stmt], mod: CandidateModule) -> dict[str, bool]:
+def _state_writes(stmts: list[ast.stmt], mod: CandidateModule, rebinds_only: bool = False) -> dict[str, bool]:
     """``self.<attr>`` written in ``stmts`` -> True when every write is conditional on the
     module's own state (under ``if self._out is None:`` and the like, with no matching write in
-    the other branch), False when some write happens on every call."""
+    the other branch), False when some write happens on every call. ``rebinds_only``: only the
+    writes that replace what the attribute held (``self.outs = []``, ``self.outs.clear()``)."""
     found: dict[str, bool] = {}
 
     def note(name: str, conditional: bool) -> None:
@@ -341,7 +439,7 @@ def _state_writes(stmts: list[ast.stmt], mod: CandidateModule) -> dict[str, bool
 
     for stmt in stmts:
         if isinstance(stmt, ast.If):
-            body, other = _state_writes(stmt.body, mod), _state_writes(stmt.orelse, mod)
+            body, other = _state_writes(stmt.body, mod, rebinds_only), _state_writes(stmt.orelse, mod, rebinds_only)
             state_guard = _guard_refs_state(stmt.test)
             for name in body.keys() | other.keys():
                 if state_guard and not (name in body and name in other):
@@ -352,31 +450,53 @@ def _state_writes(stmts: list[ast.stmt], mod: CandidateModule) -> dict[str, bool
             blocks = [stmt.body, getattr(stmt, "orelse", []), getattr(stmt, "finalbody", [])]
             blocks += [h.body for h in getattr(stmt, "handlers", [])]
             for block in blocks:
-                for name, conditional in _state_writes(block, mod).items():
+                for name, conditional in _state_writes(block, mod, rebinds_only).items():
                     note(name, conditional)
         else:
             for node in ast.walk(stmt):
                 targets: list[ast.AST | str] = []
-                if isinstance(node, ast.Assign):
+                if rebinds_only:
+                    targets = _rebinds(node)
+                elif isinstance(node, ast.Assign):
                     targets = list(node.targets)
                 elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
                     targets = [node.target]
                 elif isinstance(node, ast.Call):
-                    targets = list(_call_writes(node, mod))
+                    targets = list(_call_writes(node, mod)) + [_filled(node)]
                 for target in targets:
                     if root := _state_root(target):
                         note(root, False)
     return found
 
 
+def _rebinds(node: ast.AST) -> list[ast.AST | str]:
+    """The attributes ``node`` gives a new value as a whole: ``self.a = ...`` (also unpacked),
+    ``self.a.clear()``; not ``self.a[i] = ...`` nor ``self.a.b = ...``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "clear":
+        return [node.func.value]
+    if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+        return []
+    found: list[ast.AST | str] = []
+    todo = list(node.targets) if isinstance(node, ast.Assign) else [node.target]
+    while todo:
+        target = todo.pop()
+        if isinstance(target, (ast.Tuple, ast.List)):
+            todo += target.elts
+        elif isinstance(target, ast.Attribute) and _state_root(target) == dotted_name(target):
+            found.append(target)
+    return found
+
+
 def _returned_state(value: ast.AST) -> set[str]:
     """The module state a return value hands back as it is: ``self.out``, ``self.cache[k]``,
-    ``self.out.view(...)``, also inside a tuple."""
+    ``self.out.view(...)``, also inside a tuple or joined (``torch.stack(self.outs)``)."""
     if isinstance(value, (ast.Tuple, ast.List)):
         return set().union(*(_returned_state(e) for e in value.elts)) if value.elts else set()
     while True:
         if isinstance(value, ast.Subscript):
             value = value.value
+        elif isinstance(value, ast.Call) and dotted_name(value.func).split(".")[-1] in TENSOR_JOINS and value.args:
+            return _returned_state(value.args[0])  # torch.stack(self.outs): the stored tensors, joined
         elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in SHAPE_OPS:
             value = value.func.value
         else:

@@ -29,6 +29,7 @@ import torch
 
 from stitchcuda import machine
 from stitchcuda.task.inspect import TaskError, check_module, inspect_task_module
+from stitchcuda.task.probe import user_error
 from stitchcuda.verify import profiling
 from stitchcuda.verify.baselines import time_candidate
 from stitchcuda.verify.build import BuildFailed, ExtensionBuilder
@@ -178,7 +179,7 @@ def _profile_reference(request: WorkerRequest, result: WorkerResult, progress: P
         for _ in range(2):
             model(*inputs)
     except Exception as exc:
-        result.reference_error = str(exc) if isinstance(exc, TaskError) else short_traceback(exc)
+        result.reference_error = str(exc) if isinstance(exc, TaskError) else user_error(exc, request.reference_path or "")
         return
     if device.type != "cuda":
         result.errors.append("profiling needs a CUDA device")
@@ -247,7 +248,7 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except Exception as exc:
-        result.reference_error = str(exc) if isinstance(exc, TaskError) else short_traceback(exc)
+        result.reference_error = str(exc) if isinstance(exc, TaskError) else user_error(exc, request.reference_path or "")
         return
     result.reference_s = time.perf_counter() - started
 

@@ -1,0 +1,116 @@
+"""Bad input never shows a traceback: a corpus of broken references through every command that
+takes one, and broken candidates through `verify`, on the CPU.
+
+A broken reference is unusable input: exit 2, a message that names the user's file, no frame of
+ours. A broken candidate is a verdict (exit 1, the README's contract): built, run and judged in
+the worker, its file named, nothing of our stack shown.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stitchcuda.cli import app
+from tests.conftest import CPU, FIXTURES
+
+BROKEN = FIXTURES / "broken"
+REFERENCES = sorted((BROKEN / "references").glob("*.py"))
+GOOD_CANDIDATE = CPU / "cpp_extension.py"  # never built: the reference is refused first
+# where the message must point: the line the user has to fix
+LINES = {"syntax_error": "line 8", "raising_init": "line 11", "raising_forward": "line 16",
+         "wrong_output_shape": "line 15"}
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _short_limit(monkeypatch):
+    monkeypatch.setenv("STITCHCUDA_REFERENCE_TIMEOUT", "5")  # the hanging forward's limit
+
+
+def _assert_clean(result, path: Path, exit_code: int = 2) -> str:
+    output = result.output
+    assert result.exit_code == exit_code, output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in output and "site-packages" not in output and "stitchcuda/" not in output.replace(
+        str(FIXTURES), ""), output
+    assert str(path) in output, output
+    return output
+
+
+def test_the_corpus_has_every_kind_of_broken_reference():
+    assert {p.stem for p in REFERENCES} == {"syntax_error", "no_model", "non_tensor_inputs", "raising_init",
+                                            "raising_forward", "wrong_output_shape", "hanging_forward"}
+
+
+@pytest.mark.parametrize("reference", REFERENCES, ids=lambda p: p.stem)
+def test_broken_reference_through_optimize_verify_and_reward(reference, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    commands = {
+        "optimize": ["optimize", str(reference), "--workspace", str(tmp_path / "ws")],
+        "verify": ["verify", str(reference), str(GOOD_CANDIDATE), "--preset", "tiny-debug"],
+        "reward": ["reward", str(reference), str(GOOD_CANDIDATE), "--device", "cpu", "--preset", "tiny-debug"],
+    }
+    for name, args in commands.items():
+        output = _assert_clean(runner.invoke(app, args), reference)
+        if reference.stem in LINES:
+            assert LINES[reference.stem] in output, (name, output)
+    assert not list(tmp_path.glob("*_stitchcuda.py")), "no program is written for an unusable reference"
+
+
+def test_broken_reference_as_json_is_a_json_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    reference = BROKEN / "references" / "raising_forward.py"
+    for args in (["optimize", str(reference), "--json"],
+                 ["verify", str(reference), str(GOOD_CANDIDATE), "--preset", "tiny-debug", "--json"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2
+        error = json.loads(result.stdout)
+        assert error["exit_code"] == 2 and str(reference) in error["error"] and "line 16" in error["error"]
+
+
+def test_a_bench_over_a_folder_names_every_unusable_task(tmp_path):
+    ws = tmp_path / "ws"
+    result = runner.invoke(app, ["bench", str(BROKEN / "references"), "--gpus", "cpu", "--workspace", str(ws)])
+    output = _assert_clean(result, REFERENCES[0])
+    for reference in REFERENCES:
+        assert str(reference) in output
+    assert "7 of 7 tasks are unusable" in output and "--skip-unusable" in output
+    assert not (ws / "runs.sqlite").exists() or "no usable" in output
+
+
+def test_a_bench_can_leave_unusable_tasks_out(tmp_path):
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    for name in ("raising_init", "non_tensor_inputs"):
+        (folder / f"{name}.py").write_text((BROKEN / "references" / f"{name}.py").read_text())
+    result = runner.invoke(app, ["bench", str(folder), "--gpus", "cpu", "--workspace", str(tmp_path / "ws"),
+                                 "--skip-unusable"])
+    assert result.exit_code == 2 and "skipped:" in result.output and "no usable task is left" in result.output
+
+
+def test_tasks_check_lists_every_broken_file(tmp_path):
+    result = runner.invoke(app, ["tasks", str(BROKEN / "references"), "--check", "--json"])
+    assert result.exit_code == 2
+    rows = {Path(r["path"]).stem: r["problem"] for r in json.loads(result.stdout)}
+    assert set(rows) == {p.stem for p in REFERENCES} and all(rows.values())
+
+
+def test_profile_without_a_gpu_says_so(tmp_path):
+    result = runner.invoke(app, ["profile", "mlp"])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output and "CUDA" in result.output and "--device cpu" not in result.output
+
+
+@pytest.mark.parametrize("candidate", ["cpp_compile_error", "crash", "hang"])
+def test_broken_candidate_is_a_verdict(candidate, cache):
+    path = BROKEN / "candidates" / f"{candidate}.py"
+    result = runner.invoke(app, ["verify", str(CPU / "tiny_mlp.py"), str(path), "--device", "cpu",
+                                 "--preset", "tiny-debug", "--timeout", "15"])
+    output = _assert_clean(result, path, exit_code=1)
+    expected = {"cpp_compile_error": "candidate line 12", "crash": "segfault", "hang": "timeout"}[candidate]
+    assert expected in output and "FAILED" in output
