@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from stitchcuda.cli import app
@@ -100,6 +101,7 @@ def test_tasks_check_lists_every_broken_file(tmp_path):
     assert set(rows) == {p.stem for p in REFERENCES} and all(rows.values())
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="says what happens without a GPU")
 def test_profile_without_a_gpu_says_so(tmp_path):
     result = runner.invoke(app, ["profile", "mlp"])
     assert result.exit_code == 2

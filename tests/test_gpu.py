@@ -212,6 +212,8 @@ DYNAMIC_CASES = {
     "honest_mlp_pool_stream_joined": None,
     "honest_mlp_side_stream_synced": None,
     "honest_nsg_side_stream_event": None,
+    "pytorch_compute_gru_gates": None,  # a GRU's gated update in a kernel, its GEMMs in torch: partial
+    "honest_nsg_chunks_cat": None,  # chunks through our kernel, joined by torch.cat: none
 }
 
 

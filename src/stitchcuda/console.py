@@ -10,6 +10,7 @@ from rich.text import Text
 from stitchcuda.doctor import DoctorReport
 from stitchcuda.task.record import Task
 from stitchcuda.terminal import console
+from stitchcuda.verify.crash import readable_tail
 from stitchcuda.verify.verdict import ProgramProfile, Verdict
 
 _STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
@@ -47,8 +48,9 @@ def verdict_view(v: Verdict) -> Group:
 
     if v.errors:
         parts.append(Text("\n".join(f"- {e}" for e in v.errors), style="red"))
-    if v.crash and v.crash.output_tail.strip():
-        tail = "\n".join(v.crash.output_tail.strip().splitlines()[-15:])
+    if v.crash and v.crash.output_tail.strip():  # the whole tail stays in --json
+        readable = readable_tail(v.crash.output_tail, v.candidate.path or v.candidate.name)
+        tail = "\n".join(readable.strip().splitlines()[-15:])
         parts.append(Panel(Text(tail), title=f"output tail ({v.crash.kind})", border_style="red"))
 
     if v.correctness.trials:

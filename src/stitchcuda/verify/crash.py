@@ -6,6 +6,7 @@ and stops the run (:class:`CandidateFailed`); the worker then writes what it has
 
 from __future__ import annotations
 
+import re
 import traceback
 
 from stitchcuda.verify.protocol import WorkerResult
@@ -36,3 +37,20 @@ def fail(result: WorkerResult, exc: BaseException, phase: str) -> None:
     """Record the crash in ``result`` and stop the verification."""
     result.crash = CrashReport(kind=classify_error(exc), phase=phase, message=short_traceback(exc))
     raise CandidateFailed from exc
+
+
+_OUR_COPY = re.compile(r"[^\s\"]*/stitchcuda-(?:verify|build|profile)-[^/\s]+/candidate\.py")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+')
+
+
+def readable_tail(tail: str, candidate: str) -> str:
+    """A worker's output tail as the user reads it: our copy of the candidate named as the user's
+    file ``candidate``, and the frames of a crash dump (faulthandler's, Python's) kept only where
+    they are the candidate's own; ours and torch's say nothing the user can act on."""
+    lines = []
+    for line in _OUR_COPY.sub(candidate, tail).splitlines():
+        frame = _FRAME.match(line)
+        if (frame and frame[1] != candidate) or line.startswith("Extension modules:"):
+            continue
+        lines.append(line)
+    return "\n".join(lines)
