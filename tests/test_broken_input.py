@@ -116,3 +116,22 @@ def test_broken_candidate_is_a_verdict(candidate, cache):
     output = _assert_clean(result, path, exit_code=1)
     expected = {"cpp_compile_error": "candidate line 12", "crash": "segfault", "hang": "timeout"}[candidate]
     assert expected in output and "FAILED" in output
+
+
+def test_a_bug_of_ours_is_one_line_and_a_log_file(monkeypatch, tmp_path, capsys):
+    import stitchcuda.cli as cli
+    from stitchcuda.cli import workspace_commands
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("an internal slip")
+
+    monkeypatch.setenv("STITCHCUDA_CACHE", str(tmp_path))
+    monkeypatch.setattr(workspace_commands, "diagnose", broken)
+    monkeypatch.setattr("sys.argv", ["stitchcuda", "doctor", "--no-ncu-probe"])
+    with pytest.raises(SystemExit) as stopped:
+        cli.main()
+    err = capsys.readouterr().err
+    assert stopped.value.code == 3 and "internal error: RuntimeError: an internal slip" in err
+    assert "Traceback" not in err
+    logs = list((tmp_path / "errors").glob("*.log"))
+    assert len(logs) == 1 and "Traceback" in logs[0].read_text()

@@ -3,7 +3,7 @@ one way a command says its input is unusable (a message, with hints; JSON with `
 
 Exit codes are part of the interface: 0 success (for ``verify``: the candidate passed),
 1 a negative result (``verify``: it did not pass; ``doctor``: a check failed), 2 unusable
-arguments or tasks.
+arguments or tasks, 3 an internal error (a bug of ours, its traceback kept in a file).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-EXIT_PASSED, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+EXIT_PASSED, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INTERNAL = 0, 1, 2, 3
 
 LevelOpt = Annotated[int | None, typer.Option("--level", help="KernelBench level (for a checkout or parquet file).")]
 ProblemOpt = Annotated[int | None, typer.Option("--problem", help="KernelBench problem id within the level.")]
