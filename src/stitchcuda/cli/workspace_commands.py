@@ -58,16 +58,16 @@ def dataset_build(
 ) -> None:
     """Build skill-1 and skill-2 samples from recorded runs (and task lists), split by task."""
     if not runs_ and not tasks:
-        raise unusable("name runs (or all) and/or --tasks SPEC")
+        raise unusable("name runs (or all) and/or --tasks SPEC", json_out=json_out)
     if runs_ and not db_path(workspace).exists():
-        raise unusable(f"no run store in {workspace} (pass the --workspace of the runs)")
+        raise unusable(f"no run store in {workspace} (pass the --workspace of the runs)", json_out=json_out)
     try:
         manifest = build_dataset(workspace, runs_ or [], out, tasks, eval_fraction,
                                  set(eval_tasks.split(",")) if eval_tasks else None, tolerance)
     except (KeyError, TaskError) as exc:
-        raise unusable(str(exc.args[0] if isinstance(exc, KeyError) else exc)) from None
+        raise unusable(str(exc.args[0] if isinstance(exc, KeyError) else exc), json_out=json_out) from None
     except ImportError:
-        raise unusable("writing Parquet needs pyarrow: pip install 'stitchcuda[train]'") from None
+        raise unusable("writing Parquet needs pyarrow: pip install 'stitchcuda[train]'", json_out=json_out) from None
     if json_out:
         print(manifest.model_dump_json(indent=1))
     else:
@@ -94,7 +94,7 @@ def train(
         with contextlib.redirect_stdout(sys.stderr):
             summary = run_training(loaded, resume=resume)
     except (OSError, ValueError, ValidationError, TrainError) as exc:
-        raise unusable(str(exc)) from None
+        raise unusable(str(exc), json_out=json_out) from None
     if json_out:
         print(json.dumps(summary, indent=1, default=str))
     else:
@@ -111,7 +111,7 @@ def runs(
     """List the runs of a workspace, or show one: plan, steps, decisions, usage."""
     if not db_path(workspace).exists():
         raise unusable(f"no run store in {workspace} (runs are kept where `stitchcuda optimize` ran, "
-                        "or pass --workspace)")
+                        "or pass --workspace)", json_out=json_out)
     store = RunStore(workspace)
     if run is None:
         found = store.runs()
@@ -123,7 +123,7 @@ def runs(
     try:
         run_id = store.resolve(run)
     except KeyError as exc:
-        raise unusable(f"no such run: {exc.args[0]}") from None
+        raise unusable(f"no such run: {exc.args[0]}", json_out=json_out) from None
     state, plans, steps = store.load_state(run_id), store.plans(run_id), store.steps(run_id)
     if json_out:
         print(json.dumps({"state": state.model_dump(), "plans": [p.model_dump() for p in plans],
