@@ -135,3 +135,27 @@ def test_a_bug_of_ours_is_one_line_and_a_log_file(monkeypatch, tmp_path, capsys)
     assert "Traceback" not in err
     logs = list((tmp_path / "errors").glob("*.log"))
     assert len(logs) == 1 and "Traceback" in logs[0].read_text()
+
+
+def test_a_run_that_crashes_is_kept_as_failed_with_its_reason(tmp_path):
+    from stitchcuda.agents.loop import OptimizeConfig, Optimizer, RunCrashed
+    from stitchcuda.agents.offline import OFFLINE
+    from stitchcuda.store import RunStore
+    from stitchcuda.task import load_task_file
+    from stitchcuda.verify import PRESETS
+
+    class BrokenPlanner:
+        def plan(self, *args, **kwargs):
+            raise RuntimeError("the planner slipped")
+
+    class NoVerifier:
+        config, gpu = PRESETS["tiny-debug"], None
+
+    task = load_task_file(CPU / "tiny_mlp.py")
+    store = RunStore(tmp_path / "ws")
+    config = OptimizeConfig(planner=OFFLINE, coder=OFFLINE, verify=PRESETS["tiny-debug"], knowledge=False)
+    with pytest.raises(RunCrashed, match="the planner slipped"):
+        Optimizer(task, config, BrokenPlanner(), object(), NoVerifier(), store, profile_reference=False).start()
+    run = store.runs()[0]
+    assert run.status == "failed" and "RuntimeError: the planner slipped" in run.stop_reason
+    assert "Traceback" in (store.run_dir(run.id) / "error.log").read_text()

@@ -217,8 +217,8 @@ def test_optimize_offline_without_a_gpu_writes_the_program_and_says_so(tmp_path,
 
     monkeypatch.setattr(machine, "gpus", lambda: ())
     # nvcc takes a minute here; tests/test_offline_codegen.py compiles the same programs
-    monkeypatch.setattr(check, "compile_check",
-                        lambda program: check.CompileCheck(status="skipped", detail="not compiled in this test"))
+    skipped = check.CompileCheck(status="skipped", detail="not compiled in this test")
+    monkeypatch.setattr("stitchcuda.agents.session.compile_check", lambda program: skipped)
     out = tmp_path / "mlp_fast.py"
     result = CliRunner().invoke(app, ["optimize", "mlp", "--workspace", str(tmp_path / "ws"), "-o", str(out),
                                       "--json"])
@@ -226,7 +226,16 @@ def test_optimize_offline_without_a_gpu_writes_the_program_and_says_so(tmp_path,
     summary = json.loads(result.stdout)
     assert summary["status"] == "unverified" and "needs a CUDA GPU" in summary["note"]
     assert hacking_level(static_findings(out.read_text()).findings) == "none"
-    assert not (tmp_path / "ws").exists()  # nothing ran, so no run was recorded
+    # the run is kept like any other: listed, with its program and compile check
+    from stitchcuda.store import RunStore
+
+    runs = RunStore(tmp_path / "ws").runs()
+    assert [(r.id, r.status) for r in runs] == [(summary["run"], "unverified")]
+    run_dir = tmp_path / "ws" / "runs" / summary["run"]
+    assert (run_dir / "program.py").read_text() == out.read_text()
+    assert json.loads((run_dir / "compile_check.json").read_text())["status"] == "skipped"
+    listed = CliRunner().invoke(app, ["runs", "--workspace", str(tmp_path / "ws")])
+    assert listed.exit_code == 0 and "unverified" in listed.output
 
 
 def _verdict(correct: bool = True, ms: float | None = None, top: str | None = None, idle: float = 0.0,
