@@ -159,3 +159,15 @@ def test_a_run_that_crashes_is_kept_as_failed_with_its_reason(tmp_path):
     run = store.runs()[0]
     assert run.status == "failed" and "RuntimeError: the planner slipped" in run.stop_reason
     assert "Traceback" in (store.run_dir(run.id) / "error.log").read_text()
+
+
+def test_a_reference_that_asks_for_cuda_by_name_is_not_refused_by_the_check(tmp_path):
+    """The check hides the GPU on purpose; `device="cuda"` in the user's inputs is theirs to ask for."""
+    from stitchcuda.task import load_task_file
+    from stitchcuda.task.probe import check_reference
+
+    path = tmp_path / "cuda_inputs.py"
+    path.write_text((CPU / "tiny_mlp.py").read_text().replace("torch.randn(16, 64)",
+                                                              'torch.randn(16, 64, device="cuda")'))
+    check = check_reference(load_task_file(path))
+    assert check.ok and "CUDA" in check.forward
