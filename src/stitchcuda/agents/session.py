@@ -7,6 +7,7 @@ The session reports progress through the :data:`~stitchcuda.agents.loop.Reporter
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import shutil
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,7 @@ def _generate_without_gpu(task: Task, coder, config: OptimizeConfig, store: RunS
     (run_dir / "compile_check.json").write_text(check.model_dump_json(indent=1))
     verify_hint = f"stitchcuda verify {task.path or task.name} {target}"
     store.save_step(state.run_id, StepRecord(index=0, subtask=1, skill="scratch", chosen=0, samples=[SampleOutcome(
-        sample=0, sha256=task.sha256, path=str(run_dir / "program.py"), compiled=check.status == "compiled",
+        sample=0, sha256=hashlib.sha256(program.encode()).hexdigest(), path=str(run_dir / "program.py"), compiled=check.status == "compiled",
         feedback=f"not verified (no CUDA GPU); nvcc {check.status}: {check.detail}")]))
     state.status = "unverified"
     state.steps_done = 1
