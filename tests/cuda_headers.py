@@ -18,10 +18,8 @@ __all__ = ["CACHE", "NEEDED", "WHEELS", "HeadersMissing", "cuda_major", "fetch",
 
 def toolkit() -> tuple[str, Path] | None:
     """(nvcc, the toolkit folder), or None where there is no CUDA toolkit."""
-    home, nvcc = machine.cuda_home(), machine.nvcc_path()
-    if nvcc is None:
-        return None
-    return nvcc, Path(home) if home else Path(nvcc).resolve().parent.parent
+    nvcc, home = machine.nvcc_path(), machine.toolkit_home()
+    return (nvcc, home) if nvcc and home else None
 
 
 if __name__ == "__main__":

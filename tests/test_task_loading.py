@@ -16,9 +16,9 @@ from stitchcuda.task import (
     load_kernelbench,
     load_parquet,
     load_task_file,
-    probe_reference,
     resolve_tasks,
 )
+from stitchcuda.task.probe import check_reference
 from tests.conftest import CPU, FIXTURES
 
 TASKS = FIXTURES / "tasks"
@@ -27,8 +27,8 @@ TASKS = FIXTURES / "tasks"
 def test_single_file():
     task = load_task_file(CPU / "tiny_mlp.py")
     assert task.name == "tiny_mlp" and task.origin == "file" and len(task.sha256) == 64
-    init, inputs = probe_reference(task.source)
-    assert list(init) == [64, 128, 32] and tuple(inputs[0].shape) == (16, 64)
+    check = check_reference(task)
+    assert check.ok and check.forward == "meta"  # imported, inputs checked, one forward on the meta device
 
 
 def test_missing_names_are_named():
@@ -48,14 +48,13 @@ def test_syntax_error_gives_line():
 
 def test_import_failure_is_clear():
     task = load_task_file(TASKS / "fails_import.py")  # static checks pass
-    with pytest.raises(TaskError, match="fails to import: ModuleNotFoundError"):
-        probe_reference(task.source, "fails_import")
+    problem = check_reference(task).problem
+    assert "importing it failed ModuleNotFoundError" in problem and task.path in problem
 
 
 def test_non_tensor_inputs():
     task = load_task_file(TASKS / "returns_nontensor.py")
-    with pytest.raises(TaskError, match="non-tensors"):
-        probe_reference(task.source)
+    assert "non-tensors" in check_reference(task).problem
 
 
 def test_candidate_without_modelnew():

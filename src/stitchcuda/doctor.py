@@ -124,17 +124,10 @@ def check_nvcc() -> Check:
     return Check(name="nvcc", status="ok", detail=detail)
 
 
-def _toolkit_home() -> Path | None:
-    home, nvcc = machine.cuda_home(), machine.nvcc_path()
-    if home:
-        return Path(home)
-    return Path(nvcc).resolve().parent.parent if nvcc else None
-
-
 def check_cuda_headers() -> Check:
     """The CUDA library headers programs include (ATen/cuda/CUDAContext.h pulls in cuBLAS(Lt),
     cuSPARSE and cuSOLVER; convolutions call cuDNN): where each is, as compile_check finds them."""
-    home = _toolkit_home()
+    home = machine.toolkit_home()
     if home is None:
         return Check(name="cuda headers", status="warn", detail="no CUDA toolkit found (see nvcc)",
                      fix="set CUDA_HOME to the toolkit folder")
@@ -166,7 +159,7 @@ def _torch_cuda() -> str | None:
 def fetch_cuda_headers() -> Check:
     """``stitchcuda doctor --fetch-headers``: fetch the headers :func:`check_cuda_headers` finds
     missing into the header cache, and say where they went."""
-    home = _toolkit_home()
+    home = machine.toolkit_home()
     if home is None:
         return Check(name="fetch headers", status="fail", detail="no CUDA toolkit (nvcc) here: nothing to fetch for",
                      fix="install the CUDA toolkit first (see nvcc)")

@@ -116,6 +116,15 @@ def cuda_home() -> str | None:
     return None
 
 
+def toolkit_home() -> Path | None:
+    """:func:`cuda_home` as a path, else the folder around the nvcc found (a wrapper's, say):
+    where the compile checks look for the toolkit's headers; None without nvcc."""
+    if home := cuda_home():
+        return Path(home)
+    nvcc = nvcc_path()
+    return Path(nvcc).resolve().parent.parent if nvcc else None
+
+
 def cuda_tool(name: str) -> str | None:
     """A program of the CUDA toolkit (``nvcc``, ``ncu``, ``cu++filt``): on PATH first, else in the
     toolkit's ``bin/``; None where neither has it."""

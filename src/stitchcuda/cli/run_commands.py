@@ -210,7 +210,7 @@ def bench(
             progress.print(f"{result.task}: {result.status}" + (f", {best:.2f}x vs eager" if best else "")
                           + (f", hacking {result.hacking}" if result.hacking else "")
                           + (f" ({why[:160]})" if why else ""),
-                          highlight=False, soft_wrap=True, markup=False)
+                          highlight=False, soft_wrap=True)
 
     try:
         result = run_bench(store, jobs, config, on_done=on_done, resume=resume)

@@ -59,7 +59,8 @@ def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> 
         return CompileCheck(status="skipped", detail="nvcc not found: install the CUDA toolkit to compile-check")
     includes = [Path(p) for p in include_paths()]
     source = cuda_source(program)
-    home = Path(machine.cuda_home() or Path(nvcc).resolve().parent.parent)
+    home = machine.toolkit_home()  # not None: nvcc was found
+    assert home is not None
     headers = cuda_headers.locate(home, cuda_headers.needed_by(source, includes))
     if headers.missing:
         return CompileCheck(status="skipped", detail="the program needs CUDA library headers that are not here: "

@@ -5,7 +5,6 @@ from stitchcuda.task.inspect import (
     check_candidate_source,
     check_reference_source,
     inspect_task_module,
-    probe_reference,
 )
 from stitchcuda.task.load import (
     bundled_task_names,
@@ -22,5 +21,5 @@ from stitchcuda.task.record import Candidate, Task
 __all__ = [
     "Candidate", "Task", "TaskError", "bundled_task_names", "bundled_tasks", "check_candidate_source",
     "check_reference_source", "inspect_task_module", "load_candidate", "load_folder", "load_kernelbench",
-    "load_parquet", "load_task_file", "probe_reference", "resolve_tasks",
+    "load_parquet", "load_task_file", "resolve_tasks",
 ]

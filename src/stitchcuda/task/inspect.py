@@ -132,14 +132,3 @@ def import_source(source: str, label: str, module_name: str = "stitchcuda_task_p
     except Exception as exc:
         raise TaskError(f"{label} fails to import: {type(exc).__name__}: {exc}") from exc
     return module
-
-
-def probe_reference(source: str, label: str = "the reference") -> tuple[Sequence[Any], Sequence[Any]]:
-    """Import a reference and run its input functions (not the model): the checks a task must
-    pass before any GPU time is spent on it. Returns (init inputs, inputs)."""
-    check_reference_source(source, label)
-    module = import_source(source, label)
-    try:
-        return inspect_task_module(module)
-    except TaskError as exc:
-        raise TaskError(f"{label}: {exc}") from exc
