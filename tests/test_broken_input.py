@@ -81,7 +81,7 @@ def test_a_bench_over_a_folder_names_every_unusable_task(tmp_path):
     for reference in REFERENCES:
         assert str(reference) in output
     assert "7 of 7 tasks are unusable" in output and "--skip-unusable" in output
-    assert not (ws / "runs.sqlite").exists() or "no usable" in output
+    assert not (ws / "runs.sqlite").exists()  # refused before a store is made
 
 
 def test_a_bench_can_leave_unusable_tasks_out(tmp_path):
