@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from stitchcuda.compiler.codegen import CodegenOptions, Unsupported, generate, lower
 from stitchcuda.compiler.fusion import FusionGroup, fuse
 from stitchcuda.compiler.graph import KEEP, OpGraph, capture
+from stitchcuda.compiler.rewrite import split_into_slices
 from stitchcuda.task.record import Task
 
 # Kept operators whose decomposition the general lowerings take when a fused lowering refuses an
@@ -27,6 +28,7 @@ class Compiled:
     graph: OpGraph
     groups: list[FusionGroup]
     decomposed: frozenset[str] = frozenset()  # kept operators decomposed for this task
+    isolated: frozenset[str] = frozenset()  # nodes lowered on their own: their fused group did not lower
 
     def program(self, options: CodegenOptions | None = None) -> str:
         return generate(self.task, self.graph, self.groups, options)
@@ -35,17 +37,27 @@ class Compiled:
 def compile_task(task: Task, max_rounds: int = 3) -> Compiled:
     """Capture ``task`` and make sure every group lowers. A kept operator (softmax, group norm, a
     pooling, ...) in a group that fails is decomposed into core ATen and the task captured again,
-    up to ``max_rounds`` times. Raises CaptureError or Unsupported (naming every problem)."""
+    up to ``max_rounds`` times. Any other group that fails is split: its nodes are lowered on their
+    own, the values between them materialised (a split becomes one view per piece), until only
+    single operators whose own lowering refuses are left. Raises CaptureError or Unsupported
+    (naming every problem)."""
     decompose: frozenset[str] = frozenset()
     while True:
-        graph = capture(task, decompose)
-        groups = fuse(graph)
-        try:
-            lower(graph, groups, CodegenOptions())
-        except Unsupported as exc:
-            more = (exc.ops & _KEPT) - decompose
-            if not more or max_rounds <= 0:
-                raise
-            decompose, max_rounds = decompose | more, max_rounds - 1
-            continue
-        return Compiled(task, graph, groups, decompose)
+        captured = capture(task, decompose)
+        isolate: frozenset[str] = frozenset()
+        while True:
+            graph = split_into_slices(captured, isolate)
+            groups = fuse(graph, isolate=isolate)
+            try:
+                lower(graph, groups, CodegenOptions())
+            except Unsupported as exc:
+                more = (exc.ops & _KEPT) - decompose
+                if more and max_rounds > 0:
+                    decompose, max_rounds = decompose | more, max_rounds - 1
+                    break
+                alone = {n for nodes in exc.groups if len(nodes) > 1 for n in nodes} - isolate
+                if not alone:
+                    raise
+                isolate |= alone
+                continue
+            return Compiled(task, graph, groups, decompose, isolate)

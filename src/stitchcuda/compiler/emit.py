@@ -178,7 +178,8 @@ def _params(prog: Program, low: Lowering, writes: list[str],
         decls.append(f"const {low.ctypes.get(b, 'float')}* __restrict__ {b}")
         args.append(f"a.{b}" + (f" + {shifts[b]}" if shifts and b in shifts else ""))
     for b in writes:
-        decls.append(f"float* {b}" if b in reads else f"float* __restrict__ {b}")
+        c = low.ctypes.get(b, "float")
+        decls.append(f"{c}* {b}" if b in reads else f"{c}* __restrict__ {b}")
         args.append(f"a.{b}")
     return decls, args
 
@@ -250,7 +251,8 @@ class Emitter:
         # thread, 112- and 512-wide rows with a batch norm 3% slower.
         values = [lf.value for lf in leaves]
         stencil = any(values.count(v) >= 3 for v in set(values))
-        vec = self.options.vector_width == 4 and total % 4 == 0 and total >= 4 and (
+        vec = self.options.vector_width == 4 and total % 4 == 0 and total >= 4 and not any(
+            b in low.ctypes for b in writes) and (
             not stencil or (inner is not None and shape[inner] % 4 == 0))
         name = f"{self.prefix}_g{gid}_pointwise"
         source = self.env.get_template("pointwise.cu.j2").render(

@@ -36,11 +36,14 @@ from typing import Any, Literal
 
 class Unsupported(ValueError):
     """The offline Coder cannot generate this (the message says which operator or shape, and why);
-    ``ops`` names the operators of the groups that failed, where lowering knows them."""
+    ``ops`` names the operators of the groups that failed, where lowering knows them; ``groups`` the
+    nodes of each group that failed."""
 
-    def __init__(self, message: str, ops: frozenset[str] = frozenset()):
+    def __init__(self, message: str, ops: frozenset[str] = frozenset(),
+                 groups: tuple[tuple[str, ...], ...] = ()):
         super().__init__(message)
         self.ops = ops
+        self.groups = groups
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:

@@ -155,6 +155,12 @@ def op_role(node: Node, fold_batch_norm: bool = True, in_shape: list[int] | None
     return "other"
 
 
+# the group kind of a node lowered on its own, by its role
+_ALONE: dict[str, GroupKind] = {"gemm": "gemm", "conv": "conv", "recurrent": "recurrent", "attention": "attention",
+                                "reduce": "row_reduce", "elementwise": "elementwise", "view": "data_movement",
+                                "const": "data_movement", "copy": "data_movement"}
+
+
 # -- the fuser ---------------------------------------------------------------------------------------
 
 class _Fuser(Grouping):
@@ -176,6 +182,26 @@ class _Fuser(Grouping):
 
     # -- groups
 
+
+    # -- phase 0: nodes lowered on their own
+
+    def isolated(self, names: frozenset[str]) -> None:
+        """Each node of ``names`` a sealed group of its own: nothing fuses into it, no view attaches to
+        it (a view it reads is materialised by a group of its own where it must be)."""
+        for n in self.nodes:
+            if n.name not in names:
+                continue
+            role = self.role[n.name]
+            kind: GroupKind = _ALONE.get(role, "other")
+            if role == "reduce" and reduce_geometry(n, self._first_shape(n) or []) is None:
+                kind = "other"
+            gid = self.new(kind, None if kind in ("elementwise", "data_movement") else n.name, [n.name])
+            if gid is None:  # cannot happen: a single node never closes a cycle
+                raise RuntimeError(f"fusion: {n.name} could not be placed")
+            self.seal(gid)
+            if role == "attention":
+                self.groups[gid].roles = {"sdpa": n.name}
+            self.groups[gid].notes.append("lowered on its own: a fused group with it did not lower")
 
     # -- phase 1: attention
 
@@ -569,14 +595,16 @@ class _Fuser(Grouping):
                     g.note += f"; groups {ids} read the same input {value}: one GEMM over concatenated weights"
 
 
-def fuse(graph: OpGraph, *, fold_batch_norm: bool = True) -> list[FusionGroup]:
+def fuse(graph: OpGraph, *, fold_batch_norm: bool = True, isolate: frozenset[str] = frozenset()) -> list[FusionGroup]:
     """Cut the graph into fusion groups (see the note at the top of this module), in execution order.
 
     Every node lands in exactly one group; a group's inputs are placeholders or outputs of earlier
     groups. ``fold_batch_norm=False`` keeps eval-mode batch_norm as its own row_reduce group instead
-    of folding it into the producing convolution's epilogue.
+    of folding it into the producing convolution's epilogue. Each node of ``isolate`` is a group of
+    its own that nothing joins (the compiler's answer to a fused group that did not lower).
     """
     fuser = _Fuser(graph, fold_batch_norm)
+    fuser.isolated(isolate)
     fuser.attention()
     fuser.recurrent()
     fuser.anchors()

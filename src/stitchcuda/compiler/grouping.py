@@ -145,6 +145,11 @@ class Grouping(Dataflow):
         super().__init__(graph)
         self.owner: dict[str, int] = {}
         self.groups: dict[int, Group] = {}
+        self.sealed: set[int] = set()
+
+    def seal(self, gid: int) -> None:
+        """Nothing joins group ``gid`` any more (a node the compiler lowers on its own)."""
+        self.sealed.add(gid)
 
     def new(self, kind: GroupKind, anchor: str | None, members: list[str]) -> int | None:
         gid = len(self.groups)
@@ -158,7 +163,7 @@ class Grouping(Dataflow):
     def add(self, gid: int, names: list[str]) -> bool:
         """Put unclaimed nodes into a group when the groups stay a DAG; False (and nothing changed) if not."""
         names = [n for n in dict.fromkeys(names) if self.owner.get(n) != gid]
-        if any(n in self.owner for n in names):
+        if any(n in self.owner for n in names) or (names and gid in self.sealed):
             return False
         for n in names:
             self.owner[n] = gid

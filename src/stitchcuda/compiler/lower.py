@@ -94,6 +94,7 @@ class _Lowerer:
         self.cx = LowerContext(graph, options)
         self.problems: list[str] = []
         self.failing_ops: set[str] = set()
+        self.failed: list[tuple[str, ...]] = []  # the nodes of each group that did not lower
         self.order, self.owner = _group_order(graph, groups)
         self._check_placeholders()
 
@@ -151,10 +152,12 @@ class _Lowerer:
         batch_recurrent_inputs(cx)
         for g in self.order:
             try:
-                cx.out.groups.append(self._lower_group(g))
+                lowered = self._lower_group(g)
+                cx.out.groups.extend(lowered if isinstance(lowered, list) else [lowered])
             except Unsupported as exc:
                 ops = list(dict.fromkeys(cx.nodes[n].op for n in g.nodes))
                 self.failing_ops.update(ops)
+                self.failed.append(tuple(g.nodes))
                 self.problems.append(f"group {g.id} ({g.kind}: {', '.join(ops)}): {exc}")
                 try:  # keep going so that every problem is listed
                     for v in cx.outputs_of(g):
@@ -187,12 +190,15 @@ class _Lowerer:
             cx.out.groups.append(Lowered(FusionGroup(id=-1, kind="other", nodes=[]), "kernel", call=call,
                                          describe=call.describe))
 
-    def _lower_group(self, g: FusionGroup) -> Lowered:
+    def _lower_group(self, g: FusionGroup) -> Lowered | list[Lowered]:
         cx = self.cx
         nodes = [cx.nodes[n] for n in g.nodes]
         family = self._family_node(g)
         if family is not None:
             return self._lower_family(g, nodes, family)
+        if all(n.op in VIEWS | SPLITS | _COPIES for n in nodes) and any(
+                cx.graph.meta(v).dtype != "float32" for v in cx.outputs_of(g)):  # type: ignore[union-attr]
+            return self._materialise_typed(g, nodes)
         for n in nodes:
             if not (n.op in PLAIN_GEMM_OPS or n.op in CONV_OPS or n.op in ROW_OPS or n.op == "aten.group_norm" or n.op in VIEWS or n.op in SPLITS or is_pointwise(n.op)
                     or n.op in CELLS or n.op in DATA_OPS or (n.op in ZEROS and g.kind == "recurrent")):
@@ -212,6 +218,30 @@ class _Lowerer:
         if any(n.op in ROW_OPS for n in nodes):
             return lower_row(cx, g, nodes)
         return lower_pointwise(cx, g, nodes)
+
+    def _materialise_typed(self, g: FusionGroup, nodes: list[Node]) -> list[Lowered]:
+        """Views of an integer or bool value read by other groups: an alias where the view is its
+        buffer, else one exact typed copy kernel per output (the fused kernels compute in float)."""
+        cx = self.cx
+        env: dict[str, Expr] = {}
+        for n in nodes:
+            if n.op in SPLITS:
+                cx.split(n, env)
+            else:
+                x = cx.arg(env, f"{n.name} ({n.op})")(n.args[0])
+                env[n.name] = x if n.op in _COPIES else view_expr(n, x)
+        out: list[Lowered] = []
+        for v in cx.outputs_of(g):
+            e = env[v]
+            if e.op == "leaf" and e.leaf.contiguous and v not in cx.graph.outputs:  # type: ignore[union-attr]
+                cx.out.storage[v] = cx.out.storage[e.leaf.value]  # type: ignore[union-attr]
+                out.append(Lowered(g, "alias", describe=f"{v} is a view of {e.leaf.value}"))  # type: ignore[union-attr]
+                continue
+            meta = cx.graph.meta(v)
+            copy = Node(name=v, op="aten.clone", args=["%" + v], out=[meta])  # type: ignore[list-item]
+            call = FAMILIES["aten.clone"](_FamilyContext(cx, env, copy), copy)
+            out.append(Lowered(g, "kernel", call=call, describe=f"{v}: a {meta.dtype} copy through strides"))  # type: ignore[union-attr]
+        return out
 
     def _family_node(self, g: FusionGroup) -> Node | None:
         """The one operator a group hands to its family lowering (views before it fold into its reads)."""
@@ -238,6 +268,9 @@ class _Lowerer:
         if call.library == "cudnn":
             cx.out.uses_dnn = True
         return Lowered(g, "kernel", call=call, describe=call.describe or short_op(node))
+
+
+_COPIES = {"aten.alias", "aten.clone", "aten.contiguous", "aten.detach", "aten.lift_fresh_copy"}
 
 
 def short_op(node: Node) -> str:
@@ -292,7 +325,7 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
     lowerer = _Lowerer(graph, groups, options or CodegenOptions())
     low = lowerer.lower()
     if lowerer.problems:
-        raise Unsupported("; ".join(lowerer.problems), frozenset(lowerer.failing_ops))
+        raise Unsupported("; ".join(lowerer.problems), frozenset(lowerer.failing_ops), tuple(lowerer.failed))
     gemms = [x.gemm for g in low.groups for x in g.launches() if x.gemm is not None]
     late: dict[int, str] = {}  # products given their arithmetic here, after their group was described
     if lowerer.cx.options.cutlass:  # attention's and recurrent cells' products too, with a plain epilogue

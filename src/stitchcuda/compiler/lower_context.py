@@ -18,7 +18,7 @@ from stitchcuda.compiler.expr import (
 )
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node, OpGraph
-from stitchcuda.compiler.lowered import SPLITS, CodegenOptions, Lowering, to_ident
+from stitchcuda.compiler.lowered import C_TYPES, SPLITS, CodegenOptions, Lowering, to_ident
 
 
 class LowerContext:
@@ -49,7 +49,7 @@ class LowerContext:
             if n in self.graph.outputs or any(u not in inside for u in self.users.get(n, [])):
                 if self.nodes[n].op in SPLITS:
                     raise Unsupported(f"{n} ({self.nodes[n].op}) is read outside its group")
-                if self.nodes[n].out[0].dtype != "float32":
+                if self.nodes[n].out[0].dtype not in C_TYPES:
                     raise Unsupported(f"{n} ({self.nodes[n].op}) of dtype {self.nodes[n].out[0].dtype} is read "
                                       "outside its group")
                 outs.append(n)
@@ -103,6 +103,9 @@ class LowerContext:
         while ident in taken:
             ident += "_"
         self.out.storage[value] = ident
+        meta = self.graph.meta(value)
+        if meta is not None and meta.dtype != "float32" and meta.dtype in C_TYPES:
+            self.out.ctypes[ident] = C_TYPES[meta.dtype]  # an index, a position, a mask between groups
         if value in self.graph.outputs:
             self.out.outputs.append((value, ident, list(self.shape(value))))
         else:

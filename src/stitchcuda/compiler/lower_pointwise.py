@@ -105,9 +105,13 @@ def with_epilogue(cx: LowerContext, g: FusionGroup, anchor: Node, epilogue: list
 
 def apply_epilogue(cx: LowerContext, g: FusionGroup, anchor: Node, value: Expr, epilogue: list[Node],
                    bias: Expr | None, env: dict[str, Expr]) -> Lowered:
-    """The bias and the epilogue as one pointwise kernel over the anchor's output shape, ``value``
-    reading the library call's result wherever (and in whatever layout) it wrote it."""
+    """The bias and the epilogue as one pointwise kernel over the anchor's output shape (over the
+    group's output shape where the epilogue reshapes it), ``value`` reading the library call's
+    result wherever (and in whatever layout) it wrote it."""
     out_shape = cx.shape(anchor.name)
+    shapes = {cx.shape(v) for v in cx.outputs_of(g)}
+    if len(shapes) == 1 and bias is None:
+        out_shape = shapes.pop()
     steps: list[Step] = []
     if bias is not None:
         steps.append(Step(to_ident(anchor.name), "full", Expr("add", (value, bias),

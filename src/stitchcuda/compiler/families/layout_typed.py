@@ -70,7 +70,7 @@ def _binary(op: str, ct: str, a: str, b: str, where: str) -> str:
     if op in ("aten.bitwise_and", "aten.bitwise_or", "aten.bitwise_xor"):
         if f:
             raise Unsupported(f"{where}: a bitwise operator on floats")
-        return f"({a} {dict(and_='&', or_='|', xor='^')[op[14:] + '_']} {b})"
+        return f"({a} {dict(and_='&', or_='|', xor='^')[op[13:] + '_']} {b})"
     if op == "aten.pow":
         if not f:
             raise Unsupported(f"{where}: an integer power")
