@@ -36,19 +36,18 @@ from pathlib import Path
 
 IMPORT_TORCHVISION = '''
 def _import_torchvision():
-    """torchvision, also where its wheel is a CUDA build beside a CPU torch: there its C operators do
-    not load and its import fails registering fake kernels for torchvision::nms and qnms, so those
-    two schemas are defined first (this model uses neither)."""
-    try:
-        import torchvision
-        return torchvision
-    except RuntimeError:
-        for name in [m for m in sys.modules if m.split(".")[0] == "torchvision"]:
-            del sys.modules[name]
+    """torchvision, also where its wheel is a CUDA build beside a CPU build of torch: there its C
+    operators cannot load and its import fails registering fake kernels for torchvision::nms and
+    qnms, so those two schemas are defined first (this model uses neither)."""
     global _TORCHVISION_SCHEMAS
-    _TORCHVISION_SCHEMAS = torch.library.Library("torchvision", "DEF")
-    _TORCHVISION_SCHEMAS.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-    _TORCHVISION_SCHEMAS.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    if not hasattr(torch.ops.torchvision, "nms"):
+        package = Path(torch.__file__).parent.parent / "torchvision"  # pip puts both in one site-packages
+        try:
+            torch.ops.load_library(str(next(package.glob("_C*.so"))))
+        except (OSError, StopIteration):  # its C operators do not load here
+            _TORCHVISION_SCHEMAS = torch.library.Library("torchvision", "DEF")
+            _TORCHVISION_SCHEMAS.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+            _TORCHVISION_SCHEMAS.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     import torchvision
     return torchvision
 '''
@@ -286,6 +285,8 @@ def _needs_eval(model) -> list[str]:
             why.add("stochastic depth")
         elif kind in ("InceptionAux",) or (kind == "GoogLeNet" and getattr(m, "aux_logits", False)):
             why.add("auxiliary heads")
+        if isinstance(getattr(m, "layerdrop", None), float):
+            why.add("layer drop (a random draw per layer in training mode)")
         for attr in ("dropout", "attention_dropout", "attn_dropout", "hidden_dropout", "drop_path_rate"):
             if isinstance(getattr(m, attr, None), float) and getattr(m, attr) > 0:
                 why.add("dropout")
@@ -301,7 +302,7 @@ def source(model: ZooModel, eval_reasons: list[str]) -> str:
     build = textwrap.indent(model.build + ("\nself.net.eval()" if eval_reasons else ""), " " * 8)
     padding = PADDING_MASK if "_padding_mask" in model.inputs else ""
     return (f'"""{doc}\n\nWritten by benchmarks/zoo.py from {model.library}; random init, nothing downloaded."""\n\n'
-            f"import sys\n\nimport torch\nimport torch.nn as nn\n\n{IMPORT_TORCHVISION}{model.helpers}{padding}\n\n"
+            f"from pathlib import Path\n\nimport torch\nimport torch.nn as nn\n\n{IMPORT_TORCHVISION}{model.helpers}{padding}\n\n"
             f"class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n{build.lstrip(chr(10))}\n\n"
             f"    def forward(self, {model.args}):\n        {model.forward}\n\n\n"
             f"def get_inputs():\n    return {model.inputs}\n\n\ndef get_init_inputs():\n    return []\n")

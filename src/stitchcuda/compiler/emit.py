@@ -160,11 +160,20 @@ def _shifts(prog: Program, low: Lowering, writes: list[str]) -> dict[str, int]:
         for x in (lf, *(g.index for g in lf.gathers)):
             buf = low.storage[x.value]
             offsets.setdefault(buf, set()).add(x.offset if x is lf and not lf.gathers else -1)
-    return {b: min(o) for b, o in offsets.items() if -1 not in o and min(o) > 0 and b not in writes}
+    rows = {low.storage[v] for v, o in prog.write_offsets.items() if o}  # written through a pointer of its own
+    return {b: min(o) for b, o in offsets.items() if -1 not in o and min(o) > 0 and (b not in writes or b in rows)}
 
 
 def _shifted(lf: Leaf, low: Lowering, shifts: dict[str, int]) -> Leaf:
     return replace(lf, offset=lf.offset - shifts[low.storage[lf.value]]) if low.storage[lf.value] in shifts else lf
+
+
+def _written(b: str, prog: Program, low: Lowering) -> str:
+    """The kernel's name for the pointer it writes buffer ``b`` through: ``b`` itself, or ``b__w``
+    where it writes at an offset into a buffer it also reads (the reads keep the buffer's start)."""
+    reads = {low.storage[v] for lf in prog.leaves() for v in lf.reads()}
+    starts = {low.storage[v] for v, o in prog.write_offsets.items() if o}
+    return f"{b}__w" if b in reads and b in starts else b
 
 
 def _params(prog: Program, low: Lowering, writes: list[str],
@@ -172,15 +181,20 @@ def _params(prog: Program, low: Lowering, writes: list[str],
     """Kernel parameter declarations and the matching launch arguments (``a.<buffer>``)."""
     reads = list(dict.fromkeys(low.storage[v] for lf in prog.leaves() for v in lf.reads()))
     decls, args = [], []
+    starts = {low.storage[v]: o for v, o in prog.write_offsets.items() if o}
     for b in reads:
-        if b in writes:
+        if b in writes and b not in starts:
             continue
         decls.append(f"const {low.ctypes.get(b, 'float')}* __restrict__ {b}")
         args.append(f"a.{b}" + (f" + {shifts[b]}" if shifts and b in shifts else ""))
     for b in writes:
         c = low.ctypes.get(b, "float")
+        if b in starts and b in reads:  # a row of a buffer it also reads elsewhere (a recurrence's states)
+            decls.append(f"{c}* __restrict__ {_written(b, prog, low)}")
+            args.append(f"a.{b} + {starts[b]}")
+            continue
         decls.append(f"{c}* {b}" if b in reads else f"{c}* __restrict__ {b}")
-        args.append(f"a.{b}")
+        args.append(f"a.{b}" + (f" + {starts[b]}" if b in starts else ""))
     return decls, args
 
 
@@ -242,7 +256,7 @@ class Emitter:
                   lf.plain and moved[lf].offset == 0 and lf.effective_strides(shape) == contiguous_strides(shape)
                   and low.storage[lf.value] not in low.ctypes, quad(lf)) for lf in leaves if lf not in pieces.reads]
         steps = [(refs[s.name], _code(s.expr, leaf_vars, refs, pieces)) for s in prog.steps]
-        stores = [(low.storage[v], refs[s]) for v, s in prog.outputs.items()]
+        stores = [(_written(low.storage[v], prog, low), refs[s]) for v, s in prog.outputs.items()]
         # A stencil (a depthwise convolution's or a pooling's taps: one buffer read at three or more
         # offsets) runs one element a thread unless its rows are a multiple of 4 (its per-channel
         # reads then load once per float4 step): a thread's four elements put its scalar tap reads

@@ -272,6 +272,7 @@ class Program:
     steps: list[Step] = field(default_factory=list)
     outputs: dict[str, str] = field(default_factory=dict)  # graph value -> step name
     output_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    write_offsets: dict[str, int] = field(default_factory=dict)  # graph value -> where in its buffer it starts
 
     def step(self, name: str) -> Step:
         for s in self.steps:

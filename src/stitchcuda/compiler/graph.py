@@ -156,7 +156,7 @@ RANDOM_OPS = {"aten.native_dropout", "aten.bernoulli", "aten.rand", "aten.randn"
               "aten.cauchy", "aten.log_normal", "aten.rrelu_with_noise"}
 
 
-def _instantiate(task: Task) -> tuple[Any, list[Any]]:
+def _instantiate(task: Task, devices: tuple[str, ...] = ("meta", "cpu")) -> tuple[Any, list[Any]]:
     """The reference model and its inputs, on the meta device when its code allows (no memory, no
     compute: a 4096 x 393216 input costs nothing), else on the CPU. The model stays in the mode its
     constructor leaves it in: KernelBench never calls ``.eval()``."""
@@ -171,7 +171,7 @@ def _instantiate(task: Task) -> tuple[Any, list[Any]]:
         if not callable(getattr(module, name, None)):
             raise CaptureError(f"the reference defines no {name}")
     failure: Exception | None = None
-    for device in ("meta", "cpu"):
+    for device in devices:
         try:
             with torch.device(device):
                 torch.manual_seed(0)
@@ -206,10 +206,15 @@ def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
 
     model, inputs = _instantiate(task)
     try:
-        with TRACE_LOCK, warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch's deprecation notes are not the user's business
-            exported = torch.export.export(model, tuple(inputs))
-            exported = exported.run_decompositions(keep_table(decompose))
+        try:
+            exported = _export(model, inputs, decompose)
+        except Exception:
+            if not any(getattr(t, "is_meta", False) for t in [*inputs, *model.parameters()]):
+                raise
+            # a trace on the meta device can fail where real tensors do not (a view whose strides
+            # only a real kernel gives): the same capture once more, on the CPU
+            model, inputs = _instantiate(task, ("cpu",))
+            exported = _export(model, inputs, decompose)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise CaptureError(f"torch.export could not capture the forward ({type(exc).__name__}: {first[:300]}); "
@@ -220,6 +225,15 @@ def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
         raise CaptureError(f"the forward draws random numbers ({', '.join(random)}): its output differs on every "
                            "call, so no program can be checked against it")
     return graph
+
+
+def _export(model: Any, inputs: list[Any], decompose: frozenset[str]) -> Any:
+    import torch
+
+    with TRACE_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's deprecation notes are not the user's business
+        exported = torch.export.export(model, tuple(inputs))
+        return exported.run_decompositions(keep_table(decompose))
 
 
 def _describe(name: str, exported: Any) -> OpGraph:

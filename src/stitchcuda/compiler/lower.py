@@ -30,6 +30,7 @@ from stitchcuda.compiler.lower_gemm import assign_cutlass, assign_split, lower_g
 from stitchcuda.compiler.lower_pointwise import lower_pointwise
 from stitchcuda.compiler.lower_recurrent import batch_recurrent_inputs, lower_recurrent
 from stitchcuda.compiler.lower_rows import lower_group_norm, lower_row
+from stitchcuda.compiler.lower_sequence import SEQUENCES, lower_sequence
 from stitchcuda.compiler.lowered import (
     C_TYPES,
     CELLS,
@@ -122,7 +123,7 @@ class _Lowerer:
         for n in cx.graph.nodes:
             if n.name in by_family:
                 continue  # a family lowering reads and writes any dtype it knows and names what it does not
-            if len(n.out) != 1 and n.op not in SPLITS | set(CELLS):
+            if len(n.out) != 1 and n.op not in SPLITS | set(CELLS) | set(SEQUENCES):
                 raise Unsupported(f"{n.name} ({n.op}) has {len(n.out)} outputs; only single-output operators and "
                                   "splits are supported")
             if not (n.op in known or is_pointwise(n.op)):
@@ -141,7 +142,7 @@ class _Lowerer:
                 raise Unsupported(f"{n.name} ({n.op}) computes {n.out[0].dtype}; only float32 values and bool "
                                   "masks are supported")
         for name, (src, _) in cx.graph.getitems.items():
-            if cx.nodes[src].op not in SPLITS | set(CELLS) | set(FAMILIES):
+            if cx.nodes[src].op not in SPLITS | set(CELLS) | set(FAMILIES) | set(SEQUENCES):
                 raise Unsupported(f"multi-output operator {src} ({cx.nodes[src].op}) read through {name}")
         for o in cx.graph.outputs:
             if o not in cx.nodes and o not in cx.graph.getitems:  # a multi-output family op's output
@@ -201,10 +202,12 @@ class _Lowerer:
             return self._materialise_typed(g, nodes)
         for n in nodes:
             if not (n.op in PLAIN_GEMM_OPS or n.op in CONV_OPS or n.op in ROW_OPS or n.op == "aten.group_norm" or n.op in VIEWS or n.op in SPLITS or is_pointwise(n.op)
-                    or n.op in CELLS or n.op in DATA_OPS or (n.op in ZEROS and g.kind == "recurrent")):
+                    or n.op in CELLS or n.op in SEQUENCES or n.op in DATA_OPS or (n.op in ZEROS and g.kind == "recurrent")):
                 raise Unsupported(f"{n.name}: operator {n.op}.{n.overload} is not supported by the offline Coder")
         if g.kind == "attention":
             return lower_attention(cx, g, nodes)
+        if any(n.op in SEQUENCES for n in nodes):
+            return lower_sequence(cx, g, nodes)
         if any(n.op in CELLS for n in nodes):
             return lower_recurrent(cx, g, nodes)
         convs = [n for n in nodes if n.op in CONV_OPS]
@@ -249,7 +252,7 @@ class _Lowerer:
         nodes = [cx.nodes[n] for n in g.nodes]
         family = [n for n in nodes if n.op in FAMILIES  # a pooling pool_expr takes stays a strided-read kernel
                   and not (n.op in POOL_OPS and pool_fusable(n, cx.shape(n.args[0][1:])))]
-        if g.kind == "other" and len(family) == 1 and all(n is family[0] or n.op in VIEWS | SPLITS for n in nodes):
+        if (g.kind == "other" or (g.kind == "data_movement" and len(nodes) == 1)) and len(family) == 1 and all(n is family[0] or n.op in VIEWS | SPLITS for n in nodes):
             return family[0]
         return None
 

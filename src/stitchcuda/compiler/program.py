@@ -37,6 +37,11 @@ TORCH_TYPES = {"float": "at::kFloat", "bool": "at::kBool", "int64_t": "at::kLong
 ENTRY_MARK = "// ---- stitchcuda entry point ----"
 
 
+# Past this many tensors the entry point takes one list: pybind11's argument casters recurse once per
+# argument, and a DenseNet's 600 parameters exceed the compiler's constexpr depth.
+PACKED_ARGS = 64
+
+
 def split_cuda(cuda_src: str) -> tuple[str, str]:
     """(everything before the entry point, the entry point): the tests compile several programs'
     bodies in one translation unit (their namespaces differ), without their ``forward``."""
@@ -117,6 +122,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
                 text.append(k.launch)
         launches.append("\n".join(text))
     inputs = [(v, i, s, low.ctypes.get(i, "float")) for v, i, s in low.args]
+    packed = len(inputs) > PACKED_ARGS
     low.outputs.sort(key=lambda o: graph.outputs.index(o[0]))
     dnn_math = "CUDNN_TENSOR_OP_MATH" if options.tf32 else "CUDNN_FMA_MATH"
     cuda_src = emitter.env.get_template("program.cu.j2").render(
@@ -129,14 +135,15 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         dnn_setup=[line for c in low.convs for line in conv_setup(
             c, "CUDNN_TENSOR_OP_MATH" if c.split is not None else dnn_math)],
         launches=launches, args=inputs, intermediates=low.intermediates, outputs=low.outputs,
-        entry_mark=ENTRY_MARK, prelude=emitter.env.get_template("prelude.cu.j2").render(),
+        entry_mark=ENTRY_MARK, packed=packed, prelude=emitter.env.get_template("prelude.cu.j2").render(),
         cutlass=bool(low.cutlass), cutlass_slots=low.cutlass_slot_count, cutlass_abi=GEMM_ABI + CONV_ABI,
         cutlass_setup=[cutlass_conv_setup(c) for c in low.cutlass_convs])
     ret = "at::Tensor" if len(low.outputs) == 1 else "std::vector<at::Tensor>"
     # torch's pybind casters instead of torch/extension.h: the binding compiles in seconds
     bind = 'm.def("bind_cutlass", &bind_cutlass, "a CUTLASS launcher\'s address"); ' if low.cutlass else ""
+    params = "std::vector<at::Tensor> args" if packed else ", ".join(f"at::Tensor {i}" for _, i, _, _ in inputs)
     cpp_src = ("#include <torch/csrc/utils/pybind.h>\n#include <vector>\n"
-               f"{ret} forward({', '.join(f'at::Tensor {i}' for _, i, _, _ in inputs)});\n"
+               f"{ret} forward({params});\n"
                + ("void bind_cutlass(int64_t slot, int64_t address);\n" if low.cutlass else "")
                + 'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward, "the whole forward pass"); '
                + bind + "}\n")
@@ -165,5 +172,5 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         fwd_args=", ".join(["self", *fwd_names]), call_args=call_args,
         cutlass=bool(low.cutlass), cutlass_sources=cutlass_sources, cutlass_flags=repr(CUDA_CFLAGS),
         cutlass_describe=[c.describe for c in low.cutlass],
-        multi=len(low.outputs) > 1, groups=[f"group {lg.group.id} ({lg.group.kind}): {lg.describe}"
+        multi=len(low.outputs) > 1, packed=packed, groups=[f"group {lg.group.id} ({lg.group.kind}): {lg.describe}"
                                             for lg in low.groups])
