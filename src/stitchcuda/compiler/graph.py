@@ -202,7 +202,6 @@ def keep_table(decompose: frozenset[str] = frozenset()) -> dict[Any, Any]:
 def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
     """Export the reference's forward, in the mode the task leaves it, lower it to core ATen (in-place
     ops functionalised, the operators of ``KEEP`` whole) and describe it as an :class:`OpGraph`."""
-    import torch
 
     model, inputs = _instantiate(task)
     try:

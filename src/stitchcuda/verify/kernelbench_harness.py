@@ -98,6 +98,9 @@ def run_harness(checkout: str | Path, reference: str, candidate: str, *, trials:
         torch.backends.cudnn.allow_tf32 = tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
     harness = load_eval(checkout)
+    restored = integer_inputs(reference)
+    if restored:
+        reference, candidate = _restore_inputs(reference, "Model", restored), _restore_inputs(candidate, "ModelNew", restored)
     result = harness.eval_kernel_against_ref(
         reference, candidate, num_correct_trials=trials, num_perf_trials=perf_trials, measure_performance=measure_performance,
         build_dir=build_dir, device=torch.device("cuda:0"), backend="cuda", precision=torch.float32)
@@ -107,8 +110,34 @@ def run_harness(checkout: str | Path, reference: str, candidate: str, *, trials:
     meta = getattr(result, "metadata", {}) or {}
     detail = "; ".join(f"{k}: {str(v)[:200]}" for k, v in meta.items()
                        if k not in ("hardware", "device", "correctness_trials"))
+    if restored:
+        detail = (f"inputs {sorted(restored)} are {', '.join(sorted(set(restored.values())))}: KernelBench casts every "
+                  "input to float32, so both models cast them back first (exact below 2^24); " + detail)
     return HarnessVerdict(compiled=bool(result.compiled), correct=bool(result.correctness),
                           runtime_ms=float(runtime) if runtime and runtime > 0 else None, detail=detail[:600])
+
+
+def integer_inputs(reference: str) -> dict[int, str]:
+    """Positions and dtypes of the reference's integer and bool inputs (token ids, masks), which
+    KernelBench's harness casts to float32 with the rest."""
+    import torch
+
+    scope: dict[str, Any] = {"__name__": "stitchcuda_harness_inputs"}
+    exec(compile(reference, "reference.py", "exec"), scope)
+    torch.manual_seed(0)
+    inputs = scope["get_inputs"]()
+    return {i: str(x.dtype) for i, x in enumerate(inputs)
+            if isinstance(x, torch.Tensor) and not x.dtype.is_floating_point and not x.dtype.is_complex}
+
+
+def _restore_inputs(source: str, cls: str, restored: dict[int, str]) -> str:
+    """``source`` with ``cls`` wrapped so that its forward first casts the inputs at ``restored`` back
+    to their own dtypes (the class keeps its constructor, parameters and state_dict keys)."""
+    casts = ", ".join(f"{i}: {dtype}" for i, dtype in sorted(restored.items()))
+    return (source + f"\n\n# stitchcuda: KernelBench's harness casts every input to float32; these are cast back\n"
+            f"_stitchcuda_{cls} = {cls}\n\n\nclass {cls}(_stitchcuda_{cls}):\n"
+            f"    def forward(self, *args):\n        dtypes = {{{casts}}}\n"
+            f"        return super().forward(*(a.to(dtypes[i]) if i in dtypes else a for i, a in enumerate(args)))\n")
 
 
 class HarnessRequest(BaseModel):
