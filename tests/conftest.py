@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 from stitchcuda import machine
+from stitchcuda.torchvision_compat import make_torchvision_importable
+
+make_torchvision_importable()  # the zoo's tasks and transformers import torchvision (a CUDA build on CPU CI)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CPU = FIXTURES / "cpu"

@@ -34,9 +34,10 @@ from stitchcuda.verify.config import PRESETS
 class SessionError(ValueError):
     """Unusable arguments; the message says what to change, and ``hints`` what to run instead."""
 
-    def __init__(self, message: str, hints: list[Hint] | None = None):
+    def __init__(self, message: str, hints: list[Hint] | None = None, reasons: list[str] | None = None):
         super().__init__(message)
         self.hints = hints or []
+        self.reasons = reasons or []  # every reason in full, where the message summarises several
 
 
 def _task(reference: str | None, kernelbench: Path | None, level: int | None, problem: int | None) -> Task:
@@ -149,8 +150,8 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
             raise SessionError(f"the offline Coder cannot work on {task.name}: {exc}",
                                hints=[OPTIMIZE_WITH_LLM]) from None
         except Unsupported as exc:
-            raise SessionError(f"the offline Coder does not support {task.name} yet: {str(exc)[:600]}",
-                               hints=[OPTIMIZE_WITH_LLM]) from None
+            raise SessionError(f"the offline Coder does not support {task.name} yet: {exc.summary()}",
+                               hints=[OPTIMIZE_WITH_LLM], reasons=exc.reasons) from None
         planner_llm = OfflinePlannerAgent(task, coder_llm.compiled)
     else:
         try:

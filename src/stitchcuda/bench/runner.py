@@ -177,7 +177,7 @@ def _agents(task: Task, config: OptimizeConfig) -> tuple[Any, Any] | str:
         except CaptureError as exc:
             return f"graph capture failed: {exc}"
         except Unsupported as exc:
-            return str(exc)[:600]
+            return str(exc)  # every reason: the bench's store keeps them all, its views cut to fit
         return OfflinePlannerAgent(task, coder.compiled), coder
     prices = PriceTable.from_env()
     planner = make_client(config.planner, prices)

@@ -51,16 +51,19 @@ WeightsOpt = Annotated[WeightsConvention, typer.Option(
          "copy: the reference's state_dict loaded into ModelNew, to verify against given weights.")]
 
 
-def unusable(message: str, hints: list[Hint] | None = None, json_out: bool = False) -> typer.Exit:
+def unusable(message: str, hints: list[Hint] | None = None, json_out: bool = False,
+             reasons: list[str] | None = None) -> typer.Exit:
     """Exit 2 with ``message`` (and what to try instead): on stderr, or as a JSON error on stdout
-    with ``--json``, so a script reading stdout always gets JSON."""
+    with ``--json``, so a script reading stdout always gets JSON. ``reasons``: every reason in full
+    where ``message`` summarises several (all of them in the JSON, their count on the terminal)."""
     hints = hints or []
     if json_out:
-        print(json.dumps({"error": message, "exit_code": EXIT_UNUSABLE,
+        print(json.dumps({"error": message, "exit_code": EXIT_UNUSABLE, "reasons": reasons or [message],
                           "hints": [h.model_dump() for h in hints]}, indent=1))
     else:
         text = Text("error: ", style="bold red")
-        text.append(message + render(hints))
+        more = f"\n({len(reasons)} reasons in all; --json lists every one)" if reasons and len(reasons) > 1 else ""
+        text.append(message + more + render(hints))
         console(stderr=True).print(text, highlight=False, soft_wrap=True)
     return typer.Exit(EXIT_UNUSABLE)
 

@@ -101,7 +101,7 @@ def optimize(
             reporter=LiveReporter(quiet=json_out),
         )
     except SessionError as exc:
-        raise unusable(str(exc), exc.hints, json_out) from None
+        raise unusable(str(exc), exc.hints, json_out, exc.reasons) from None
     if json_out:
         print(json.dumps(summary, indent=1))
     else:
@@ -218,7 +218,9 @@ def bench(
         raise unusable(str(exc), getattr(exc, "hints", None), json_out) from None
     metrics = bench_metrics(result.tasks, result.info)
     if json_out:  # the metrics, and why each task that did not pass failed
-        failures = [{"task": t.task, **t.failure.model_dump()} for t in result.tasks if t.failure is not None]
+        failures = [{"task": t.task, **t.failure.model_dump(),  # the detail is one line; every reason in full:
+                     **({"reasons": t.error.split("; ")} if t.failure.kind == "no_candidate" and t.error else {})}
+                    for t in result.tasks if t.failure is not None]
         print(json.dumps(json.loads(metrics.model_dump_json()) | {"failures": failures}, indent=1))
     else:
         console().print(bench_view(result, metrics))

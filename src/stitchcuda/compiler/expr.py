@@ -45,6 +45,17 @@ class Unsupported(ValueError):
         self.ops = ops
         self.groups = groups
 
+    @property
+    def reasons(self) -> list[str]:
+        """Every reason, one per refused group or check (the message joins them with '; ')."""
+        return [r for r in str(self).split("; ") if r]
+
+    def summary(self, limit: int = 3) -> str:
+        """The first ``limit`` reasons and how many more there are: for a terminal line."""
+        reasons = self.reasons
+        more = len(reasons) - limit
+        return "; ".join(reasons[:limit]) + (f"; and {more} more reason{'s' if more > 1 else ''}" if more > 0 else "")
+
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     strides, step = [], 1

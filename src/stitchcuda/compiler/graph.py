@@ -11,6 +11,7 @@ each node remembers the module it ran in. Capture failures raise :class:`Capture
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import types
@@ -83,6 +84,9 @@ class OpGraph(BaseModel):
     mutations: dict[str, str] = Field({}, description="value -> the buffer placeholder it is written back to "
                                                       "(BatchNorm's running statistics in training mode)")
     getitems: dict[str, tuple[str, int]] = Field({}, description="name -> (multi-output node, index)")
+    constants: dict[str, Any] = Field({}, description="lifted tensor constant (its target) -> its values as a "
+                                                      "nested list: a tensor the forward makes (torch.tensor, "
+                                                      "arange, a mask), recreated by the program")
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -149,6 +153,15 @@ KEEP = ("linear.default", "matmul.default", "conv1d.default", "conv2d.default", 
         # layout operators with a general lowering of their own (families/layout.py)
         "tril.default", "triu.default", "roll.default", "flip.default", "pad.default")
 
+# Core-ATen operators decomposed all the same: their decompositions (index reads and arithmetic)
+# lower through the general lowerings.
+_ALSO_DECOMPOSED = (("upsample_nearest2d", "vec"), ("upsample_bilinear2d", "vec"), ("upsample_bilinear2d", "default"),
+                    ("upsample_nearest1d", "vec"), ("upsample_nearest3d", "vec"), ("upsample_trilinear3d", "vec"),
+                    ("upsample_bicubic2d", "vec"))
+
+# the most elements of a tensor the forward makes that a program recreates from a literal
+MAX_CONSTANT = 1 << 14
+
 # A forward that draws random numbers cannot be matched by any program (KernelBench compares outputs).
 RANDOM_OPS = {"aten.native_dropout", "aten.bernoulli", "aten.rand", "aten.randn", "aten.rand_like",
               "aten.randn_like", "aten.randint", "aten.randint_like", "aten.randperm", "aten.normal",
@@ -188,7 +201,13 @@ def keep_table(decompose: frozenset[str] = frozenset()) -> dict[Any, Any]:
     (less those named in ``decompose``, overload packets such as ``"aten.softmax"``)."""
     import torch
 
+    from torch._decomp import decomposition_table
+
     table = torch.export.default_decompositions()
+    for packet, overload in _ALSO_DECOMPOSED:  # core ATen keeps them; their decompositions are index reads
+        op = getattr(getattr(torch.ops.aten, packet, None), overload, None)
+        if op is not None and op in decomposition_table:
+            table[op] = decomposition_table[op]
     for name in KEEP:
         packet, overload = name.split(".")
         if f"aten.{packet}" in decompose:
@@ -219,6 +238,16 @@ def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
         raise CaptureError(f"torch.export could not capture the forward ({type(exc).__name__}: {first[:300]}); "
                            "the offline Coder needs a graph without data-dependent control flow") from exc
     graph = _describe(task.name, exported)
+    if any(p.kind == "constant" for p in graph.placeholders) and any(
+            getattr(v, "is_meta", False) for v in exported.constants.values()):
+        # a constant made on the input's device has no values on the meta device: capture on the CPU
+        model, inputs = _instantiate(task, ("cpu",))
+        exported = _export(model, inputs, decompose)
+        graph = _describe(task.name, exported)
+    for p in graph.placeholders:
+        value = exported.constants.get(p.target) if p.kind == "constant" else None
+        if value is not None and not getattr(value, "is_meta", False) and value.numel() <= MAX_CONSTANT:
+            graph.constants[p.target] = value.detach().cpu().tolist()
     random = sorted({n.op for n in graph.nodes if n.op in RANDOM_OPS})
     if random:
         raise CaptureError(f"the forward draws random numbers ({', '.join(random)}): its output differs on every "
@@ -229,10 +258,16 @@ def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
 def _export(model: Any, inputs: list[Any], decompose: frozenset[str]) -> Any:
     import torch
 
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")
+    level = quiet.level
     with TRACE_LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's deprecation notes are not the user's business
-        exported = torch.export.export(model, tuple(inputs))
-        return exported.run_decompositions(keep_table(decompose))
+        quiet.setLevel(logging.CRITICAL)  # a failed trace's traceback: the CaptureError says what failed
+        try:
+            exported = torch.export.export(model, tuple(inputs))
+            return exported.run_decompositions(keep_table(decompose))
+        finally:
+            quiet.setLevel(level)
 
 
 def _describe(name: str, exported: Any) -> OpGraph:

@@ -22,7 +22,7 @@ from stitchcuda.compiler.families.state import write_back
 from stitchcuda.compiler.formulas import COMPARISONS, MASK_OPS, ROW_OPS, is_pointwise
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.gemm_calls import BATCH_PTRS, tiny, uses_batch_ptrs
-from stitchcuda.compiler.graph import Node, OpGraph
+from stitchcuda.compiler.graph import MAX_CONSTANT, Node, OpGraph
 from stitchcuda.compiler.lower_attention import lower_attention
 from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_conv import lower_conv
@@ -107,8 +107,9 @@ class _Lowerer:
         for p in cx.graph.placeholders:
             if p.name not in read:
                 continue
-            if p.kind == "constant":
-                raise Unsupported(f"lifted tensor constant {p.name}: the generated module cannot recreate it")
+            if p.kind == "constant" and p.target not in cx.graph.constants:
+                raise Unsupported(f"lifted tensor constant {p.name}: a tensor the forward makes with more than "
+                                  f"{MAX_CONSTANT} elements or no values at capture; the program cannot recreate it")
             if p.meta is None:
                 raise Unsupported(f"forward argument {p.name} is not a tensor")
             if p.meta.dtype not in C_TYPES:

@@ -69,6 +69,10 @@ def _signature(task: Task, method: str) -> ast.arguments | None:
     return None
 
 
+def _constant_name(target: str) -> str:
+    return "_stitchcuda_" + to_ident(target)
+
+
 def _access(key: str, kind: str) -> str:
     parts = key.split(".")
     if all(p.isidentifier() and not keyword.iskeyword(p) for p in parts):
@@ -158,7 +162,10 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     entry = {v for v, _, _ in low.args}
     for p in graph.placeholders:
         if p.name in entry:
-            call_args.append(f"{by_name[p.name]}.contiguous()" if p.kind == "input" else _access(p.target, p.kind))
+            if p.kind == "constant":
+                call_args.append(f"self.{_constant_name(p.target)}")
+            else:
+                call_args.append(f"{by_name[p.name]}.contiguous()" if p.kind == "input" else _access(p.target, p.kind))
     if low.cutlass:
         call_args = [f"_aligned({a})" for a in call_args]
     cutlass_sources = [(c.extension_name, *(conv_sources(c) if isinstance(c, CutlassConv) else gemm_sources(c)))
@@ -170,6 +177,8 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         blas=low.uses_blas, lt=bool(low.lt_gemms), dnn=bool(low.convs) or low.uses_dnn,
         reference_init=reference_init_source(task), reference_class=REFERENCE_CLASS,
         fwd_args=", ".join(["self", *fwd_names]), call_args=call_args,
+        constants=[(_constant_name(p.target), p.meta.dtype, repr(graph.constants[p.target]))
+                   for p in graph.placeholders if p.kind == "constant" and p.name in entry and p.meta is not None],
         cutlass=bool(low.cutlass), cutlass_sources=cutlass_sources, cutlass_flags=repr(CUDA_CFLAGS),
         cutlass_describe=[c.describe for c in low.cutlass],
         multi=len(low.outputs) > 1, packed=packed, groups=[f"group {lg.group.id} ({lg.group.kind}): {lg.describe}"

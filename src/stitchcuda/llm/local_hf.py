@@ -40,6 +40,9 @@ def _version(module: Any) -> tuple[int, int]:
 
 def _load(model_name: str, adapter: str | None) -> _Loaded:
     try:
+        from stitchcuda.torchvision_compat import make_torchvision_importable
+
+        make_torchvision_importable()  # transformers imports torchvision where it is installed
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:

@@ -22,6 +22,7 @@ from stitchcuda.reward import RubricJudge
 from stitchcuda.rl.config import OWN_GRPO_KEYS, TrainConfig
 from stitchcuda.rl.rewards import VerificationPool, VerifiedRewards
 from stitchcuda.store import TrainLog
+from stitchcuda.torchvision_compat import make_torchvision_importable
 
 
 class TrainError(ValueError):
@@ -59,6 +60,7 @@ def load_prompts(config: TrainConfig) -> Any:
 
 
 def _metrics_callback(log: TrainLog, run_id: str) -> Any:
+    make_torchvision_importable()  # transformers imports torchvision where it is installed
     from transformers import TrainerCallback
 
     class MetricsToStore(TrainerCallback):
@@ -85,6 +87,7 @@ def check_grpo_section(section: dict[str, Any]) -> None:
     before a model is loaded; the message names every such key and what to write instead."""
     import dataclasses
 
+    make_torchvision_importable()  # transformers imports torchvision where it is installed
     import trl
 
     fields = {f.name for f in dataclasses.fields(trl.GRPOConfig) if f.init}
@@ -130,6 +133,7 @@ def _last_checkpoint(output_dir: Path) -> str | None:
 def train(config: TrainConfig, resume: bool = False) -> dict[str, Any]:
     try:
         import torch
+        make_torchvision_importable()  # transformers imports torchvision where it is installed
         from peft import LoraConfig
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from trl import GRPOTrainer
