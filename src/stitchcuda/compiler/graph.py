@@ -200,7 +200,6 @@ def keep_table(decompose: frozenset[str] = frozenset()) -> dict[Any, Any]:
     """torch.export's core-ATen decomposition table less the operators the compiler keeps whole
     (less those named in ``decompose``, overload packets such as ``"aten.softmax"``)."""
     import torch
-
     from torch._decomp import decomposition_table
 
     table = torch.export.default_decompositions()
