@@ -287,6 +287,8 @@ def _needs_eval(model) -> list[str]:
             why.add("auxiliary heads")
         if isinstance(getattr(m, "layerdrop", None), float):
             why.add("layer drop (a random draw per layer in training mode)")
+        if "DropPath" in kind and isinstance(getattr(m, "drop_prob", None), float) and m.drop_prob > 0:
+            why.add("stochastic depth")
         for attr in ("dropout", "attention_dropout", "attn_dropout", "hidden_dropout", "drop_path_rate"):
             if isinstance(getattr(m, attr, None), float) and getattr(m, attr) > 0:
                 why.add("dropout")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from stitchcuda.compiler.codegen import CodegenOptions, Unsupported, generate, lower
 from stitchcuda.compiler.fusion import FusionGroup, fuse
 from stitchcuda.compiler.graph import KEEP, OpGraph, capture
+from stitchcuda.compiler.lowered import SPLITS
 from stitchcuda.compiler.rewrite import split_into_slices
 from stitchcuda.task.record import Task
 
@@ -18,6 +19,10 @@ _DECOMPOSABLE = {"aten.softmax", "aten.log_softmax", "aten.layer_norm", "aten.gr
                  "aten.rms_norm", "aten.adaptive_avg_pool1d", "aten.adaptive_avg_pool2d",
                  "aten.adaptive_avg_pool3d", "aten.matmul", "aten.embedding"}
 _KEPT = {f"aten.{name.split('.')[0]}" for name in KEEP} & _DECOMPOSABLE
+
+
+def _is_split(graph: OpGraph, name: str) -> bool:
+    return any(n.name == name and n.op in SPLITS for n in graph.nodes)
 
 
 @dataclass
@@ -35,11 +40,11 @@ class Compiled:
 
 
 def compile_task(task: Task, max_rounds: int = 3) -> Compiled:
-    """Capture ``task`` and make sure every group lowers. A kept operator (softmax, group norm, a
-    pooling, ...) in a group that fails is decomposed into core ATen and the task captured again,
-    up to ``max_rounds`` times. Any other group that fails is split: its nodes are lowered on their
-    own, the values between them materialised (a split becomes one view per piece), until only
-    single operators whose own lowering refuses are left. Raises CaptureError or Unsupported
+    """Capture ``task`` and make sure every group lowers. A group that fails is split: its nodes are
+    lowered on their own, the values between them materialised (a split becomes one view per
+    piece). A kept operator (softmax, group norm, a pooling, ...) that fails on its own is then
+    decomposed into core ATen and the task captured again, up to ``max_rounds`` times. What is
+    left is single operators whose own lowering refuses. Raises CaptureError or Unsupported
     (naming every problem)."""
     decompose: frozenset[str] = frozenset()
     while True:
@@ -51,13 +56,16 @@ def compile_task(task: Task, max_rounds: int = 3) -> Compiled:
             try:
                 lower(graph, groups, CodegenOptions())
             except Unsupported as exc:
+                # a failed group's nodes go alone (a split alone still read apart becomes slices);
+                # a kept operator that still fails alone is decomposed, and the task captured again
+                alone = {n for nodes in exc.groups if len(nodes) > 1 or _is_split(graph, nodes[0])
+                         for n in nodes} - isolate
+                if alone:
+                    isolate |= alone
+                    continue
                 more = (exc.ops & _KEPT) - decompose
                 if more and max_rounds > 0:
                     decompose, max_rounds = decompose | more, max_rounds - 1
                     break
-                alone = {n for nodes in exc.groups if len(nodes) > 1 for n in nodes} - isolate
-                if not alone:
-                    raise
-                isolate |= alone
-                continue
+                raise
             return Compiled(task, graph, groups, decompose, isolate)
