@@ -3,6 +3,7 @@ torch.nn with random init (no weights are downloaded), and the offline compiler 
 
     python benchmarks/zoo.py write DIR [--sample]          # the task files
     python benchmarks/zoo.py run [--sample] [--only a,b]   # compile each on the CPU, print the table
+    python benchmarks/zoo.py coverage                      # core-ATen forward operators without a lowering
 
 ``run`` writes every program (CPU only, no GPU), then prints a table (program written or refused,
 seconds), the count of each refusal reason, and the check the compiler owes: no refusal names a
@@ -446,7 +447,18 @@ def main() -> int:
     for p in (w, r):
         p.add_argument("--sample", action="store_true", help="only the CI sample")
         p.add_argument("--only", help="comma-separated model names")
+    sub.add_parser("coverage", help="the core-ATen forward operators the compiler lowers, and those it does not")
     args = parser.parse_args()
+    if args.command == "coverage":
+        from stitchcuda.compiler.coverage import coverage
+
+        report = coverage()
+        print(f"core-ATen forward operators: {report.total}, lowered {len(report.covered)}, "
+              f"missing {len(report.missing)}")
+        for how, n in Counter(report.covered.values()).most_common():
+            print(f"  {how:40s} {n}")
+        print("no lowering: " + (", ".join(report.missing) or "none"))
+        return 0
     names = args.only.split(",") if args.only else SAMPLE if args.sample else None
     if args.command == "write":
         for path in write(args.folder, names):

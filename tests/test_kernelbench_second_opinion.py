@@ -267,3 +267,28 @@ def test_prebuild_makes_the_build_kernelbench_finds(tmp_path):
     assert prebuild(tmp_path, source, env)  # found, not rebuilt
     assert built[0].stat().st_mtime_ns == before
     assert not prebuild(tmp_path, "raise SystemExit(3)", env)
+
+
+def test_integer_inputs_are_cast_back_for_kernelbench_whose_harness_makes_every_input_float32():
+    """KernelBench casts every input to float32, token ids too: both models, wrapped, cast them back
+    first; the wrapped classes keep their constructors and state_dict keys."""
+    import torch
+
+    from stitchcuda.verify.kernelbench_harness import _restore_inputs, integer_inputs
+
+    reference = (
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.table = nn.Embedding(50, 8)\n\n"
+        "    def forward(self, ids, mask):\n        return self.table(ids) * mask.unsqueeze(-1)\n\n\n"
+        "def get_inputs():\n    return [torch.randint(0, 50, (2, 5)), torch.ones(2, 5, dtype=torch.bool)]\n\n\n"
+        "def get_init_inputs():\n    return []\n")
+    restored = integer_inputs(reference)
+    assert restored == {0: "torch.int64", 1: "torch.bool"}
+    scope: dict = {}
+    exec(_restore_inputs(reference, "Model", restored), scope)
+    torch.manual_seed(0)
+    model = scope["Model"]()
+    assert list(model.state_dict()) == ["table.weight"]
+    ids = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])
+    out = model(ids.float(), torch.ones(2, 5))  # what KernelBench's harness hands it
+    assert torch.equal(out, model.table(ids))

@@ -31,6 +31,9 @@ POINTWISE_UNARY = {
     "aten.sigmoid": "sigmoid", "aten.silu": "silu", "aten.relu": "relu", "aten.square": "square",
     "aten.log1p": "log1p", "aten.expm1": "expm1", "aten.sin": "sin", "aten.cos": "cos", "aten.floor": "floor",
     "aten.ceil": "ceil", "aten.round": "round", "aten.sign": "sign", "aten.isnan": "isnan",
+    "aten.tan": "tan", "aten.asin": "asin", "aten.acos": "acos", "aten.atan": "atan", "aten.sinh": "sinh",
+    "aten.cosh": "cosh", "aten.asinh": "asinh", "aten.acosh": "acosh", "aten.atanh": "atanh",
+    "aten.log2": "log2", "aten.log10": "log10",
 }
 COMPARISONS = {"aten.gt": "gt", "aten.ge": "ge", "aten.lt": "lt", "aten.le": "le", "aten.eq": "eq", "aten.ne": "ne",
                "aten.logical_and": "and", "aten.logical_or": "or", "aten.bitwise_and": "and",
@@ -48,7 +51,7 @@ def is_pointwise(op_name: str) -> bool:
     return op_name in POINTWISE_UNARY or op_name in IDENTITY or op_name in {
         "aten.add", "aten.sub", "aten.rsub", "aten.mul", "aten.div", "aten.gelu", "aten.pow", "aten.maximum",
         "aten.minimum", "aten.clamp", "aten.clamp_min", "aten.clamp_max", "aten.hardtanh", "aten.leaky_relu",
-        "aten.dropout", "aten.batch_norm", "aten.scalar_tensor"} or op_name in MASK_OPS or op_name in COMPARISONS \
+        "aten.dropout", "aten.batch_norm", "aten.scalar_tensor", "aten.atan2"} or op_name in MASK_OPS or op_name in COMPARISONS \
         or op_name in ACTIVATIONS
 
 
@@ -74,6 +77,8 @@ def pointwise_expr(node: Any, arg: Operand) -> Expr:
         return op(POINTWISE_UNARY[name], arg(a[0]))
     if name in COMPARISONS:
         return op(COMPARISONS[name], arg(a[0]), arg(a[1]))
+    if name == "aten.atan2":
+        return op("atan2", arg(a[0]), arg(a[1]))
     if name in ACTIVATIONS:
         return _activation(name, a, kw, arg, where)
     if name in ("aten.add", "aten.sub", "aten.rsub"):

@@ -34,7 +34,8 @@ ELEMENTWISE_OPS = {
     "aten.maximum", "aten.minimum", "aten.where", "aten.masked_fill", "aten.bitwise_not", "aten.bitwise_and",
     "aten.bitwise_or", "aten.logical_not", "aten.logical_and", "aten.logical_or", "aten.eq", "aten.ne",
     "aten.lt", "aten.le", "aten.gt", "aten.ge", "aten.lerp", "aten.addcmul", "aten.addcdiv", "aten.dropout",
-    "aten._to_copy", "aten.to", "aten.type_as", "aten.fill",
+    "aten._to_copy", "aten.to", "aten.type_as", "aten.fill", "aten.tan", "aten.asin", "aten.acos", "aten.atan",
+    "aten.sinh", "aten.cosh", "aten.asinh", "aten.acosh", "aten.atanh", "aten.log10", "aten.atan2",
 }
 # Views: no data moves when the consumer reads through strides.
 VIEW_OPS = {"aten.reshape", "aten.view", "aten._unsafe_view", "aten.flatten", "aten.unflatten", "aten.transpose",
