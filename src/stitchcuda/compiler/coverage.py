@@ -16,7 +16,16 @@ from stitchcuda.compiler.families import FAMILIES
 from stitchcuda.compiler.formulas import ROW_OPS, is_pointwise
 from stitchcuda.compiler.lower_sequence import SEQUENCES
 from stitchcuda.compiler.lowered import CELLS, PLAIN_GEMM_OPS, SPLITS, ZEROS
-from stitchcuda.compiler.ops import CONST_OPS, CONV_OPS, COPY_OPS, GEMM_OPS, NORM_OPS, SOFTMAX_OPS, SUM_OPS, VIEW_OPS
+from stitchcuda.compiler.ops import (
+    CONST_OPS,
+    CONV_OPS,
+    COPY_OPS,
+    GEMM_OPS,
+    NORM_OPS,
+    SOFTMAX_OPS,
+    SUM_OPS,
+    VIEW_OPS,
+)
 
 
 class Coverage(BaseModel):
