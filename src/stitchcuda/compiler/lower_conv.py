@@ -28,7 +28,18 @@ from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_gemm import SPLIT_SCRATCH, activation_of, feeds_only, reserve_scratch
 from stitchcuda.compiler.lower_pointwise import apply_epilogue, epilogue_text, library_call, lower_pointwise
 from stitchcuda.compiler.lowered import Conv, Gemm, Lowered, to_ident
+from stitchcuda.compiler.ops import CONV_OPS
 from stitchcuda.compiler.split_tf32 import plan_conv_split, worth_splitting_conv
+
+# Past this many convolutions a network stays in fp32 (cuDNN FMA): 3xTF32's error, about 1e-5 of a
+# convolution's output (fp32's: about 1e-6), compounds over depth; measured on an H200 with
+# training-mode batch norms, ResNet-18 (20 convolutions) passed 1e-4 split, ResNet-101 (104) missed it
+# by 2e-4.
+DEEP_CONVS = 64
+
+
+def _deep(cx: LowerContext) -> bool:
+    return sum(n.op in CONV_OPS for n in cx.graph.nodes) > DEEP_CONVS
 
 
 def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node], convs: list[Node]) -> Lowered:
@@ -90,7 +101,7 @@ def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node], convs: list[
             and largest < CUTLASS_CONV_MAX_ELEMENTS:
         return _cutlass_conv(cx, g, anchor, conv, bias, epilogue, env, text)
     cx.out.convs.append(conv)
-    if cx.options.split_tf32 and worth_splitting_conv(conv):
+    if cx.options.split_tf32 and worth_splitting_conv(conv) and not _deep(cx):
         conv.split = split = plan_conv_split(conv, *SPLIT_SCRATCH)
         for ident, floats in ((split.x3, split.x_scratch), (split.w3, split.w_scratch), (split.y, split.y_scratch)):
             reserve_scratch(cx.out, ident, floats)
