@@ -49,6 +49,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from stitchcuda.compiler.expr import numel
+from stitchcuda.compiler.families import FAMILIES
 from stitchcuda.compiler.families.layout_typed import claims
 from stitchcuda.compiler.graph import OpGraph
 from stitchcuda.compiler.grouping import Grouping, GroupKind
@@ -106,6 +107,9 @@ class _Fuser(Grouping):
             if claims(n, lambda v: self.meta[v].dtype if self.meta.get(v) is not None else None,
                       lambda v: [self.node[u] for u in self.consumers.get(v, [])]):
                 self.role[n.name] = "other"
+            elif n.op in FAMILIES and self.role[n.name] == "reduce" and any(
+                    self.meta.get(v) is not None and self.meta[v].dtype != "float32" for v in self.reads[n.name]):
+                self.role[n.name] = "other"  # a reduction of integers or a mask: its family lowering, typed
         self.strides = self.value_strides({n for n, role in self.role.items() if role == "view"})
 
     def free_view(self, name: str) -> bool:
