@@ -146,6 +146,15 @@ class Grouping(Dataflow):
         self.owner: dict[str, int] = {}
         self.groups: dict[int, Group] = {}
         self.sealed: set[int] = set()
+        # A topological order of the units (a group, or a node in none), kept across merges, so that
+        # a merge checks only the units between its parts in that order (Pearce and Kelly's dynamic
+        # topological sort): a cycle through the merged unit can pass through no other unit.
+        self.position: dict[int | str, int] = {n.name: i for i, n in enumerate(self.nodes)}
+        self.at: list[int | str | None] = [n.name for n in self.nodes]  # position -> unit
+        self.succs: dict[str, list[str]] = {n.name: [] for n in self.nodes}
+        for n in self.nodes:
+            for p in self.preds[n.name]:
+                self.succs[p].append(n.name)
 
     def seal(self, gid: int) -> None:
         """Nothing joins group ``gid`` any more (a node the compiler lowers on its own)."""
@@ -165,36 +174,59 @@ class Grouping(Dataflow):
         names = [n for n in dict.fromkeys(names) if self.owner.get(n) != gid]
         if any(n in self.owner for n in names) or (names and gid in self.sealed):
             return False
+        if not names:
+            return True
+        order = self._merged_order(gid, names)
+        if order is None:
+            return False
+        spots, order = order
+        for spot in spots:  # the window's slots, refilled in the new order (the merged unit takes one)
+            self.at[spot] = None
         for n in names:
             self.owner[n] = gid
-        if self._acyclic():
-            self.groups[gid].members.update(names)
-            return True
-        for n in names:
-            del self.owner[n]
-        return False
+            del self.position[n]
+        self.groups[gid].members.update(names)
+        for unit, spot in order.items():
+            self.position[unit] = spot
+            self.at[spot] = unit
+        return True
 
-    def _acyclic(self) -> bool:
-        unit = {n.name: self.owner.get(n.name, -1 - i) for i, n in enumerate(self.nodes)}
-        succ: dict[int, set[int]] = {}
-        indeg: dict[int, int] = {u: 0 for u in unit.values()}
-        for n in self.nodes:
-            b = unit[n.name]
-            for p in self.preds[n.name]:
-                a = unit[p]
-                if a != b and b not in succ.setdefault(a, set()):
-                    succ[a].add(b)
-                    indeg[b] += 1
-        ready = [u for u, d in indeg.items() if d == 0]
-        seen = 0
-        while ready:
-            u = ready.pop()
-            seen += 1
-            for w in succ.get(u, ()):
-                indeg[w] -= 1
-                if indeg[w] == 0:
-                    ready.append(w)
-        return seen == len(indeg)
+    def _unit(self, name: str) -> int | str:
+        return self.owner.get(name, name)
+
+    def _unit_members(self, unit: int | str) -> set[str] | list[str]:
+        return self.groups[unit].members if isinstance(unit, int) else [unit]
+
+    def _merged_order(self, gid: int, names: list[str]) -> tuple[list[int], dict[int | str, int]] | None:
+        """The slots of the units between the parts of group ``gid`` plus ``names``, and their new
+        positions once the parts are one unit; None when that unit would close a cycle. Only units positioned between the
+        parts can lie on a cycle through them; those the parts reach move after the merged unit."""
+        parts: list[int | str] = list(names) + ([gid] if gid in self.position else [])
+        spots = [self.position[u] for u in parts]
+        lo, hi = min(spots), max(spots)
+        inside = set(parts)
+        reached: list[int | str] = []
+        seen: set[int | str] = set()
+        stack = list(parts)
+        while stack:
+            unit = stack.pop()
+            for m in self._unit_members(unit):
+                for s in self.succs[m]:
+                    nxt = self._unit(s)
+                    if nxt in inside:
+                        if unit not in inside:
+                            return None  # out of the merged unit and back in: a cycle
+                        continue
+                    if nxt in seen or not lo < self.position[nxt] < hi:
+                        continue
+                    seen.add(nxt)
+                    reached.append(nxt)
+                    stack.append(nxt)
+        window = [u for u in self.at[lo:hi + 1] if u is not None]
+        slots = [self.position[u] for u in window]
+        rest = [u for u in window if u not in inside and u not in seen]
+        after = sorted(reached, key=self.position.__getitem__)
+        return slots, dict(zip([*rest, gid, *after], slots, strict=False))
 
     def free(self, name: str) -> bool:
         return name not in self.owner
