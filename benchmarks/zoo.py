@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import re
+import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -387,18 +388,29 @@ def _compile_one(path: str) -> dict:
                 "reasons": [f"{type(exc).__name__}: {exc}"]}
 
 
+def _compile_in_child(path: Path, timeout: float) -> dict:
+    """One model in a process of its own (``zoo.py one PATH``): a crash or a hang costs only it."""
+    try:
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "one", str(path)], capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"program": False, "seconds": timeout, "kind": "timeout", "reasons": [f"no program in {timeout:.0f} s"]}
+    lines = done.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"program": False, "seconds": 0.0, "kind": "crash", "reasons": [f"the compiler process died: {tail}"]}
+
+
 def run(names: list[str], jobs: int = 1, timeout: float = 300.0) -> dict[str, dict]:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         paths = write(Path(tmp), names)
-        with multiprocessing.get_context("spawn").Pool(jobs, maxtasksperchild=1) as pool:
-            pending = {p.stem: pool.apply_async(_compile_one, (str(p),)) for p in paths}
+        with ThreadPoolExecutor(jobs) as pool:
+            pending = {p.stem: pool.submit(_compile_in_child, p, timeout) for p in paths}
             for name, job in pending.items():
-                try:
-                    results[name] = job.get(timeout)
-                except multiprocessing.TimeoutError:
-                    results[name] = {"program": False, "seconds": timeout, "kind": "timeout",
-                                     "reasons": [f"no program in {timeout:.0f} s"]}
+                results[name] = job.result()
                 mark = "program" if results[name]["program"] else "REFUSED"
                 print(f"{name:32s} {mark:8s} {results[name]['seconds']:6.1f} s  "
                       f"{(results[name]['reasons'] or [''])[0][:110]}", flush=True)
@@ -448,7 +460,12 @@ def main() -> int:
         p.add_argument("--sample", action="store_true", help="only the CI sample")
         p.add_argument("--only", help="comma-separated model names")
     sub.add_parser("coverage", help="the core-ATen forward operators the compiler lowers, and those it does not")
+    one = sub.add_parser("one", help="compile one task file, print its result as JSON (run's worker)")
+    one.add_argument("path", type=Path)
     args = parser.parse_args()
+    if args.command == "one":
+        print(json.dumps(_compile_one(str(args.path))))
+        return 0
     if args.command == "coverage":
         from stitchcuda.compiler.coverage import coverage
 

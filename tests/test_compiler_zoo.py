@@ -12,7 +12,6 @@ it used to refuse over a decision of its own (fusion, layout, dtype), not over m
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,6 @@ CLASS_TASKS = sorted(p.stem for p in CLASSES.glob("*.py") if p.stem != "dropout_
 def _zoo():
     spec = importlib.util.spec_from_file_location("zoo", ROOT / "benchmarks" / "zoo.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules["zoo"] = module  # the spawned workers import _compile_one from it by name
     spec.loader.exec_module(module)
     return module
 
