@@ -28,6 +28,7 @@ CLASS_TASKS = sorted(p.stem for p in CLASSES.glob("*.py") if p.stem != "dropout_
 def _zoo():
     spec = importlib.util.spec_from_file_location("zoo", ROOT / "benchmarks" / "zoo.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules["zoo"] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
