@@ -12,6 +12,7 @@ it used to refuse over a decision of its own (fusion, layout, dtype), not over m
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
