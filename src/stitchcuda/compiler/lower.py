@@ -9,6 +9,7 @@ from typing import Any
 from stitchcuda.compiler.expr import (
     DATA_OPS,
     GATHER_OPS,
+    IDENTITY,
     POOL_OPS,
     VIEWS,
     Expr,
@@ -198,7 +199,7 @@ class _Lowerer:
         family = self._family_node(g)
         if family is not None:
             return self._lower_family(g, nodes, family)
-        if all(n.op in VIEWS | SPLITS | _COPIES for n in nodes) and any(
+        if all(n.op in VIEWS | SPLITS | IDENTITY for n in nodes) and any(
                 cx.graph.meta(v).dtype != "float32" for v in cx.outputs_of(g)):  # type: ignore[union-attr]
             return self._materialise_typed(g, nodes)
         for n in nodes:
@@ -242,7 +243,7 @@ class _Lowerer:
                 cx.split(n, env)
             else:
                 x = cx.arg(env, f"{n.name} ({n.op})")(n.args[0])
-                env[n.name] = x if n.op in _COPIES else view_expr(n, x)
+                env[n.name] = x if n.op in IDENTITY else view_expr(n, x)
         out: list[Lowered] = []
         for v in cx.outputs_of(g):
             e = env[v]
@@ -281,9 +282,6 @@ class _Lowerer:
         if call.library == "cudnn":
             cx.out.uses_dnn = True
         return Lowered(g, "kernel", call=call, describe=call.describe or short_op(node))
-
-
-_COPIES = {"aten.alias", "aten.clone", "aten.contiguous", "aten.detach", "aten.lift_fresh_copy"}
 
 
 def short_op(node: Node) -> str:

@@ -52,6 +52,23 @@ def batch_recurrent_inputs(cx: LowerContext) -> None:
             cx.batched[n.name] = (value, t, x, w)
 
 
+def fold_states_and_views(cx: LowerContext, nodes: list[Node], anchor: Node, env: dict[str, Expr]) -> None:
+    """The nodes before a recurrent ``anchor`` into ``env``: zero (or constant) initial states as
+    constants its kernels fold, views and splits as strided reads."""
+    for n in nodes:
+        if n is anchor:
+            break
+        if n.op in ZEROS:
+            value = float(n.args[1]) if n.op == "aten.full" else 0.0
+            env[n.name] = Expr("const", const=value, shape=cx.shape(n.name))
+        elif n.op in SPLITS:
+            cx.split(n, env)
+        elif n.op in VIEWS:
+            env[n.name] = view_expr(n, cx.arg(env, n.name)(n.args[0]))
+        else:
+            raise Unsupported(f"{n.name} ({n.op}) before {anchor.name} ({anchor.op})")
+
+
 def lower_recurrent(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     """One time step of an LSTM/GRU cell: x.W_ih^T and h.W_hh^T as two cuBLAS GEMMs into gate
     buffers (the second skipped while h is the zero initial state), then one pointwise kernel
@@ -63,18 +80,7 @@ def lower_recurrent(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
         raise Unsupported(f"{len(cells)} recurrent cells in one group")
     cell = cells[0]
     where = f"{cell.name} ({cell.op})"
-    for n in nodes:
-        if n is cell:
-            break
-        if n.op in ZEROS:
-            value = float(n.args[1]) if n.op == "aten.full" else 0.0
-            env[n.name] = Expr("const", const=value, shape=cx.shape(n.name))
-        elif n.op in SPLITS:
-            cx.split(n, env)
-        elif n.op in VIEWS:
-            env[n.name] = view_expr(n, cx.arg(env, n.name)(n.args[0]))
-        else:
-            raise Unsupported(f"{n.name} ({n.op}) before the cell")
+    fold_states_and_views(cx, nodes, cell, env)
     if nodes[-1] is not cell:
         raise Unsupported(f"{nodes[-1].name} ({nodes[-1].op}) after the cell")
     arg = cx.arg(env, where)

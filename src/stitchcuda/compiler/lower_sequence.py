@@ -16,7 +16,6 @@ from types import SimpleNamespace
 from typing import Any
 
 from stitchcuda.compiler.expr import (
-    VIEWS,
     Expr,
     Leaf,
     Program,
@@ -28,13 +27,13 @@ from stitchcuda.compiler.expr import (
     leaf,
     op,
     ref,
-    view_expr,
 )
 from stitchcuda.compiler.fusion import FusionGroup
 from stitchcuda.compiler.graph import Node, TensorMeta
 from stitchcuda.compiler.lower_context import LowerContext
 from stitchcuda.compiler.lower_gemm import gemm_shape
-from stitchcuda.compiler.lowered import ZEROS, Lowered, to_ident
+from stitchcuda.compiler.lower_recurrent import fold_states_and_views
+from stitchcuda.compiler.lowered import Lowered, to_ident
 
 # operator -> (cell, gates per hidden unit)
 SEQUENCES = {"aten.lstm": ("lstm", 4), "aten.gru": ("gru", 3), "aten.rnn_tanh": ("tanh", 1),
@@ -250,16 +249,9 @@ def lower_sequence(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lower
     if len(seq) != 1:
         raise Unsupported(f"{len(seq)} recurrent layers in one group")
     node = seq[0]
-    for n in nodes:
-        if n is node:
-            continue
-        if n.op in ZEROS:
-            value = float(n.args[1]) if n.op == "aten.full" else 0.0
-            env[n.name] = Expr("const", const=value, shape=cx.shape(n.name))
-        elif n.op in VIEWS:
-            env[n.name] = view_expr(n, cx.arg(env, n.name)(n.args[0]))
-        else:
-            raise Unsupported(f"{n.name} ({n.op}) fused with a recurrent layer")
+    if nodes[-1] is not node:
+        raise Unsupported(f"{nodes[-1].name} ({nodes[-1].op}) fused after a recurrent layer")
+    fold_states_and_views(cx, nodes, node, env)
     layers = _Layers(cx, g, node, env)
     states = layers.run()["states"]
     inside = set(g.nodes)
