@@ -6,7 +6,10 @@ it used to refuse over a decision of its own (fusion, layout, dtype), not over m
 - five of those programs compile with nvcc against the real CUDA headers;
 - tests/fixtures/compiler_classes/: one task per class (bare attention with masks and GQA, a fused
   QKV chunk, tensors made in forward, layouts, recurrent layers with every output, upsampling and
-  unfold); each gets a program on the CPU and, on a GPU, passes the Verifier under strict.
+  unfold, random draws its output forgets, state carried across calls); each gets a program on the
+  CPU and, on a GPU, passes the Verifier under strict;
+- a forward whose output depends on its random draws gets a program that draws them too, and the
+  Verifier refuses the task with the two seeds' difference in its message.
 """
 
 from __future__ import annotations
@@ -87,9 +90,31 @@ def test_a_model_of_each_class_gets_a_program(name):
         assert "lowered on its own" in " ".join(g.note for g in compiled.groups)
 
 
-def test_a_forward_that_draws_random_numbers_is_refused_with_that_reason():
-    with pytest.raises(CaptureError, match="draws random numbers"):
-        compile_task(load_task_file(CLASSES / "dropout_train.py"))
+def test_a_forward_that_draws_random_numbers_gets_a_program_that_draws_them_too():
+    compiled = compile_task(load_task_file(CLASSES / "dropout_train.py"))
+    assert [d.fn for d in compiled.graph.draws.values()] == ["rand"]  # dropout's uniforms, drawn each call
+    assert "torch.rand((8, 64), dtype=torch.float32, device=x.device)" in compiled.program()
+    compiled = compile_task(load_task_file(CLASSES / "random_initial_state.py"))
+    assert sorted(d.fn for d in compiled.graph.draws.values()) == ["randn", "randn"]
+
+
+def test_a_draw_the_program_cannot_make_is_refused_with_its_name(tmp_path):
+    path = tmp_path / "poisson.py"
+    path.write_text("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n"
+                    "    def forward(self, x):\n        return torch.poisson(x.abs())\n\n"
+                    "def get_inputs():\n    return [torch.randn(4, 4)]\n\ndef get_init_inputs():\n    return []\n")
+    with pytest.raises(CaptureError, match="aten.poisson"):
+        compile_task(load_task_file(path))
+
+
+def test_state_reassigned_in_forward_is_a_buffer_the_program_updates():
+    """``self.hidden = ...`` in forward: captured as a buffer mutation; ModelNew holds the attribute as
+    a non-persistent buffer (state_dict keys unchanged) and the program writes its new value back."""
+    compiled = compile_task(load_task_file(CLASSES / "stateful_hidden.py"))
+    assert compiled.graph.state == ["hidden"]
+    assert list(compiled.graph.mutations.values()) == ["b_hidden"]
+    program = compiled.program()
+    assert 'register_buffer("hidden", _value, persistent=False)' in program and "self.hidden," in program
 
 
 def test_every_reason_is_kept_and_the_summary_says_how_many_more():
@@ -158,4 +183,4 @@ def test_the_coverage_report_names_the_core_operators_without_a_lowering():
     assert set(report.missing) <= {"aten._cdist_forward", "aten._embedding_bag", "aten._fft_c2r", "aten._fft_r2c",
                                    "aten._pdist_forward", "aten.diagonal", "aten.grid_sampler_2d",
                                    "aten.masked_scatter", "aten.nonzero"}, report.missing
-    assert report.covered["aten.rand"].startswith("refused by design")
+    assert report.covered["aten.rand"].startswith("drawn by the program")

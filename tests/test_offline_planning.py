@@ -407,4 +407,7 @@ def test_the_llm_planner_reads_the_compiler_capture_in_the_model_mode(tmp_path):
 
     path.write_text(path.read_text().replace("return torch.relu(self.bn(x))", "return torch.dropout(x, 0.5, True)"))
     text, why = graph_text(load_task_file(path))
-    assert text is None and "random" in why  # the Planner is told why, and the run goes on without it
+    assert why is None and text.startswith("random draws each call: rand float32[4,8,5,5]")
+    path.write_text(path.read_text().replace("return torch.dropout(x, 0.5, True)", "return torch.poisson(x.abs())"))
+    text, why = graph_text(load_task_file(path))
+    assert text is None and "aten.poisson" in why  # the Planner is told why, and the run goes on without it

@@ -264,3 +264,26 @@ def test_a_wrong_function_is_not_excused_by_the_weights(verifier, task):
     v = run(verifier, task, "wrong")
     assert not v.correct and v.correctness.passes_with_copied_weights is False
     assert not any("copied in" in e for e in v.errors)
+
+
+def test_state_carried_across_calls_is_verified_as_one_sequence(verifier):
+    """The trials are a sequence of calls from one starting state: a candidate that carries the state
+    passes, one that restarts from the initial state every call fails from the second call on."""
+    task = load_task_file(CPU / "stateful_rnn.py")
+    v = verifier.verify(task, load_candidate(CPU / "stateful_rnn_new.py"))
+    assert v.correct and v.correctness.state == ["hidden"]
+    assert v.timing is not None and not [f for f in v.hacking.findings if f.check == "output_caching"]
+    v = verifier.verify(task, load_candidate(CPU / "stateless_rnn_new.py"))
+    assert not v.correct and v.correctness.trials[0].passed and not v.correctness.trials[1].passed
+
+
+def test_a_task_whose_output_depends_on_its_draws_is_unusable_with_the_measurement(verifier):
+    v = verifier.verify(load_task_file(CPU / "dropout_reference.py"), load_candidate(CPU / "pure_torch.py"))
+    assert v.reference_error and v.reference_error.startswith("the reference draws random numbers")
+    assert "seeds" in v.reference_error and "apart" in v.reference_error
+    assert not v.passed and v.errors[0].startswith("the reference draws random numbers")
+
+
+def test_draws_the_output_forgets_are_verifiable(verifier):
+    v = verifier.verify(load_task_file(CPU / "forgotten_draw.py"), load_candidate(CPU / "forgotten_draw_new.py"))
+    assert v.correct and v.correctness.random_draws is not None and v.correctness.random_draws.agree

@@ -16,6 +16,10 @@ from stitchcuda.verify.verdict import ProgramProfile, Verdict
 _STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 
 
+def _names(names: list[str], shown: int = 4) -> str:
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
 def _yes_no(value: bool) -> Text:
     return Text("yes", style="green") if value else Text("no", style="bold red")
 
@@ -25,7 +29,7 @@ def verdict_view(v: Verdict) -> Group:
         style = {"none": "green", "partial": "yellow", "total": "bold red"}[v.hacking.level]
         headline = Text(f"STATIC CHECKS ONLY (nothing built or run): hacking level {v.hacking.level}", style=style)
     elif v.reference_error:
-        headline = Text("UNUSABLE TASK: the reference failed to run", style="bold red")
+        headline = Text("UNUSABLE TASK: " + v.reference_error.strip().splitlines()[0][:300], style="bold red")
     elif v.passed:
         headline = Text("PASSED", style="bold green")
     else:
@@ -42,6 +46,14 @@ def verdict_view(v: Verdict) -> Group:
     summary.add_row("device", v.device.name, "precision", v.precision.summary)
     summary.add_row("weights", _WEIGHTS.get(v.correctness.weights, v.correctness.weights),
                     "arithmetic", v.precision.arithmetic or "unknown")
+    if v.correctness.state:
+        summary.add_row("state", Text(_names(v.correctness.state) + ": one sequence of calls from one starting "
+                                      "state; saved and restored around profiling, timing and the post-timing trial",
+                                      overflow="fold"))
+    if v.correctness.random_draws is not None:
+        d = v.correctness.random_draws
+        summary.add_row("random", f"the reference draws random numbers; seeds {d.seeds[0]} and {d.seeds[1]} agree "
+                                  f"within the tolerance (max abs {d.max_abs_difference or 0:.2g})")
     parts: list = [headline, summary]
     if v.second_opinion is not None:
         parts.extend(second_opinion_view(v))

@@ -66,6 +66,11 @@ class LLMFailure(RuntimeError):
     """An LLM failure that retrying will not fix: the run stops, resumable once it is fixed."""
 
 
+class TaskUnusable(RuntimeError):
+    """The Verifier found the task itself unverifiable (its reference fails, or its output depends on
+    the random numbers it draws): no program can fix that, so the run stops with the reason."""
+
+
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -135,6 +140,8 @@ class Optimizer:
                 self.store.save_state(state)
         except LLMFailure as exc:
             state.status, state.stop_reason = "failed", str(exc)
+        except TaskUnusable as exc:
+            state.status, state.stop_reason = "failed", f"unusable task: {exc}"
         except LLMError as exc:  # the Planner's LLM: same rule, the run stops and can be resumed
             state.status, state.stop_reason = "failed", f"the Planner's LLM failed: {exc}"
         except KeyboardInterrupt:
@@ -314,6 +321,8 @@ class Optimizer:
             outcomes[position] = outcome
             self.store.save_candidate(state.run_id, index, outcome)
             self.report(state, f"{candidate.name}: {_summary(outcome)}")
+            if verdict.reference_error:
+                raise TaskUnusable(verdict.reference_error)
         for outcome in outcomes:  # failures and reused verdicts are this step's candidates too
             self.store.save_candidate(state.run_id, index, outcome)
         return outcomes

@@ -56,16 +56,20 @@ def core_forward_ops() -> list[str]:
     return sorted(found)
 
 
-# core operators no program computes on purpose: random draws (refused: no program can match them)
-# and the symbolic-shape and scalar readbacks of a data-dependent trace (refused at capture)
-BY_DESIGN = {"aten.rand": "random draw", "aten.randn": "random draw", "aten.randperm": "random draw",
-             "aten.native_dropout": "random draw", "aten.sym_numel": "symbolic shape",
-             "aten.sym_storage_offset": "symbolic shape", "aten._local_scalar_dense": "data-dependent scalar"}
+# core operators no program computes on purpose: the symbolic-shape and scalar readbacks of a
+# data-dependent trace (refused at capture)
+BY_DESIGN = {"aten.sym_numel": "symbolic shape", "aten.sym_storage_offset": "symbolic shape",
+             "aten._local_scalar_dense": "data-dependent scalar"}
+# random draws: the program draws them from torch's generator on the device (graph.Draw)
+DRAWN = {"aten.rand", "aten.randn", "aten.randperm", "aten.randint", "aten.normal", "aten.rand_like",
+         "aten.randn_like"}
 
 
 def _how(op: str, decomposed: set[str]) -> str | None:
     if op in BY_DESIGN:
         return f"refused by design: {BY_DESIGN[op]}"
+    if op in DRAWN:
+        return "drawn by the program (torch's generator)"
     if op in decomposed:
         return "decomposed"
     if op in FAMILIES:

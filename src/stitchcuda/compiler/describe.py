@@ -74,6 +74,11 @@ def graph_text(task: Task, graph: OpGraph | None = None, max_lines: int = 80) ->
         except CaptureError as exc:
             return None, str(exc)[:300]
     found = lines(graph)
+    draws = [f"{d.fn} {d.dtype}[{','.join(map(str, d.shape))}]" for d in graph.draws.values()]
+    if draws:  # the program draws these from torch's generator; the Verifier checks the output forgets them
+        found.insert(0, "random draws each call: " + ", ".join(draws))
+    if graph.state:
+        found.insert(0, "state carried across calls (reassigned in forward): " + ", ".join(graph.state))
     if len(found) > max_lines:
         found = found[:max_lines] + [f"... {len(found) - max_lines} more operators"]
     return "\n".join(found), None

@@ -69,9 +69,34 @@ class Node(BaseModel):
         return found
 
 
+class Draw(BaseModel):
+    """A tensor the forward draws from torch's generator (an initial state, a dropout mask's
+    uniforms): the program draws the same distribution, shape and dtype on the device, each call."""
+
+    fn: Literal["rand", "randn", "randint", "randperm", "normal"]
+    shape: list[int]
+    dtype: str
+    low: int = 0  # randint's range [low, high)
+    high: int = 0
+    mean: float = 0.0  # normal's
+    std: float = 1.0
+
+    def python(self, device: str) -> str:
+        """The call that draws it in the generated ``forward`` (``device``: an expression)."""
+        where = f"dtype=torch.{self.dtype}, device={device}"
+        size = repr(tuple(self.shape))
+        if self.fn == "randint":
+            return f"torch.randint({self.low}, {self.high}, {size}, {where})"
+        if self.fn == "randperm":
+            return f"torch.randperm({self.shape[0]}, {where})"
+        if self.fn == "normal":
+            return f"torch.normal({self.mean!r}, {self.std!r}, size={size}, {where})"
+        return f"torch.{self.fn}({size}, {where})"
+
+
 class Placeholder(BaseModel):
     name: str
-    kind: Literal["input", "parameter", "buffer", "constant"]
+    kind: Literal["input", "parameter", "buffer", "constant", "random"]
     target: str = Field("", description="state_dict key for parameters and buffers; input index as text")
     meta: TensorMeta | None = None
 
@@ -87,6 +112,10 @@ class OpGraph(BaseModel):
     constants: dict[str, Any] = Field({}, description="lifted tensor constant (its target) -> its values as a "
                                                       "nested list: a tensor the forward makes (torch.tensor, "
                                                       "arange, a mask), recreated by the program")
+    draws: dict[str, Draw] = Field({}, description="random placeholder -> how the program draws it")
+    state: list[str] = Field([], description="plain tensor attributes of the reference's modules (dotted "
+                                             "names), captured as non-persistent buffers: state its forward "
+                                             "may reassign (self.hidden = ...), which the program updates")
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -157,12 +186,13 @@ KEEP = ("linear.default", "matmul.default", "conv1d.default", "conv2d.default", 
 # lower through the general lowerings.
 _ALSO_DECOMPOSED = (("upsample_nearest2d", "vec"), ("upsample_bilinear2d", "vec"), ("upsample_bilinear2d", "default"),
                     ("upsample_nearest1d", "vec"), ("upsample_nearest3d", "vec"), ("upsample_trilinear3d", "vec"),
-                    ("upsample_bicubic2d", "vec"))
+                    ("upsample_bicubic2d", "vec"), ("native_dropout", "default"))
 
 # the most elements of a tensor the forward makes that a program recreates from a literal
 MAX_CONSTANT = 1 << 14
 
-# A forward that draws random numbers cannot be matched by any program (KernelBench compares outputs).
+# Operators that draw random numbers. The draws of _DRAWS become entry arguments the program draws
+# from torch's generator (graph.draws); any other is a capture error naming it.
 RANDOM_OPS = {"aten.native_dropout", "aten.bernoulli", "aten.rand", "aten.randn", "aten.rand_like",
               "aten.randn_like", "aten.randint", "aten.randint_like", "aten.randperm", "aten.normal",
               "aten.uniform", "aten.exponential", "aten.multinomial", "aten.poisson", "aten.geometric",
@@ -222,6 +252,7 @@ def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
     ops functionalised, the operators of ``KEEP`` whole) and describe it as an :class:`OpGraph`."""
 
     model, inputs = _instantiate(task)
+    state = state_as_buffers(model)
     try:
         try:
             exported = _export(model, inputs, decompose)
@@ -231,6 +262,7 @@ def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
             # a trace on the meta device can fail where real tensors do not (a view whose strides
             # only a real kernel gives): the same capture once more, on the CPU
             model, inputs = _instantiate(task, ("cpu",))
+            state = state_as_buffers(model)
             exported = _export(model, inputs, decompose)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -241,17 +273,69 @@ def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
             getattr(v, "is_meta", False) for v in exported.constants.values()):
         # a constant made on the input's device has no values on the meta device: capture on the CPU
         model, inputs = _instantiate(task, ("cpu",))
+        state = state_as_buffers(model)
         exported = _export(model, inputs, decompose)
         graph = _describe(task.name, exported)
     for p in graph.placeholders:
         value = exported.constants.get(p.target) if p.kind == "constant" else None
         if value is not None and not getattr(value, "is_meta", False) and value.numel() <= MAX_CONSTANT:
             graph.constants[p.target] = value.detach().cpu().tolist()
-    random = sorted({n.op for n in graph.nodes if n.op in RANDOM_OPS})
-    if random:
-        raise CaptureError(f"the forward draws random numbers ({', '.join(random)}): its output differs on every "
-                           "call, so no program can be checked against it")
+    _draws_as_arguments(graph)
+    graph.state = state
     return graph
+
+
+def _draws_as_arguments(graph: OpGraph) -> None:
+    """Each random draw becomes an entry argument of kind ``random``: a tensor of the draw's
+    distribution, shape and dtype that the program's forward draws from torch's generator on the
+    device (a program cannot reproduce the reference's numbers, only their distribution; the
+    Verifier checks the task's output does not depend on them)."""
+    other = sorted({n.op for n in graph.nodes if n.op in RANDOM_OPS and _draw(n) is None})
+    if other:
+        raise CaptureError(f"the forward draws random numbers through {', '.join(other)}, which the program cannot "
+                           "draw (it draws rand, randn, randint, randperm and normal)")
+    kept = []
+    for n in graph.nodes:
+        draw = _draw(n) if n.op in RANDOM_OPS else None
+        if draw is None:
+            kept.append(n)
+            continue
+        graph.placeholders.append(Placeholder(name=n.name, kind="random", meta=n.out[0]))
+        graph.draws[n.name] = draw
+    graph.nodes = kept
+
+
+def _draw(n: Node) -> Draw | None:
+    if len(n.out) != 1:
+        return None
+    shape, dtype = list(n.out[0].shape), n.out[0].dtype
+    a = n.args
+    if n.op in ("aten.rand", "aten.rand_like", "aten.randn", "aten.randn_like") and n.overload == "default":
+        return Draw(fn=n.op.removeprefix("aten.").removesuffix("_like"), shape=shape, dtype=dtype)  # type: ignore[arg-type]
+    if n.op == "aten.randint" and n.overload in ("default", "low"):
+        low, high = (0, a[0]) if n.overload == "default" else (a[0], a[1])
+        return Draw(fn="randint", shape=shape, dtype=dtype, low=int(low), high=int(high))
+    if n.op == "aten.randperm" and n.overload == "default":
+        return Draw(fn="randperm", shape=shape, dtype=dtype)
+    if n.op == "aten.normal" and n.overload == "float_float":
+        return Draw(fn="normal", shape=shape, dtype=dtype, mean=float(a[0]), std=float(a[1]))
+    return None
+
+
+def state_as_buffers(model: Any) -> list[str]:
+    """Turn every plain tensor attribute of the model's modules (``self.hidden = torch.randn(...)``)
+    into a non-persistent buffer, so that torch.export sees the forward reassigning it as a buffer
+    mutation; the dotted names, which the program turns into buffers the same way."""
+    import torch
+
+    names = []
+    for path, module in model.named_modules():
+        for key, value in list(vars(module).items()):
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+                delattr(module, key)
+                module.register_buffer(key, value, persistent=False)
+                names.append(f"{path}.{key}" if path else key)
+    return names
 
 
 def _export(model: Any, inputs: list[Any], decompose: frozenset[str]) -> Any:

@@ -80,6 +80,22 @@ def _access(key: str, kind: str) -> str:
     return f"self.get_{'parameter' if kind == 'parameter' else 'buffer'}({key!r})"
 
 
+def _device_of(graph: OpGraph, by_name: dict[str, str]) -> str:
+    """Where the program draws its random tensors: the first input's device, else a weight's."""
+    for p in graph.placeholders:
+        if p.kind == "input" and p.meta is not None:
+            return f"{by_name[p.name]}.device"
+    for p in graph.placeholders:
+        if p.kind in ("parameter", "buffer"):
+            return f"{_access(p.target, p.kind)}.device"
+    return "'cuda'"
+
+
+def _state_owners(state: list[str]) -> list[tuple[str, str]]:
+    """(module path, attribute) of each plain tensor attribute the program turns into a buffer."""
+    return [(name.rpartition(".")[0], name.rpartition(".")[2]) for name in state]
+
+
 def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None) -> str:
     """The candidate program (Python source) for ``task``; raises :class:`Unsupported` saying why not."""
     options = options or CodegenOptions()
@@ -160,10 +176,13 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     by_name = dict(zip((p.name for p in entry_inputs), fwd_names, strict=True))
     call_args = []
     entry = {v for v, _, _ in low.args}
+    device = _device_of(graph, by_name)
     for p in graph.placeholders:
         if p.name in entry:
             if p.kind == "constant":
                 call_args.append(f"self.{_constant_name(p.target)}")
+            elif p.kind == "random":
+                call_args.append(graph.draws[p.name].python(device))
             else:
                 call_args.append(f"{by_name[p.name]}.contiguous()" if p.kind == "input" else _access(p.target, p.kind))
     if low.cutlass:
@@ -176,7 +195,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         task=task.name, options=options.model_dump(), name=name, cuda_src=cuda_src, cpp_src=cpp_src,
         blas=low.uses_blas, lt=bool(low.lt_gemms), dnn=bool(low.convs) or low.uses_dnn,
         reference_init=reference_init_source(task), reference_class=REFERENCE_CLASS,
-        fwd_args=", ".join(["self", *fwd_names]), call_args=call_args,
+        fwd_args=", ".join(["self", *fwd_names]), call_args=call_args, state=_state_owners(graph.state),
         constants=[(_constant_name(p.target), p.meta.dtype, repr(graph.constants[p.target]))
                    for p in graph.placeholders if p.kind == "constant" and p.name in entry and p.meta is not None],
         cutlass=bool(low.cutlass), cutlass_sources=cutlass_sources, cutlass_flags=repr(CUDA_CFLAGS),

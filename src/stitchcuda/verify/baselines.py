@@ -20,6 +20,7 @@ import torch
 from stitchcuda.verify.config import TOLERANCES
 from stitchcuda.verify.correctness import compare_outputs, detached, make_trial_inputs
 from stitchcuda.verify.crash import fail
+from stitchcuda.verify.model_state import ModelState
 from stitchcuda.verify.protocol import WorkerRequest, WorkerResult
 from stitchcuda.verify.timing import Contender, Timer, cuda_graph_call, pinned, summarize
 from stitchcuda.verify.torch_state import set_tf32
@@ -83,11 +84,19 @@ def baseline_accuracy(ref_model: Any, inputs: list[Any], contenders: list[Conten
     """Each baseline's output against the fp32 reference, under every tolerance policy: a
     faster baseline that would fail the policy is no bar for an honest candidate."""
     set_tf32(False)
+    start = ModelState.capture(ref_model)  # each call from one state, under one seed
+
+    def fresh() -> None:
+        start.restore(ref_model)
+        torch.manual_seed(0)
+
     # compared where they were computed: on the CPU, float64 comparisons of a level-1 task's 6 GB
     # outputs took minutes and ran the worker past its time limit
+    fresh()
     reference = detached(ref_model(*inputs))
     found = {}
     for c in contenders:
+        fresh()
         c.before()
         try:
             out = detached(c.call())

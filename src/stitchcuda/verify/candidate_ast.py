@@ -37,6 +37,11 @@ SHAPE_OPS = {
     "current_stream", "default_stream", "synchronize", "is_available", "set_device", "copy_",
 }
 
+# Random draws from torch's generator: a forward that draws (an initial state, a dropout mask) makes
+# its program draw the same distribution; a draw is no part of the model's compute.
+RANDOM_DRAWS = {"rand", "randn", "randint", "randperm", "normal", "rand_like", "randn_like", "randint_like",
+                "bernoulli", "multinomial", "uniform_", "normal_", "bernoulli_", "random_", "exponential_"}
+
 
 def dotted_name(node: ast.AST) -> str:
     """``torch.nn.functional.linear`` for an attribute chain, '' when it is not one."""
@@ -257,7 +262,8 @@ def torch_compute(node: ast.AST, mod: CandidateModule, owner: str) -> list[str]:
                 continue_ = op is None
                 if continue_:
                     continue
-            elif callee.startswith(("torch.", "F.", "nn.functional.", "functional.")) and last not in SHAPE_OPS:
+            elif callee.startswith(("torch.", "F.", "nn.functional.", "functional.")) and last not in SHAPE_OPS \
+                    and last not in RANDOM_DRAWS:
                 if not callee.startswith(("torch.cuda.", "torch.utils.", "torch.backends.", "torch.nn.Parameter")):
                     op = callee if callee == written else f"{callee} (as {written})"
             elif isinstance(sub.func, ast.Attribute) and (last in HEAVY_OPS or last in TENSOR_COMPUTE_METHODS):

@@ -46,7 +46,7 @@ def failure_of(verdict: Verdict) -> Failure | None:
     if verdict.passed:
         return None
     if verdict.reference_error:
-        return failure("error", "the reference failed to run: " + _first_line(verdict.reference_error))
+        return failure("error", "unusable task: " + _first_line(verdict.reference_error))
     crash = verdict.crash
     if crash is not None and crash.kind == "timeout":
         return failure("timeout", f"during {crash.phase}: {_last_line(crash.message)}")

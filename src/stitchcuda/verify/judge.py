@@ -9,6 +9,7 @@ from stitchcuda.verify.feedback import WEIGHTS_DIFFER, feedback_for
 from stitchcuda.verify.protocol import WorkerResult
 from stitchcuda.verify.static_report import StaticReport
 from stitchcuda.verify.verdict import (
+    SEED_DEPENDENT,
     CrashReport,
     Finding,
     HackingReport,
@@ -105,7 +106,8 @@ def judge(
                       "KernelBench's harness does not restore them and judges its reference under them; "
                       "leave global state alone")
     if result.reference_error:
-        errors.append("the reference failed to run: " + _first_line(result.reference_error))
+        seeds = result.reference_error.startswith(SEED_DEPENDENT)  # it ran: its output is the problem
+        errors.append(("" if seeds else "the reference failed to run: ") + _first_line(result.reference_error))
     for ext in build_failed:
         first = next((m for m in ext.messages if m.severity == "error"), None)
         in_py = f" (candidate line {first.candidate_line})" if first and first.candidate_line else ""

@@ -28,6 +28,9 @@ DATA_MOVEMENT_OPS = {"aten::empty", "aten::empty_like", "aten::zeros", "aten::ze
                      "aten::zero_", "aten::copy_", "aten::contiguous", "aten::clone", "aten::cat", "aten::to",
                      "aten::_to_copy", "aten::empty_strided", "aten::ones", "aten::full", "aten::stack",
                      "aten::new_zeros", "aten::new_empty", "aten::resize_"}
+# Random draws from torch's generator: a program draws what the reference's forward draws.
+RANDOM_DRAW_OPS = {"aten::rand", "aten::randn", "aten::randint", "aten::randperm", "aten::normal", "aten::uniform_",
+                   "aten::normal_", "aten::random_", "aten::bernoulli_", "aten::rand_like", "aten::randn_like"}
 _SYNC_CALLS = {"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy",
                "cudaMemcpyAsync+sync", "cuCtxSynchronize", "cudaStreamQuery"}
 
@@ -231,7 +234,7 @@ def _inside(evt: Any, scope: Any) -> bool:
 
 def pytorch_compute_share(profile: ProgramProfile) -> tuple[float, list[str]]:
     """Share of GPU time in PyTorch operators that compute (not allocation or copies), and which."""
-    compute = [op for op in profile.ops if op.name not in DATA_MOVEMENT_OPS]
+    compute = [op for op in profile.ops if op.name not in DATA_MOVEMENT_OPS | RANDOM_DRAW_OPS]
     return sum(op.share for op in compute), [f"{op.name} {op.share:.0%}" for op in compute[:5]]
 
 

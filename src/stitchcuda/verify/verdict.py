@@ -84,8 +84,28 @@ class TrialResult(BaseModel):
     error: str | None = None
 
 
+# how the Verifier's refusal of a task whose output depends on its random draws begins
+SEED_DEPENDENT = "the reference draws random numbers and its output depends on them"
+
+
+class SeedCheck(BaseModel):
+    """A reference that draws random numbers, run on the same inputs under two seeds: its task is
+    verifiable only where the two outputs agree within the tolerance."""
+
+    seeds: tuple[int, int]
+    agree: bool
+    max_abs_difference: float | None = None
+    error: str | None = None  # what the comparison found where they do not agree
+
+
 class CorrectnessReport(BaseModel):
     trials: list[TrialResult] = []
+    state: list[str] = Field(
+        [], description="tensors the reference's forward changes (reassigned attributes, buffers): the trials are "
+                        "one sequence of calls from one starting state, and both models' state is saved and restored "
+                        "around every other call (profiling, timing, baselines, the post-timing trial)")
+    random_draws: SeedCheck | None = Field(
+        None, description="the reference draws random numbers: the two-seed check that made it verifiable")
     weights: Literal["copied", "seeded", "none"] = Field(
         "none", description="copied: the reference's state_dict was loaded into ModelNew; seeded: same seed only",
     )

@@ -38,11 +38,19 @@ from stitchcuda.verify.correctness import make_trial_inputs
 from stitchcuda.verify.crash import CandidateFailed, classify_error, fail, short_traceback
 from stitchcuda.verify.escape import escaped_work
 from stitchcuda.verify.harness_guard import HarnessGuard
+from stitchcuda.verify.model_state import ModelState, draws_random, kept, seed_check
 from stitchcuda.verify.profile_checks import check_speed_of_light, profile_both
 from stitchcuda.verify.protocol import WorkerRequest, WorkerResult
 from stitchcuda.verify.torch_state import TorchState, set_tf32
 from stitchcuda.verify.trials import passes_with_copied_weights, run_trials, same_state_layout
-from stitchcuda.verify.verdict import BuildReport, CorrectnessReport, CrashReport, DeviceInfo, Finding
+from stitchcuda.verify.verdict import (
+    SEED_DEPENDENT,
+    BuildReport,
+    CorrectnessReport,
+    CrashReport,
+    DeviceInfo,
+    Finding,
+)
 
 
 class Progress:
@@ -241,16 +249,28 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
         init_inputs = list(inspect_task_module(reference, device)[0])
         torch.manual_seed(config.seed)
         ref_model = reference.Model(*init_inputs).to(device)
+        ref_start = ModelState.capture(ref_model)
         # One forward before any candidate code exists in this process: a reference that
         # cannot run is an unusable task, never blamed on the candidate.
+        first_inputs = make_trial_inputs(reference.get_inputs, config.seed, "given", device)
         with torch.no_grad():
-            ref_model(*make_trial_inputs(reference.get_inputs, config.seed, "given", device))
+            draws = draws_random(lambda: ref_model(*first_inputs), device)[1]  # its output dropped now
+            state = ref_start.changed(ref_model)
+            ref_start.restore(ref_model)  # both models start from the state construction left
+            seeds = seed_check(ref_model, first_inputs, ref_start, config.seed, config.tol) if draws else None
+        first_inputs.clear()  # a level-1 task's inputs can take gigabytes
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except Exception as exc:
         result.reference_error = str(exc) if isinstance(exc, TaskError) else user_error(exc, request.reference_path or "")
         return
     result.reference_s = time.perf_counter() - started
+    if seeds is not None and not seeds.agree:
+        result.reference_error = (
+            f"{SEED_DEPENDENT}: on the same inputs, seeds "
+            f"{seeds.seeds[0]} and {seeds.seeds[1]} give outputs {seeds.max_abs_difference or float('nan'):.3g} apart "
+            f"at most ({seeds.error}); no program can be checked against it")
+        return
 
     clean_state = TorchState.capture()
     seen_changes: set[str] = set()
@@ -293,10 +313,11 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
         if config.weights == "copy" and same_state_layout(ref_model, new_model):
             new_model.load_state_dict(ref_model.state_dict())
             weights = "copied"
+        new_start = ModelState.capture(new_model)
     except BaseException as exc:
         fail(result, exc, progress.phase)
     audit_state("in __init__")
-    result.correctness = CorrectnessReport(weights=weights)
+    result.correctness = CorrectnessReport(weights=weights, state=state, random_draws=seeds)
 
     progress("correctness")
     started = time.perf_counter()
@@ -305,6 +326,8 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
         trials = result.correctness.trials
         passed = bool(trials) and all(t.passed for t in trials)
         if not passed and weights == "seeded" and trials and trials[0].max_abs_error is not None:
+            ref_start.restore(ref_model)  # one call each, from the same state
+            new_start.restore(new_model)
             result.correctness.passes_with_copied_weights = passes_with_copied_weights(
                 request, reference, ref_model, new_model, device)
             audit_state("with copied weights")
@@ -315,19 +338,19 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
     if config.profile and device.type == "cuda":
         progress("profile")
         started = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), kept(ref_model, new_model):
             profile_both(request, result, reference, ref_model, new_model, device)
         audit_state("while profiled")
         result.profile_s = time.perf_counter() - started
 
     progress("timing")
-    with torch.no_grad():
+    with torch.no_grad(), kept(new_model):
         try:  # work left running beyond the caller's stream escapes event-based timers (verify/escape.py)
             result.findings.extend(escaped_work(new_model, reference.get_inputs, config.seed, device))
         except BaseException as exc:
             fail(result, exc, "escape probe")
     started = time.perf_counter()
-    with torch.no_grad():
+    with torch.no_grad(), kept(ref_model, new_model):  # the post-timing trial goes on from the trials' state
         time_candidate(request, result, reference, ref_model, new_model, device)
     audit_state("during timing", threads=False)  # torch.compile's baseline starts worker threads
     result.timing_s = time.perf_counter() - started - result.baselines_s
