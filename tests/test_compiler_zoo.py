@@ -184,3 +184,10 @@ def test_the_coverage_report_names_the_core_operators_without_a_lowering():
                                    "aten._pdist_forward", "aten.diagonal", "aten.grid_sampler_2d",
                                    "aten.masked_scatter", "aten.nonzero"}, report.missing
     assert report.covered["aten.rand"].startswith("drawn by the program")
+
+
+def test_data_dependent_sizes_are_refused_with_the_operator_named():
+    """MoE routing (torch.where on a mask, index_select/index_add of the rows it finds): torch.export
+    captures it with an unbacked size; the compiler says so instead of failing inside its reading."""
+    with pytest.raises(CaptureError, match=r"shapes depend on its data: nonzero .*mixture-of-experts"):
+        compile_task(load_task_file(Path(__file__).parent / "fixtures" / "compiler_refusals" / "moe_routing.py"))

@@ -268,6 +268,7 @@ def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise CaptureError(f"torch.export could not capture the forward ({type(exc).__name__}: {first[:300]}); "
                            "the offline Coder needs a graph without data-dependent control flow") from exc
+    _static_shapes(exported)
     graph = _describe(task.name, exported)
     if any(p.kind == "constant" for p in graph.placeholders) and any(
             getattr(v, "is_meta", False) for v in exported.constants.values()):
@@ -283,6 +284,27 @@ def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
     _draws_as_arguments(graph)
     graph.state = state
     return graph
+
+
+def _static_shapes(exported: Any) -> None:
+    """Refuse, naming the operator, a capture whose sizes depend on the data (``torch.where(mask)``,
+    ``nonzero``, boolean indexing: mixture-of-experts routing). torch.export captures them with an
+    unbacked size symbol; the compiler's programs have static shapes. Sizing every such buffer by
+    its upper bound would need each kernel after it to read the true count at run time (GEMMs
+    over the bound, reductions and index_add masked by it): not built."""
+    import torch
+
+    for node in exported.graph.nodes:
+        val = node.meta.get("val")
+        values = val if isinstance(val, (list, tuple)) else [val]
+        for v in values:
+            if isinstance(v, torch.Tensor) and not all(isinstance(d, int) for d in v.shape):
+                target = getattr(node.target, "__name__", str(node.target))
+                raise CaptureError(
+                    f"the forward's shapes depend on its data: {node.name} ({target}) has data-dependent size "
+                    f"{tuple(str(d) for d in v.shape)} (torch.where on a mask, nonzero or boolean indexing, as in "
+                    "mixture-of-experts routing); the compiler writes programs of static shapes and does not size "
+                    "buffers by an upper bound yet")
 
 
 def _draws_as_arguments(graph: OpGraph) -> None:
@@ -354,6 +376,16 @@ def _export(model: Any, inputs: list[Any], decompose: frozenset[str]) -> Any:
 
 
 def _describe(name: str, exported: Any) -> OpGraph:
+    try:
+        return _graph_of(name, exported)
+    except CaptureError:
+        raise
+    except Exception as exc:  # an exported graph of a form this reading does not know
+        raise CaptureError(f"the captured graph could not be read: {type(exc).__name__}: "
+                           f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}") from exc
+
+
+def _graph_of(name: str, exported: Any) -> OpGraph:
     import operator
 
     sig = exported.graph_signature
