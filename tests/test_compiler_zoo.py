@@ -173,6 +173,22 @@ def test_each_class_passes_the_verifier_under_strict(name, tmp_path, gpu_cache, 
     print(f"\n{name}: {best['milliseconds']:.3f} ms, " + ", ".join(f"{k} {v:.2f}x" for k, v in best["speedup"].items()))
 
 
+@pytest.mark.gpu
+def test_a_task_whose_output_depends_on_its_draws_is_refused_with_the_measurement(tmp_path, gpu_cache, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from stitchcuda.cli import app
+
+    monkeypatch.setenv("STITCHCUDA_CACHE", str(gpu_cache))
+    result = CliRunner().invoke(app, ["optimize", str(CLASSES / "dropout_train.py"), "--coder", "offline",
+                                      "--max-steps", "1", "--workspace", str(tmp_path / "ws"), "--json"])
+    text = json.loads(result.stdout)
+    print("\n" + json.dumps(text)[:600])
+    assert "the reference draws random numbers and its output depends on them" in json.dumps(text)
+
+
 def test_the_coverage_report_names_the_core_operators_without_a_lowering():
     """Every core-ATen forward operator is lowered, decomposed or refused by design, except the ones
     named here; a lowering lost (or gained) shows in this list."""

@@ -271,14 +271,14 @@ def test_prebuild_makes_the_build_kernelbench_finds(tmp_path):
 
 def test_integer_inputs_are_cast_back_for_kernelbench_whose_harness_makes_every_input_float32():
     """KernelBench casts every input to float32, token ids too: both models, wrapped, cast them back
-    first; the wrapped classes keep their constructors and state_dict keys."""
+    first; the classes keep their constructors (``super(Model, self)`` included) and state_dict keys."""
     import torch
 
     from stitchcuda.verify.kernelbench_harness import _restore_inputs, integer_inputs
 
     reference = (
         "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
-        "    def __init__(self):\n        super().__init__()\n        self.table = nn.Embedding(50, 8)\n\n"
+        "    def __init__(self):\n        super(Model, self).__init__()\n        self.table = nn.Embedding(50, 8)\n\n"
         "    def forward(self, ids, mask):\n        return self.table(ids) * mask.unsqueeze(-1)\n\n\n"
         "def get_inputs():\n    return [torch.randint(0, 50, (2, 5)), torch.ones(2, 5, dtype=torch.bool)]\n\n\n"
         "def get_init_inputs():\n    return []\n")

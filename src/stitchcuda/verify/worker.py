@@ -269,7 +269,7 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
         result.reference_error = (
             f"{SEED_DEPENDENT}: on the same inputs, seeds "
             f"{seeds.seeds[0]} and {seeds.seeds[1]} give outputs {seeds.max_abs_difference or float('nan'):.3g} apart "
-            f"at most ({seeds.error}); no program can be checked against it")
+            f"at most ({seeds.error}), so no program can be checked against it")
         return
 
     clean_state = TorchState.capture()
