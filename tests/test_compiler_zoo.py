@@ -207,3 +207,19 @@ def test_data_dependent_sizes_are_refused_with_the_operator_named():
     captures it with an unbacked size; the compiler says so instead of failing inside its reading."""
     with pytest.raises(CaptureError, match=r"shapes depend on its data: nonzero .*mixture-of-experts"):
         compile_task(load_task_file(Path(__file__).parent / "fixtures" / "compiler_refusals" / "moe_routing.py"))
+
+
+def test_a_recurrent_layer_final_states_take_the_initial_states_shapes():
+    """torch 2.11's meta kernel gives a bidirectional LSTM's c_n an extra dim; the program returned
+    [4, 1, 4, 256] for [4, 4, 256] there. The capture takes the final states' shapes from h0/c0."""
+    from stitchcuda.compiler.graph import TensorMeta, _recurrent_state_shapes
+
+    graph = compile_task(load_task_file(CLASSES / "recurrent_layers.py")).graph
+    layers = [n for n in graph.nodes if n.op == "aten.lstm" and isinstance(n.args[1], list)
+              and all(isinstance(a, str) for a in n.args[1])]
+    assert layers
+    node = layers[0]
+    right = node.out[2].shape
+    node.out[2] = TensorMeta(shape=[right[0], 1, *right[1:]], dtype="float32")  # what torch 2.11 records
+    _recurrent_state_shapes(graph)
+    assert node.out[2].shape == right

@@ -432,12 +432,30 @@ def _graph_of(name: str, exported: Any) -> OpGraph:
             n.op, n.overload, n.args = "stitchcuda.int_add", "default", [n.args[0], step]
     graph = OpGraph(task=name, placeholders=placeholders, nodes=nodes, outputs=outputs, getitems=getitems,
                     mutations=mutations)
+    _recurrent_state_shapes(graph)
     for n in nodes:  # eval-mode BatchNorm as the one operator the conv/GEMM epilogues fold
         if n.op == "aten._native_batch_norm_legit_no_training":
             x, w, b, mean, var, momentum, eps = n.args
             n.op, n.args, n.out = "aten.batch_norm", [x, w, b, mean, var, False, momentum, eps, True], n.out[:1]
             _single_output(graph, n.name)
     return graph
+
+
+_RECURRENT_LAYERS = ("aten.lstm", "aten.gru", "aten.rnn_tanh", "aten.rnn_relu")
+
+
+def _recurrent_state_shapes(graph: OpGraph) -> None:
+    """A whole recurrent layer's final states have the shapes of its initial states. torch 2.11's
+    meta kernel gives a bidirectional LSTM's ``c_n`` an extra dim ([4, 1, 4, 256] for [4, 4, 256]),
+    which the program would then return: the shapes are taken from the initial states instead."""
+    for n in graph.nodes:
+        if n.op not in _RECURRENT_LAYERS or n.overload != "input" or len(n.args) < 2:
+            continue
+        states = n.args[1] if isinstance(n.args[1], list) else [n.args[1]]
+        for k, state in enumerate(states[:len(n.out) - 1]):
+            meta = graph.meta(state[1:]) if isinstance(state, str) and state.startswith("%") else None
+            if meta is not None and meta.numel == n.out[k + 1].numel:
+                n.out[k + 1] = meta.model_copy()
 
 
 def _single_output(graph: OpGraph, name: str) -> None:
