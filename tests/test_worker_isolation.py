@@ -287,3 +287,17 @@ def test_a_task_whose_output_depends_on_its_draws_is_unusable_with_the_measureme
 def test_draws_the_output_forgets_are_verifiable(verifier):
     v = verifier.verify(load_task_file(CPU / "forgotten_draw.py"), load_candidate(CPU / "forgotten_draw_new.py"))
     assert v.correct and v.correctness.random_draws is not None and v.correctness.random_draws.agree
+
+
+def test_an_ill_conditioned_trial_is_judged_against_fp64_within_the_reference_own_error(verifier):
+    """(a * 1e4 + b) - a * 1e4: the fp32 reference misses fp64 by ~5e-4 > 1e-4, so an exact program
+    fails against it; judged against fp64 it passes, and a program off by 0.01 still fails."""
+    task = load_task_file(CPU / "cancellation.py")
+    v = verifier.verify(task, load_candidate(CPU / "cancellation_reordered.py"))
+    assert v.correct, [t.error for t in v.correctness.trials]
+    check = v.correctness.trials[0].conditioning
+    assert check is not None and check.passed and check.candidate_max_abs < check.reference_max_abs
+    assert check.reference_max_abs > 1e-4
+    v = verifier.verify(task, load_candidate(CPU / "cancellation_wrong.py"))
+    assert not v.correct and v.correctness.trials[0].conditioning is not None
+    assert not v.correctness.trials[0].conditioning.passed

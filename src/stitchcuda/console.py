@@ -73,6 +73,15 @@ def verdict_view(v: Verdict) -> Group:
             trials.add_row(str(t.index), t.distribution, t.order, _yes_no(t.passed),
                            _num(t.max_abs_error), _num(t.max_rel_error), _num(t.rel_l2_error))
         parts.append(trials)
+        for t in v.correctness.trials:
+            if t.conditioning is not None:
+                c = t.conditioning
+                parts.append(Text(
+                    f"trial {t.index}: the fp32 reference itself misses its fp64 value by {c.reference_max_abs:.3g} "
+                    f"(rel L2 {c.reference_rel_l2:.2g}), beyond the tolerance; judged against fp64 the candidate "
+                    f"misses by {c.candidate_max_abs:.3g} (rel L2 {c.candidate_rel_l2:.2g}): "
+                    f"{'within' if c.passed else 'beyond'} {c.factor:g}x the reference's own error",
+                    style="green" if c.passed else "red"))
 
     if v.timing:
         timing = Table(title=f"timing ({v.timing.method})", title_justify="left")

@@ -67,6 +67,19 @@ class BuildReport(BaseModel):
         return all(e.ok for e in self.extensions)
 
 
+class ConditioningCheck(BaseModel):
+    """A trial the tolerance cannot judge: the fp32 reference itself misses the fp64 value of the
+    same model on the same inputs by more than the tolerance. The candidate is then judged against
+    fp64, within ``factor`` times the fp32 reference's own error (largest and relative L2)."""
+
+    reference_max_abs: float  # |fp32 reference - fp64 reference|, largest
+    reference_rel_l2: float
+    candidate_max_abs: float  # |candidate - fp64 reference|, largest
+    candidate_rel_l2: float
+    factor: float
+    passed: bool
+
+
 class TrialResult(BaseModel):
     """One correctness trial: fresh seed and input distribution, one order of runs."""
 
@@ -82,6 +95,8 @@ class TrialResult(BaseModel):
     elements: int = 0
     worst: str | None = Field(None, description="where the largest error is, with both values")
     error: str | None = None
+    conditioning: ConditioningCheck | None = Field(
+        None, description="the fp32 reference missed fp64 beyond the tolerance: the candidate judged against fp64")
 
 
 # how the Verifier's refusal of a task whose output depends on its random draws begins

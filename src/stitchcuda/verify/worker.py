@@ -34,6 +34,7 @@ from stitchcuda.verify import profiling
 from stitchcuda.verify.baselines import time_candidate
 from stitchcuda.verify.build import BuildFailed, ExtensionBuilder
 from stitchcuda.verify.caching import stale_outputs
+from stitchcuda.verify.conditioning import Fp64Reference
 from stitchcuda.verify.correctness import make_trial_inputs
 from stitchcuda.verify.crash import CandidateFailed, classify_error, fail, short_traceback
 from stitchcuda.verify.escape import escaped_work
@@ -322,7 +323,11 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
     progress("correctness")
     started = time.perf_counter()
     with torch.no_grad():
-        run_trials(request, result, reference, ref_model, new_model, device, audit_state, progress.checkpoint)
+        # an fp64 re-run of the reference is the same computation only without state it reads or draws
+        fp64 = None if draws or any(not _batch_statistics(name) for name in state) else Fp64Reference(ref_model)
+        run_trials(request, result, reference, ref_model, new_model, device, audit_state, progress.checkpoint, fp64)
+        if fp64 is not None:
+            fp64.release()
         trials = result.correctness.trials
         passed = bool(trials) and all(t.passed for t in trials)
         if not passed and weights == "seeded" and trials and trials[0].max_abs_error is not None:
@@ -361,6 +366,11 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
             fail(result, exc, "post-timing trial")
     audit_state("in the post-timing trial", threads=False)
     check_speed_of_light(result)
+
+
+def _batch_statistics(name: str) -> bool:
+    """BatchNorm's running statistics: state a training-mode forward writes and never reads."""
+    return name.rsplit(".", 1)[-1] in ("running_mean", "running_var", "num_batches_tracked")
 
 
 def standby(profile: bool) -> None:
