@@ -298,6 +298,7 @@ def test_an_ill_conditioned_trial_is_judged_against_fp64_within_the_reference_ow
     check = v.correctness.trials[0].conditioning
     assert check is not None and check.passed and check.candidate_max_abs < check.reference_max_abs
     assert check.reference_max_abs > 1e-4
+    assert v.timing is not None and not [f for f in v.hacking.findings if f.check == "output_caching"]  # post-timing too
     v = verifier.verify(task, load_candidate(CPU / "cancellation_wrong.py"))
     assert not v.correct and v.correctness.trials[0].conditioning is not None
     assert not v.correctness.trials[0].conditioning.passed

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
+from stitchcuda.verify.conditioning import judge_against_fp64
 from stitchcuda.verify.correctness import compare_outputs, make_trial_inputs
 from stitchcuda.verify.torch_state import set_tf32
 from stitchcuda.verify.verdict import Finding
@@ -176,10 +177,16 @@ def _detached(value: Any, device: Any = None) -> Any:
     return value
 
 
-def stale_outputs(model: Any, ref_model: Any, get_inputs: Callable[[], Any], config: Any, device: Any) -> list[Finding]:
-    """The worker's step after timing: the post-timing trial on seeds no other trial used."""
+def stale_outputs(model: Any, ref_model: Any, get_inputs: Callable[[], Any], config: Any, device: Any,
+                  fp64: Any = None) -> list[Finding]:
+    """The worker's step after timing: the post-timing trial on seeds no other trial used. ``fp64``
+    (verify/conditioning.py): judges a comparison the fp32 reference itself cannot pass, as the
+    correctness trials do, so an ill-conditioned task is not read as a stale output."""
+    last_args: list[Any] = []
+
     def run_reference(args: list[Any]) -> Any:
         set_tf32(False)
+        last_args[:] = [a.clone() if isinstance(a, torch.Tensor) else a for a in args] if fp64 is not None else []
         return _detached(ref_model(*args))
 
     def run_candidate(args: list[Any]) -> Any:
@@ -192,9 +199,18 @@ def stale_outputs(model: Any, ref_model: Any, get_inputs: Callable[[], Any], con
             torch.cuda.synchronize(device)
         return _detached(out, device)
 
+    def compare(ref: Any, cand: Any) -> Any:
+        found = compare_outputs(ref, cand, config.tol)
+        if found.passed or found.max_abs_error is None or fp64 is None or not last_args:
+            return found
+        exact = fp64(last_args)
+        check = None if exact is None else judge_against_fp64(ref, cand, exact, config.tol)
+        if check is not None and check.passed:
+            found.passed, found.error = True, None
+        return found
+
     trial = post_timing_trial(
         run_candidate, run_reference,
-        lambda k: make_trial_inputs(get_inputs, config.seed + config.trials + 1 + k, "given", device),
-        lambda ref, cand: compare_outputs(ref, cand, config.tol))
+        lambda k: make_trial_inputs(get_inputs, config.seed + config.trials + 1 + k, "given", device), compare)
     finding = stale_output_finding(trial)
     return [finding] if finding else []

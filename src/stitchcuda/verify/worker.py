@@ -326,8 +326,9 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
         # an fp64 re-run of the reference is the same computation only without state it reads or draws
         fp64 = None if draws or any(not _batch_statistics(name) for name in state) else Fp64Reference(ref_model)
         run_trials(request, result, reference, ref_model, new_model, device, audit_state, progress.checkpoint, fp64)
-        if fp64 is not None:
-            fp64.release()
+        conditioned = fp64 is not None and any(t.conditioning is not None for t in result.correctness.trials)
+        if fp64 is not None and not conditioned:
+            fp64.release()  # kept for the post-timing trial only where a trial needed it
         trials = result.correctness.trials
         passed = bool(trials) and all(t.passed for t in trials)
         if not passed and weights == "seeded" and trials and trials[0].max_abs_error is not None:
@@ -361,7 +362,8 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
     result.timing_s = time.perf_counter() - started - result.baselines_s
     with torch.no_grad():
         try:  # outputs gone stale after the timed calls, or cached on the inputs' identity (verify/caching.py)
-            result.findings.extend(stale_outputs(new_model, ref_model, reference.get_inputs, config, device))
+            result.findings.extend(stale_outputs(new_model, ref_model, reference.get_inputs, config, device,
+                                                 fp64 if conditioned else None))
         except BaseException as exc:
             fail(result, exc, "post-timing trial")
     audit_state("in the post-timing trial", threads=False)
