@@ -21,9 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from stitchcuda.agents.offline import variants
-from stitchcuda.compiler.codegen import CodegenOptions, generate
-from stitchcuda.compiler.fusion import fuse
-from stitchcuda.compiler.graph import capture
+from stitchcuda.compiler.capture.graph import capture
+from stitchcuda.compiler.emit.codegen import CodegenOptions, generate
+from stitchcuda.compiler.schedule.fusion import fuse
 from stitchcuda.task import resolve_tasks
 from stitchcuda.task.record import Candidate
 from stitchcuda.verify import Verifier

@@ -37,8 +37,8 @@ def _manifest(work: Path) -> list[dict]:
 
 def prepare(args: argparse.Namespace) -> None:
     from stitchcuda.compiler import compile_task
-    from stitchcuda.compiler.codegen import Unsupported
-    from stitchcuda.compiler.graph import CaptureError
+    from stitchcuda.compiler.capture.graph import CaptureError
+    from stitchcuda.compiler.emit.codegen import Unsupported
     from stitchcuda.task.load import bundled_tasks, load_kernelbench
 
     tasks = [t for level in (1, 2) for t in load_kernelbench(args.kernelbench, level)]

@@ -35,7 +35,7 @@ LABELS = {"cublas": "cuBLAS", "cutlass": "CUTLASS", "split": "split"}
 
 def prepare(args: argparse.Namespace) -> None:
     from stitchcuda.compiler import compile_task
-    from stitchcuda.compiler.codegen import CodegenOptions, generate
+    from stitchcuda.compiler.emit.codegen import CodegenOptions, generate
     from stitchcuda.task import resolve_tasks
 
     work = Path(args.out)

@@ -370,8 +370,8 @@ def _compile_one(path: str) -> dict:
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # small configs: its token-id notes are noise
     from stitchcuda.compiler import compile_task
-    from stitchcuda.compiler.codegen import Unsupported
-    from stitchcuda.compiler.graph import CaptureError
+    from stitchcuda.compiler.capture.graph import CaptureError
+    from stitchcuda.compiler.emit.codegen import Unsupported
     from stitchcuda.task.load import load_task_file
 
     start = time.process_time()

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from stitchcuda.compiler import compile_task
-from stitchcuda.compiler.codegen import Unsupported
-from stitchcuda.compiler.graph import CaptureError
+from stitchcuda.compiler.capture.graph import CaptureError
+from stitchcuda.compiler.emit.codegen import Unsupported
 from stitchcuda.task.load import load_kernelbench
 from stitchcuda.task.record import Task
 
@@ -172,7 +172,7 @@ def get_init_inputs():
 '''
     path = tmp_path / "bn.py"
     path.write_text(source)
-    from stitchcuda.compiler.graph import capture
+    from stitchcuda.compiler.capture.graph import capture
     from stitchcuda.task.load import load_task_file
 
     graph = capture(load_task_file(path))

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from stitchcuda.compiler import compile_task
-from stitchcuda.compiler.graph import CaptureError
+from stitchcuda.compiler.capture.graph import CaptureError
 from stitchcuda.task.load import load_task_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +118,7 @@ def test_state_reassigned_in_forward_is_a_buffer_the_program_updates():
 
 
 def test_every_reason_is_kept_and_the_summary_says_how_many_more():
-    from stitchcuda.compiler.expr import Unsupported
+    from stitchcuda.compiler.ir.expr import Unsupported
 
     exc = Unsupported("; ".join(f"group {i}: reason {i}" for i in range(7)))
     assert len(exc.reasons) == 7 and exc.reasons[-1] == "group 6: reason 6"
@@ -212,7 +212,7 @@ def test_data_dependent_sizes_are_refused_with_the_operator_named():
 def test_a_recurrent_layer_final_states_take_the_initial_states_shapes():
     """torch 2.11's meta kernel gives a bidirectional LSTM's c_n an extra dim; the program returned
     [4, 1, 4, 256] for [4, 4, 256] there. The capture takes the final states' shapes from h0/c0."""
-    from stitchcuda.compiler.graph import TensorMeta, _recurrent_state_shapes
+    from stitchcuda.compiler.capture.graph import TensorMeta, _recurrent_state_shapes
 
     graph = compile_task(load_task_file(CLASSES / "recurrent_layers.py")).graph
     layers = [n for n in graph.nodes if n.op == "aten.lstm" and isinstance(n.args[1], list)

@@ -121,9 +121,9 @@ def test_doctor_fetch_headers_fetches_only_the_missing_and_keeps_json(bare, monk
 @pytest.mark.nvcc
 def test_the_mlp_program_compiles_on_this_machine(tmp_path):
     """What `stitchcuda optimize mlp` writes without a GPU is compile-checked, also with a CPU torch."""
-    from stitchcuda.compiler.codegen import CodegenOptions, generate
-    from stitchcuda.compiler.fusion import fuse
-    from stitchcuda.compiler.graph import capture
+    from stitchcuda.compiler.capture.graph import capture
+    from stitchcuda.compiler.emit.codegen import CodegenOptions, generate
+    from stitchcuda.compiler.schedule.fusion import fuse
     from stitchcuda.task.load import resolve_tasks
     from tests.cuda_headers import toolkit
 

@@ -14,14 +14,14 @@ import pytest
 from pydantic import ValidationError
 
 from stitchcuda import machine
-from stitchcuda.compiler.cutlass_conv import (
+from stitchcuda.compiler.lowering.cutlass_conv import (
     CONV_ABI,
     CutlassConv,
     compile_check_conv,
     conv_supported,
     kernel_sources,
 )
-from stitchcuda.compiler.cutlass_gemm import CUDA_CFLAGS, cutlass_include
+from stitchcuda.compiler.lowering.cutlass_gemm import CUDA_CFLAGS, cutlass_include
 
 
 class ScConvArgs(ctypes.Structure):

@@ -10,8 +10,8 @@ import subprocess
 import pytest
 
 from stitchcuda import machine
-from stitchcuda.compiler import cutlass_gemm
-from stitchcuda.compiler.cutlass_gemm import (
+from stitchcuda.compiler.lowering import cutlass_gemm
+from stitchcuda.compiler.lowering.cutlass_gemm import (
     ABI,
     BIG,
     SMALL,

@@ -13,9 +13,9 @@ import pytest
 
 from stitchcuda.compiler import compile_task
 from stitchcuda.compiler.check import cuda_source
-from stitchcuda.compiler.codegen import CodegenOptions, generate, lower
-from stitchcuda.compiler.cutlass_conv import CutlassConv, compile_check_conv
-from stitchcuda.compiler.cutlass_gemm import CutlassGemm, compile_check_gemm, cutlass_include
+from stitchcuda.compiler.emit.codegen import CodegenOptions, generate, lower
+from stitchcuda.compiler.lowering.cutlass_conv import CutlassConv, compile_check_conv
+from stitchcuda.compiler.lowering.cutlass_gemm import CutlassGemm, compile_check_gemm, cutlass_include
 from stitchcuda.task import resolve_tasks
 
 CUTLASS = CodegenOptions(cutlass=True)
@@ -121,7 +121,7 @@ def test_a_folded_bias_keeps_c_so_a_residual_after_it_stays_in_the_epilogue_kern
 def test_a_deep_small_product_runs_as_slices_of_k_summed_after():
     """L1/6 (M = N = 256, K = 524288) fills 16 of 132 SMs as one GEMM: 32 batched slices of K
     into scratch, then one pass sums them; what the slices read is the product's own operands."""
-    from stitchcuda.compiler.lower_gemm import split_k_slices
+    from stitchcuda.compiler.lowering.lower_gemm import split_k_slices
 
     kb = Path(__file__).resolve().parents[2] / "shared" / "kernelbench" / "KernelBench" / "level1"
     if not kb.exists():
@@ -135,8 +135,8 @@ def test_a_deep_small_product_runs_as_slices_of_k_summed_after():
     assert "sc_sum_slices<<<256, 256, 0, stream>>>(a.x_split_k, a.o_matmul, 65536LL, 32);" in cuda_source(program)
     assert "split-K: K = 524288 as 32 slices" in program
     # the slices, read through the record's strides as CUTLASS reads them, sum to the product
-    from stitchcuda.compiler.lower_gemm import _slice_k
-    from stitchcuda.compiler.lowered import Gemm, Lowering
+    from stitchcuda.compiler.lowering.lower_gemm import _slice_k
+    from stitchcuda.compiler.lowering.lowered import Gemm, Lowering
 
     rng = np.random.default_rng(0)
     for a_trans, b_trans in ((False, False), (True, True)):

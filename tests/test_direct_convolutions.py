@@ -11,9 +11,9 @@ import re
 import pytest
 import torch
 
-from stitchcuda.compiler.codegen import CodegenOptions, generate, lower
-from stitchcuda.compiler.fusion import fuse
-from stitchcuda.compiler.graph import capture
+from stitchcuda.compiler.capture.graph import capture
+from stitchcuda.compiler.emit.codegen import CodegenOptions, generate, lower
+from stitchcuda.compiler.schedule.fusion import fuse
 from stitchcuda.task.load import resolve_tasks
 from tests.test_offline_codegen import cuda_source, simulate, task_from
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from stitchcuda.compiler.capture.graph import Node, TensorMeta
 from stitchcuda.compiler.check import cuda_source
 from stitchcuda.compiler.driver import compile_task
-from stitchcuda.compiler.expr import Unsupported
-from stitchcuda.compiler.families import FAMILIES, Strided
-from stitchcuda.compiler.families.norm_kernels import HELPERS_NAME
-from stitchcuda.compiler.graph import Node, TensorMeta
+from stitchcuda.compiler.ir.expr import Unsupported
+from stitchcuda.compiler.lowering.families import FAMILIES, Strided
+from stitchcuda.compiler.lowering.families.norm_kernels import HELPERS_NAME
 from stitchcuda.task.record import Task
 from tests.test_offline_codegen import assert_program_compiles
 

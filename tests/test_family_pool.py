@@ -13,12 +13,12 @@ import subprocess
 import pytest
 import torch
 
+from stitchcuda.compiler.capture.graph import Node, TensorMeta, capture
 from stitchcuda.compiler.check import cuda_source
-from stitchcuda.compiler.codegen import Unsupported, conv_geometry, generate, lower
-from stitchcuda.compiler.families import FAMILIES, Strided
-from stitchcuda.compiler.families.pool import POOLS, lower_pool, out_size, windows
-from stitchcuda.compiler.fusion import fuse, op_role
-from stitchcuda.compiler.graph import Node, TensorMeta, capture
+from stitchcuda.compiler.emit.codegen import Unsupported, conv_geometry, generate, lower
+from stitchcuda.compiler.lowering.families import FAMILIES, Strided
+from stitchcuda.compiler.lowering.families.pool import POOLS, lower_pool, out_size, windows
+from stitchcuda.compiler.schedule.fusion import fuse, op_role
 from stitchcuda.task.record import Task
 
 HEAD = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n"

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
+from stitchcuda.compiler.capture.graph import Node, TensorMeta, capture
 from stitchcuda.compiler.check import cuda_source
-from stitchcuda.compiler.codegen import generate
-from stitchcuda.compiler.expr import Unsupported
-from stitchcuda.compiler.families import FAMILIES, KernelCall, Strided
-from stitchcuda.compiler.families.reduce import split_dims
-from stitchcuda.compiler.fusion import fuse
-from stitchcuda.compiler.graph import Node, TensorMeta, capture
+from stitchcuda.compiler.emit.codegen import generate
+from stitchcuda.compiler.ir.expr import Unsupported
+from stitchcuda.compiler.lowering.families import FAMILIES, KernelCall, Strided
+from stitchcuda.compiler.lowering.families.reduce import split_dims
+from stitchcuda.compiler.schedule.fusion import fuse
 from stitchcuda.task.load import load_task_file
 from tests.test_offline_codegen import assert_program_compiles
 

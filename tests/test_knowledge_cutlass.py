@@ -10,7 +10,7 @@ import pytest
 
 from stitchcuda.agents.knowledge import load_notes
 from stitchcuda.agents.knowledge.index import NOTES_DIR
-from stitchcuda.compiler.cutlass_gemm import cutlass_include
+from stitchcuda.compiler.lowering.cutlass_gemm import cutlass_include
 from stitchcuda.verify.precision import arithmetic_of
 from tests.cuda_headers import HeadersMissing, toolkit
 from tests.cuda_headers import include_dirs as cuda_include_dirs

@@ -206,3 +206,31 @@ def test_the_walk_sees_every_kind_of_import():
                      (3, "stitchcuda.task", False), (4, "stitchcuda.machine", False),
                      (7, "stitchcuda.agents.loop", True)]
     assert package_cycles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c"]]
+
+
+# The compiler's stages, bottom to top: a stage imports its own modules and lower stages only. The
+# pipeline runs capture -> ir -> schedule -> lowering -> emit; scheduling sits above lowering
+# because it forms a group only where a lowering accepts it (it asks the lowering registry).
+COMPILER_STAGES = ["check", "capture", "ir", "lowering", "schedule", "emit", "driver"]
+
+
+def compiler_stage(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["stitchcuda", "compiler"]:
+        return None
+    if len(parts) == 2 or parts[2] in ("driver", "coverage"):
+        return "driver"
+    return parts[2]
+
+
+def test_the_compiler_stages_point_one_way():
+    """capture < ir < lowering < schedule < emit < driver (check.py, nvcc's compile check, is a leaf)."""
+    upward = []
+    for imp in all_imports():
+        mine, theirs = compiler_stage(module_name(imp.file)), compiler_stage(imp.module)
+        if mine is None or theirs is None:
+            continue
+        assert mine in COMPILER_STAGES and theirs in COMPILER_STAGES, (mine, theirs)
+        if COMPILER_STAGES.index(theirs) > COMPILER_STAGES.index(mine):
+            upward.append(f"{imp.where()}: {mine} imports {imp.module} ({theirs})")
+    assert not upward, "\n".join(upward)

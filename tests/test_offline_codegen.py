@@ -15,11 +15,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from stitchcuda.compiler.codegen import CodegenOptions, Unsupported, generate, lower, split_cuda, supported
-from stitchcuda.compiler.evaluate import evaluate
-from stitchcuda.compiler.expr import numel
-from stitchcuda.compiler.fusion import FusionGroup, fuse
-from stitchcuda.compiler.graph import OpGraph, capture
+from stitchcuda.compiler.capture.graph import OpGraph, capture
+from stitchcuda.compiler.emit.codegen import (
+    CodegenOptions,
+    Unsupported,
+    generate,
+    lower,
+    split_cuda,
+    supported,
+)
+from stitchcuda.compiler.ir.evaluate import evaluate
+from stitchcuda.compiler.ir.expr import numel
+from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.schedule.fusion import fuse
 from stitchcuda.task.load import bundled_task_names, resolve_tasks
 from stitchcuda.task.preset import with_sizes
 from stitchcuda.task.record import Task
@@ -164,7 +172,7 @@ def sgemm_colmajor(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, batch=1, sa=0, sb=0,
 def simulate_lt(g, flat: dict[str, torch.Tensor]) -> None:
     """What the emitted cublasLtMatmul computes, from the layouts (rows, cols, ld) and transposes
     its descriptors are made from: D = op(A) op(B) in column-major, + bias per row, activation."""
-    from stitchcuda.compiler.codegen import _lt_operands
+    from stitchcuda.compiler.emit.codegen import _lt_operands
 
     def buf(text):
         name, *off = text.split(" + ")
@@ -265,7 +273,7 @@ def simulate_tiny(text: str, flat: dict[str, torch.Tensor]) -> None:
 def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None):
     """Run the lowered program on the CPU: GEMMs through an emulation of the emitted cuBLAS
     calls, kernels through the IR evaluator; returns (outputs, reference outputs)."""
-    from stitchcuda.compiler.codegen import _Emitter
+    from stitchcuda.compiler.emit.codegen import _Emitter
 
     low = lower(graph, groups, options)
     emitter = _Emitter(low, options or CodegenOptions(), "t")

@@ -8,8 +8,9 @@ from collections import Counter
 import pytest
 
 from stitchcuda.agents.offline_planner import OfflinePlanner, describe
-from stitchcuda.compiler.fusion import FusionGroup, fuse
-from stitchcuda.compiler.graph import OpGraph, capture
+from stitchcuda.compiler.capture.graph import OpGraph, capture
+from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.schedule.fusion import fuse
 from stitchcuda.task import resolve_tasks
 from stitchcuda.task.record import Task
 from stitchcuda.verify.verdict import OpStat, ProgramProfile
@@ -95,7 +96,7 @@ def test_captures_in_threads_do_not_collide():
     # state, and before the capture lock every one of these failed on the first GPU bench
     from concurrent.futures import ThreadPoolExecutor
 
-    from stitchcuda.compiler.describe import graph_text
+    from stitchcuda.compiler.capture.describe import graph_text
 
     names = ["mlp", "swiglu_ffn", "small_cnn", "norm_softmax_gate", "causal_attention", "squeeze_excitation"]
     with ThreadPoolExecutor(len(names)) as pool:
@@ -387,7 +388,7 @@ def test_the_loop_hands_a_typed_coder_the_program_and_its_verdict(tmp_path):
 def test_the_llm_planner_reads_the_compiler_capture_in_the_model_mode(tmp_path):
     """One capture for every agent: the Planner's graph is the compiler's core-ATen graph, in the
     mode the task leaves the model (training-mode BatchNorm), with recurrent steps folded."""
-    from stitchcuda.compiler.describe import graph_text
+    from stitchcuda.compiler.capture.describe import graph_text
     from stitchcuda.task import load_task_file
 
     text, why = graph_text(TASKS["lstm_sequence"])

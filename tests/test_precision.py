@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from stitchcuda.compiler.cutlass_conv import CutlassConv
-from stitchcuda.compiler.cutlass_conv import kernel_sources as conv_sources
-from stitchcuda.compiler.cutlass_gemm import CutlassGemm
-from stitchcuda.compiler.cutlass_gemm import kernel_sources as gemm_sources
+from stitchcuda.compiler.lowering.cutlass_conv import CutlassConv
+from stitchcuda.compiler.lowering.cutlass_conv import kernel_sources as conv_sources
+from stitchcuda.compiler.lowering.cutlass_gemm import CutlassGemm
+from stitchcuda.compiler.lowering.cutlass_gemm import kernel_sources as gemm_sources
 from stitchcuda.task.record import Candidate, Task
 from stitchcuda.verify.config import VerifyConfig
 from stitchcuda.verify.feedback import feedback_for

@@ -9,9 +9,14 @@ import numpy as np
 import pytest
 
 from stitchcuda.compiler.check import cuda_source
-from stitchcuda.compiler.codegen import CodegenOptions, generate
-from stitchcuda.compiler.lowered import Conv, Gemm
-from stitchcuda.compiler.split_tf32 import plan_conv_split, plan_split, worth_splitting, worth_splitting_conv
+from stitchcuda.compiler.emit.codegen import CodegenOptions, generate
+from stitchcuda.compiler.lowering.lowered import Conv, Gemm
+from stitchcuda.compiler.lowering.split_tf32 import (
+    plan_conv_split,
+    plan_split,
+    worth_splitting,
+    worth_splitting_conv,
+)
 from stitchcuda.verify.precision import X3TF32, arithmetic_of
 from tests.test_cutlass_programs import _gemms
 from tests.test_cutlass_programs import _lowered as lowered

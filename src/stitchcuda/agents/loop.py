@@ -26,7 +26,7 @@ from stitchcuda.agents.knowledge import format_hits, identifiers_in_compiler_err
 from stitchcuda.agents.planner import PlanContext, Planner
 from stitchcuda.agents.records import Best, CoderRequest, Plan, RunState, SampleOutcome, StepRecord
 from stitchcuda.agents.routing import RoutingConfig, accepted, route
-from stitchcuda.compiler.describe import graph_text
+from stitchcuda.compiler.capture.describe import graph_text
 from stitchcuda.llm.base import Completion, LLMClient, LLMConfig, LLMError, LLMTimeout, Message
 from stitchcuda.store import RunStore
 from stitchcuda.task.record import Candidate, Task

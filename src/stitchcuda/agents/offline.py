@@ -24,7 +24,7 @@ from stitchcuda.agents.offline_planner import OfflinePlanner
 from stitchcuda.agents.planner import CallHook, PlanContext
 from stitchcuda.agents.records import Best, CoderRequest, Plan
 from stitchcuda.compiler import Compiled, compile_task
-from stitchcuda.compiler.codegen import CodegenOptions, generate
+from stitchcuda.compiler.emit.codegen import CodegenOptions, generate
 from stitchcuda.llm.base import Completion, LLMConfig, Message, Usage
 from stitchcuda.task.record import Task
 from stitchcuda.verify.verdict import Verdict

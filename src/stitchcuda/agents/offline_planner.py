@@ -14,9 +14,17 @@ import re
 from collections import Counter
 
 from stitchcuda.agents.records import Plan, Subtask
-from stitchcuda.compiler.fusion import FusionGroup, fuse, op_role
-from stitchcuda.compiler.graph import Node, OpGraph, TensorMeta, capture
-from stitchcuda.compiler.ops import CONV_OPS, GEMM_OPS, RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, SDPA_OPS, short
+from stitchcuda.compiler.capture.graph import Node, OpGraph, TensorMeta, capture
+from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.ir.ops import (
+    CONV_OPS,
+    GEMM_OPS,
+    RECURRENT_OPS,
+    RECURRENT_SEQUENCE_OPS,
+    SDPA_OPS,
+    short,
+)
+from stitchcuda.compiler.schedule.fusion import fuse, op_role
 from stitchcuda.task.record import Task
 from stitchcuda.verify.verdict import ProgramProfile
 

@@ -16,9 +16,9 @@ from stitchcuda.agents.knowledge import KnowledgeBase
 from stitchcuda.agents.loop import Budget, OptimizeConfig, Optimizer, Reporter, RunCrashed, summarize
 from stitchcuda.agents.offline import OFFLINE, OfflineCoder, OfflinePlannerAgent
 from stitchcuda.agents.routing import RoutingConfig
+from stitchcuda.compiler.capture.graph import CaptureError
 from stitchcuda.compiler.check import compile_check
-from stitchcuda.compiler.codegen import Unsupported, generate
-from stitchcuda.compiler.graph import CaptureError
+from stitchcuda.compiler.emit.codegen import Unsupported, generate
 from stitchcuda.hints import NO_GPU, OPTIMIZE_OFFLINE, OPTIMIZE_RESUME, OPTIMIZE_WITH_LLM, Hint
 from stitchcuda.llm import LLMError, PriceTable, make_client
 from stitchcuda.llm.base import LLMConfig

@@ -33,8 +33,8 @@ from stitchcuda.agents.loop import OptimizeConfig, Optimizer
 from stitchcuda.agents.offline import OfflineCoder, OfflinePlannerAgent
 from stitchcuda.bench.records import Attempt, BenchInfo, BenchResult, TaskResult
 from stitchcuda.bench.store import BenchRow, BenchStore
-from stitchcuda.compiler.codegen import Unsupported
-from stitchcuda.compiler.graph import CaptureError
+from stitchcuda.compiler.capture.graph import CaptureError
+from stitchcuda.compiler.emit.codegen import Unsupported
 from stitchcuda.llm import PriceTable, make_client
 from stitchcuda.store import RunStore
 from stitchcuda.task import TaskError, load_candidate

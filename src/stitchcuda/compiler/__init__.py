@@ -1,16 +1,15 @@
-"""The LLM-free Coder as a compiler: PyTorch reference -> one CUDA program.
+"""The LLM-free Coder as a compiler: PyTorch reference -> one CUDA program, in five stages, one
+subpackage each (layers point one way: capture < ir < lowering < schedule < emit < driver):
 
-    capture (graph.py: torch.export, core ATen, the model's own mode)
-      -> fusion groups (fusion.py, over ops.py's operator classes and grouping.py's bookkeeping)
-      -> a lowering per group (lower.py): fused GEMM/conv epilogues, row kernels, pointwise chains,
-         attention and recurrent cells (lower_*.py over expr.py's IR and formulas.py's operator
-         formulas, recorded as lowered.py's records), or an operator family's general lowering
-         (families/)
-      -> emitted CUDA and host program (emit.py, program.py, templates/, pymodule.py for ModelNew's
-         parameters); codegen.py is the front that names the whole
+    capture/   torch.export in the model's own mode -> core-ATen OpGraph
+    ir/        expressions, operator formulas and classes, the fusion-group record
+    schedule/  fusion groups, formed only where a lowering accepts them
+    lowering/  one registry of lowerings: fused group lowerings and per-operator families
+    emit/      CUDA kernels, the host program and ModelNew (templates/ is shared)
 
+driver.py runs them, splitting a group whose lowering refuses it; coverage.py reports the core-ATen
+operators without a lowering; check.py compile-checks a program with nvcc.
 :func:`compile_task` is the front door; it knows nothing of agents or of the Verifier's verdicts.
-evaluate.py runs the IR on the CPU, for tests.
 """
 
 from stitchcuda.compiler.driver import Compiled, compile_task

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from stitchcuda.compiler.expr import DATA_OPS, VIEWS
-from stitchcuda.compiler.families import FAMILIES
-from stitchcuda.compiler.formulas import ROW_OPS, is_pointwise
-from stitchcuda.compiler.lower_sequence import SEQUENCES
-from stitchcuda.compiler.lowered import CELLS, PLAIN_GEMM_OPS, SPLITS, ZEROS
-from stitchcuda.compiler.ops import (
+from stitchcuda.compiler.ir.expr import DATA_OPS, VIEWS
+from stitchcuda.compiler.ir.formulas import ROW_OPS, is_pointwise
+from stitchcuda.compiler.ir.ops import (
     CONST_OPS,
     CONV_OPS,
     COPY_OPS,
@@ -26,6 +23,9 @@ from stitchcuda.compiler.ops import (
     SUM_OPS,
     VIEW_OPS,
 )
+from stitchcuda.compiler.lowering.families import FAMILIES
+from stitchcuda.compiler.lowering.lower_sequence import SEQUENCES
+from stitchcuda.compiler.lowering.lowered import CELLS, PLAIN_GEMM_OPS, SPLITS, ZEROS
 
 
 class Coverage(BaseModel):
@@ -94,7 +94,7 @@ def _how(op: str, decomposed: set[str]) -> str | None:
 def coverage() -> Coverage:
     import torch
 
-    from stitchcuda.compiler.graph import keep_table
+    from stitchcuda.compiler.capture.graph import keep_table
 
     decomposed = {f"aten.{op._overloadpacket.__name__}" for op in keep_table()
                   if isinstance(op, torch._ops.OpOverload)}

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stitchcuda.compiler.codegen import CodegenOptions, Unsupported, generate, lower
-from stitchcuda.compiler.fusion import FusionGroup, fuse
-from stitchcuda.compiler.graph import KEEP, OpGraph, capture
-from stitchcuda.compiler.lowered import SPLITS
-from stitchcuda.compiler.rewrite import split_into_slices
+from stitchcuda.compiler.capture.graph import KEEP, OpGraph, capture
+from stitchcuda.compiler.emit.codegen import CodegenOptions, Unsupported, generate, lower
+from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.lowering.lowered import SPLITS
+from stitchcuda.compiler.schedule.fusion import fuse
+from stitchcuda.compiler.schedule.rewrite import split_into_slices
 from stitchcuda.task.record import Task
 
 # Kept operators whose decomposition the general lowerings take when a fused lowering refuses an

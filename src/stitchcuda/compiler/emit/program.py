@@ -1,0 +1,204 @@
+"""The candidate program: every lowered group's kernels and library calls in launch order, rendered
+into the CUDA translation unit (``templates/program.cu.j2``: argument checks, cached
+intermediates, an optional CUDA graph) and the Python module around it (``module.py.j2``)."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import keyword
+
+from stitchcuda.compiler.capture.graph import OpGraph
+from stitchcuda.compiler.emit.emit import Emitter
+from stitchcuda.compiler.emit.pymodule import REFERENCE_CLASS, reference_init_source
+from stitchcuda.compiler.ir.expr import Unsupported
+from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.lowering.cutlass_conv import CONV_ABI, CutlassConv
+from stitchcuda.compiler.lowering.cutlass_conv import kernel_sources as conv_sources
+from stitchcuda.compiler.lowering.cutlass_gemm import ABI as GEMM_ABI
+from stitchcuda.compiler.lowering.cutlass_gemm import CUDA_CFLAGS
+from stitchcuda.compiler.lowering.cutlass_gemm import kernel_sources as gemm_sources
+from stitchcuda.compiler.lowering.gemm_calls import (
+    BATCH_PTRS_KERNEL,
+    SPLIT_K_KERNEL,
+    TINY_GEMM_KERNEL,
+    lt_members,
+    lt_setup,
+    tiny,
+    uses_batch_ptrs,
+)
+from stitchcuda.compiler.lowering.lower import lower
+from stitchcuda.compiler.lowering.lower_conv import conv_launch, conv_members, conv_setup, cutlass_conv_setup
+from stitchcuda.compiler.lowering.lowered import CodegenOptions, to_ident
+from stitchcuda.compiler.lowering.split_tf32 import KERNEL as SPLIT_KERNEL
+from stitchcuda.task.record import Task
+
+TORCH_TYPES = {"float": "at::kFloat", "bool": "at::kBool", "int64_t": "at::kLong", "int32_t": "at::kInt"}
+ENTRY_MARK = "// ---- stitchcuda entry point ----"
+
+
+# Past this many tensors the entry point takes one list: pybind11's argument casters recurse once per
+# argument, and a DenseNet's 600 parameters exceed the compiler's constexpr depth.
+PACKED_ARGS = 64
+
+
+def split_cuda(cuda_src: str) -> tuple[str, str]:
+    """(everything before the entry point, the entry point): the tests compile several programs'
+    bodies in one translation unit (their namespaces differ), without their ``forward``."""
+    head, _, entry = cuda_src.partition(ENTRY_MARK)
+    return head, entry
+
+
+def _signature(task: Task, method: str) -> ast.arguments | None:
+    try:
+        tree = ast.parse(task.source)
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Model":
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == method:
+                    args = item.args
+                    for a in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]:
+                        if a is not None:
+                            a.annotation = None
+                    args.defaults = [d if isinstance(d, ast.Constant) else ast.Constant(None) for d in args.defaults]
+                    args.kw_defaults = [d if d is None or isinstance(d, ast.Constant) else ast.Constant(None)
+                                        for d in args.kw_defaults]
+                    return args
+    return None
+
+
+def _constant_name(target: str) -> str:
+    return "_stitchcuda_" + to_ident(target)
+
+
+def _access(key: str, kind: str) -> str:
+    parts = key.split(".")
+    if all(p.isidentifier() and not keyword.iskeyword(p) for p in parts):
+        return "self." + key
+    return f"self.get_{'parameter' if kind == 'parameter' else 'buffer'}({key!r})"
+
+
+def _device_of(graph: OpGraph, by_name: dict[str, str]) -> str:
+    """Where the program draws its random tensors: the first input's device, else a weight's."""
+    for p in graph.placeholders:
+        if p.kind == "input" and p.meta is not None:
+            return f"{by_name[p.name]}.device"
+    for p in graph.placeholders:
+        if p.kind in ("parameter", "buffer"):
+            return f"{_access(p.target, p.kind)}.device"
+    return "'cuda'"
+
+
+def _state_owners(state: list[str]) -> list[tuple[str, str]]:
+    """(module path, attribute) of each plain tensor attribute the program turns into a buffer."""
+    return [(name.rpartition(".")[0], name.rpartition(".")[2]) for name in state]
+
+
+def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None) -> str:
+    """The candidate program (Python source) for ``task``; raises :class:`Unsupported` saying why not."""
+    options = options or CodegenOptions()
+    low = lower(graph, groups, options)
+    digest = hashlib.sha256((graph.model_dump_json() + options.model_dump_json()).encode()).hexdigest()[:12]
+    prefix = f"sc{digest}"
+    emitter = Emitter(low, options, prefix)
+    split = any(g.fast_tf32 for g in low.lt_gemms) or any(c.split is not None for c in low.convs)
+    kernels, launches = ([SPLIT_KERNEL] if split else []), []
+    gemms = [x.gemm for lg in low.groups for x in lg.launches() if x.gemm is not None]
+    if any(g.split_k > 1 for g in gemms):
+        kernels.append(SPLIT_K_KERNEL)
+    if any(uses_batch_ptrs(g) for g in gemms):
+        kernels.append(BATCH_PTRS_KERNEL)
+    if any(tiny(g) for g in gemms):
+        kernels.append(TINY_GEMM_KERNEL)
+    emitted_family: set[str] = set()
+    for lg in low.groups:
+        head = f"// group {lg.group.id} ({lg.group.kind}): {lg.describe}"
+        if lg.kind == "alias":
+            launches.append(head + " -- no launch")
+            continue
+        text = [head]
+        kinds: dict[str, int] = {}  # a group's second kernel of a kind is named g<id>_1, and so on
+        for part in lg.launches():
+            if part.call is not None:
+                for kname, ksource in part.call.kernels.items():
+                    if kname not in emitted_family:
+                        emitted_family.add(kname)
+                        kernels.append(ksource)
+                text.append(part.call.launch)
+                continue
+            if part.gemm is not None:
+                text.append(emitter.gemm(part.gemm))
+            if part.conv is not None:
+                text.append(conv_launch(part.conv))
+            if part.program is not None and (part.kind not in ("gemm", "conv") or part.program.steps):
+                kind = "row" if part.kind == "row" else "pointwise"
+                kinds[kind] = kinds.get(kind, -1) + 1
+                gid = f"{lg.group.id}_{kinds[kind]}" if kinds[kind] else str(lg.group.id)
+                k = emitter.row(gid, part.program) if kind == "row" else emitter.pointwise(gid, part.program)
+                if k.source:
+                    kernels.append(k.source)
+                text.append(k.launch)
+        launches.append("\n".join(text))
+    inputs = [(v, i, s, low.ctypes.get(i, "float")) for v, i, s in low.args]
+    packed = len(inputs) > PACKED_ARGS
+    low.outputs.sort(key=lambda o: graph.outputs.index(o[0]))
+    dnn_math = "CUDNN_TENSOR_OP_MATH" if options.tf32 else "CUDNN_FMA_MATH"
+    cuda_src = emitter.env.get_template("program.cu.j2").render(
+        ns=prefix, task=task.name, torch_types=TORCH_TYPES, options=options.model_dump(), blas=low.uses_blas,
+        blas_math="CUBLAS_TF32_TENSOR_OP_MATH" if options.tf32 else "CUBLAS_DEFAULT_MATH", kernels=kernels,
+        dnn=bool(low.convs) or low.uses_dnn, dnn_math=dnn_math, ctypes=low.ctypes, dnn_members=[m for c in low.convs for m in conv_members(c)],
+        lt=bool(low.lt_gemms), lt_members=[m for g in low.lt_gemms for m in lt_members(g)],
+        lt_setup=[line for g in low.lt_gemms for line in lt_setup(
+            g, "CUBLAS_COMPUTE_32F_FAST_TF32" if options.tf32 else "CUBLAS_COMPUTE_32F")],
+        dnn_setup=[line for c in low.convs for line in conv_setup(
+            c, "CUDNN_TENSOR_OP_MATH" if c.split is not None else dnn_math)],
+        launches=launches, args=inputs, intermediates=low.intermediates, outputs=low.outputs,
+        entry_mark=ENTRY_MARK, packed=packed, prelude=emitter.env.get_template("prelude.cu.j2").render(),
+        cutlass=bool(low.cutlass), cutlass_slots=low.cutlass_slot_count, cutlass_abi=GEMM_ABI + CONV_ABI,
+        cutlass_setup=[cutlass_conv_setup(c) for c in low.cutlass_convs])
+    ret = "at::Tensor" if len(low.outputs) == 1 else "std::vector<at::Tensor>"
+    # torch's pybind casters instead of torch/extension.h: the binding compiles in seconds
+    bind = 'm.def("bind_cutlass", &bind_cutlass, "a CUTLASS launcher\'s address"); ' if low.cutlass else ""
+    params = "std::vector<at::Tensor> args" if packed else ", ".join(f"at::Tensor {i}" for _, i, _, _ in inputs)
+    cpp_src = ("#include <torch/csrc/utils/pybind.h>\n#include <vector>\n"
+               f"{ret} forward({params});\n"
+               + ("void bind_cutlass(int64_t slot, int64_t address);\n" if low.cutlass else "")
+               + 'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward, "the whole forward pass"); '
+               + bind + "}\n")
+    name = "stitchcuda_offline_" + hashlib.sha256((cuda_src + cpp_src).encode()).hexdigest()[:16]
+    fwd_args = _signature(task, "forward")
+    entry_inputs = [p for p in graph.placeholders if p.kind == "input"]
+    fwd_names = [a.arg for a in fwd_args.args[1:]] if fwd_args is not None and not fwd_args.vararg else []
+    if len(fwd_names) != len(entry_inputs) or any(x in ("self", "_ext", "torch", "nn") for x in fwd_names):
+        fwd_names = [to_ident(p.name) for p in entry_inputs]
+    by_name = dict(zip((p.name for p in entry_inputs), fwd_names, strict=True))
+    call_args = []
+    entry = {v for v, _, _ in low.args}
+    device = _device_of(graph, by_name)
+    for p in graph.placeholders:
+        if p.name in entry:
+            if p.kind == "constant":
+                call_args.append(f"self.{_constant_name(p.target)}")
+            elif p.kind == "random":
+                call_args.append(graph.draws[p.name].python(device))
+            else:
+                call_args.append(f"{by_name[p.name]}.contiguous()" if p.kind == "input" else _access(p.target, p.kind))
+    if low.cutlass:
+        call_args = [f"_aligned({a})" for a in call_args]
+    cutlass_sources = [(c.extension_name, *(conv_sources(c) if isinstance(c, CutlassConv) else gemm_sources(c)))
+                       for c in low.cutlass]
+    if "'''" in cuda_src or any("'''" in text for source in cutlass_sources for text in source):
+        raise Unsupported("generated CUDA contains a triple quote")
+    return emitter.env.get_template("module.py.j2").render(
+        task=task.name, options=options.model_dump(), name=name, cuda_src=cuda_src, cpp_src=cpp_src,
+        blas=low.uses_blas, lt=bool(low.lt_gemms), dnn=bool(low.convs) or low.uses_dnn,
+        reference_init=reference_init_source(task), reference_class=REFERENCE_CLASS,
+        fwd_args=", ".join(["self", *fwd_names]), call_args=call_args, state=_state_owners(graph.state),
+        constants=[(_constant_name(p.target), p.meta.dtype, repr(graph.constants[p.target]))
+                   for p in graph.placeholders if p.kind == "constant" and p.name in entry and p.meta is not None],
+        cutlass=bool(low.cutlass), cutlass_sources=cutlass_sources, cutlass_flags=repr(CUDA_CFLAGS),
+        cutlass_describe=[c.describe for c in low.cutlass],
+        multi=len(low.outputs) > 1, packed=packed, groups=[f"group {lg.group.id} ({lg.group.kind}): {lg.describe}"
+                                            for lg in low.groups])

@@ -1,0 +1,116 @@
+"""Explicit attention (Q.K^T -> scale/mask -> softmax -> P.V) as two strided-batched SGEMMs over
+the buffers the views around them read and write, and one row kernel in place over the scores."""
+
+from __future__ import annotations
+
+from stitchcuda.compiler.capture.graph import Node
+from stitchcuda.compiler.ir.expr import (
+    IDENTITY,
+    VIEWS,
+    Expr,
+    Unsupported,
+    contiguous_strides,
+    leaf,
+    view_expr,
+)
+from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.lowering.lower_context import LowerContext
+from stitchcuda.compiler.lowering.lower_gemm import describe_gemm, strided_gemm
+from stitchcuda.compiler.lowering.lower_rows import lower_row
+from stitchcuda.compiler.lowering.lowered import SPLITS, Lowered
+
+
+def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
+    """Q.K^T as a batched GEMM into a scores buffer, one in-place row kernel for what lies between
+    (scale, mask, softmax), and P.V as a batched GEMM written straight into the layout of the
+    group's output (the transpose -> reshape after it become the GEMM's output strides)."""
+    roles = g.roles
+    if "sdpa" in roles or not {"qk", "pv"} <= set(roles):
+        raise Unsupported(f"attention without explicit Q.K^T and P.V products (roles {sorted(roles)})")
+    names = [n.name for n in nodes]
+    iq, ip = names.index(roles["qk"]), names.index(roles["pv"])
+    qk, pv = nodes[iq], nodes[ip]
+    before, middle, after = nodes[:iq], nodes[iq + 1:ip], nodes[ip + 1:]
+    env: dict[str, Expr] = {}
+    scale: dict[str, float] = {}  # values that are a view of a buffer times a constant
+    for n in before:
+        if n.op in SPLITS:
+            cx.split(n, env)
+        elif n.op in VIEWS or n.op in IDENTITY:
+            env[n.name] = view_expr(n, cx.arg(env, n.name)(n.args[0])) if n.op in VIEWS else \
+                cx.arg(env, n.name)(n.args[0])
+            src = n.args[0][1:] if isinstance(n.args[0], str) else ""
+            if src in scale:
+                scale[n.name] = scale[src]
+        elif n.op in ("aten.mul", "aten.div") and len(n.args) == 2 and isinstance(n.args[1], (int, float)) \
+                and not isinstance(n.args[1], bool) and n.args[1] != 0:
+            env[n.name] = cx.arg(env, n.name)(n.args[0])  # the constant goes into the GEMM's alpha
+            factor = float(n.args[1]) if n.op == "aten.mul" else 1.0 / float(n.args[1])
+            scale[n.name] = scale.get(n.args[0][1:], 1.0) * factor if isinstance(n.args[0], str) else factor
+        else:
+            raise Unsupported(f"{n.name} ({n.op}) before Q.K^T (only views and constant scales may feed it)")
+    for n in (qk, pv):
+        if n.op not in ("aten.matmul", "aten.bmm") or n.kwargs:
+            raise Unsupported(f"{n.name} ({n.op}) as an attention product")
+    inside = set(names)
+    for n in [qk, *middle, pv, *after[:-1]]:
+        if n.name in cx.graph.outputs or any(u not in inside for u in cx.users.get(n.name, [])):
+            raise Unsupported(f"{n.name} ({n.op}) is used outside the attention group")
+    # Q.K^T into a contiguous scores buffer, then the row kernel in place over it
+    s_shape = cx.shape(qk.name)
+    scores = cx.scratch(qk.name, s_shape)
+    arg = cx.arg(env, f"{qk.name} ({qk.op})")
+    g_qk = strided_gemm(cx, f"{qk.name} ({qk.op})", arg(qk.args[0]), arg(qk.args[1]), scores, s_shape,
+                        contiguous_strides(s_shape))
+    for operand in qk.args[:2]:
+        g_qk.alpha *= scale.get(operand[1:], 1.0) if isinstance(operand, str) else 1.0
+    if any(v in scale for n in middle + [pv] for v in n.inputs()):
+        raise Unsupported("a scaled value is read after Q.K^T")
+    parts = [Lowered(g, "gemm", gemm=g_qk, describe=describe_gemm(qk, g_qk))]
+    p_value = qk.name
+    if middle:
+        p_value = middle[-1].name
+        if pv.args[0] != "%" + p_value:
+            raise Unsupported(f"{pv.name}: its left operand is not the softmax {p_value}")
+        cx.out.storage[p_value] = scores  # the row kernel reads its row whole before writing it back
+        row = lower_row(cx, g, middle, env, outs=[p_value])
+        parts.append(row)
+    # P.V: the views after it, inverted, give its output strides in the group output's buffer
+    chain, prev = [], pv.name
+    for n in after:
+        if n.op in IDENTITY and n.args[0] == "%" + prev:
+            prev = n.name  # core ATen's clone before a reshape: P.V writes the layout the views give
+            continue
+        if n.op not in VIEWS or n.args[0] != "%" + prev:
+            raise Unsupported(f"{n.name} ({n.op}) after P.V (only a chain of views may follow it)")
+        chain.append(n)
+        prev = n.name
+    final = prev
+    shape = cx.shape(final)
+    strides = contiguous_strides(shape)
+    for n in reversed(chain):
+        inp = cx.shape(n.args[0][1:])
+        if n.op in ("aten.transpose", "aten.t"):
+            i, j = (n.args[1] % len(inp), n.args[2] % len(inp)) if n.op == "aten.transpose" else (0, 1)
+            st = list(strides)
+            st[i], st[j] = st[j], st[i]
+            strides = tuple(st)
+        elif n.op == "aten.permute":
+            st = [0] * len(inp)
+            for d, src in enumerate(n.args[1]):
+                st[src % len(inp)] = strides[d]
+            strides = tuple(st)
+        elif n.op in ("aten.view", "aten.reshape", "aten._unsafe_view", "aten.flatten", "aten.unsqueeze",
+                      "aten.squeeze") and strides == contiguous_strides(shape):
+            strides = contiguous_strides(inp)
+        else:
+            raise Unsupported(f"{n.name} ({n.op}) after P.V cannot be written as output strides")
+        shape = inp
+    out = cx.buffer(final)
+    arg = cx.arg(env, f"{pv.name} ({pv.op})")
+    lhs = leaf(p_value, s_shape) if middle else leaf(qk.name, s_shape)
+    g_pv = strided_gemm(cx, f"{pv.name} ({pv.op})", lhs, arg(pv.args[1]), out, cx.shape(pv.name), strides)
+    parts.append(Lowered(g, "gemm", gemm=g_pv, describe=describe_gemm(pv, g_pv)))
+    return Lowered(g, "sequence", parts=parts, describe=" -> ".join(
+        ["Q.K^T (batched GEMM)"] + (["row kernel (" + ", ".join(n.op for n in middle if n.op not in VIEWS)
+                                     + ")"] if middle else []) + [f"P.V (batched GEMM) into {final}"]))

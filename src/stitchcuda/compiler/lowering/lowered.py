@@ -1,0 +1,194 @@
+"""What lowering produces: the records of a lowered program (cuBLAS and cuDNN calls, IR programs
+for the fused kernels, family kernels, buffers), the options that vary how it is emitted, and the
+operator sets the fused lowerings share. Nothing here lowers or emits."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from stitchcuda.compiler.capture.graph import OpGraph
+from stitchcuda.compiler.ir.expr import Program
+from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.ir.ops import GEMM_OPS
+from stitchcuda.compiler.lowering.cutlass_conv import CutlassConv
+from stitchcuda.compiler.lowering.families import C_TYPES, KernelCall  # noqa: F401  (re-exported: one table)
+
+# The GEMMs lower_gemm takes: ops.py's, less the accumulating batched forms it does not read.
+PLAIN_GEMM_OPS = GEMM_OPS - {"aten.baddbmm", "aten.addbmm"}
+SPLITS = {"aten.split", "aten.split_with_sizes", "aten.chunk", "aten.unbind"}  # multi-output views
+CELLS = {"aten.lstm_cell": 4, "aten.gru_cell": 3}  # recurrent cells -> gates per hidden unit
+ZEROS = {"aten.new_zeros", "aten.zeros", "aten.zeros_like", "aten.full"}  # initial states
+RESHAPES = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.flatten", "aten.unsqueeze", "aten.squeeze"}
+
+
+class CodegenOptions(BaseModel):
+    """Variants the tuner can try."""
+
+    graph: bool = Field(True, description="replay the forward from a CUDA graph (captured per argument pointers)")
+    tf32: bool = Field(False, description="TF32 tensor cores in cuBLAS and cuDNN (only where the tolerance allows: "
+                                          "--tolerance paper)")
+    cublaslt: bool = Field(True, description="single GEMMs with a bias (and ReLU / tanh-GELU) through cuBLASLt, the "
+                                             "bias and activation applied in its epilogue")
+    cutlass: bool = Field(False, description="GEMMs and 2-d convolutions on tensor cores through CUTLASS: 3xTF32 "
+                                             "(fp32-accurate) under strict, TF32 where tf32 is on; bias, scaling, a "
+                                             "residual and an activation in its epilogue")
+    split_tf32: bool = Field(False, description="GEMMs as 3xTF32 by split operands on cuBLASLt's TF32 tensor cores "
+                                                "(wgmma on Hopper): about 2.5x fp32 SGEMM's speed, error about 1e-5 "
+                                                "of the largest output (Hopper's accumulation), so the tolerance "
+                                                "decides; bias and ReLU / tanh-GELU in cuBLASLt's epilogue; "
+                                                "convolutions by split channels, channels-last, on cuDNN's TF32 "
+                                                "kernels where a cost model says it pays")
+    vector_width: int = Field(4, description="elements per thread in pointwise kernels: 1 or 4 (float4)")
+    block: int = Field(256, description="threads per block (a multiple of 32, at most 1024)")
+
+
+@dataclass
+class Gemm:
+    batch: int
+    m: int
+    n: int
+    k: int
+    a: str  # buffer identifiers: row-major A [M, K] (or its transpose), B [K, N] (or its transpose)
+    b: str
+    a_trans: bool  # A is stored as A^T contiguous
+    b_trans: bool  # B is stored as B^T contiguous (linear's weight)
+    out: str  # identifier of the buffer the GEMM writes
+    stride_a: int = 0
+    stride_b: int = 0
+    stride_c: int = 0
+    ld_a: int = 0  # leading dimensions (row strides) of strided views; 0: the dense default
+    ld_b: int = 0
+    ld_c: int = 0
+    outer: int = 1  # a second batch dimension that does not merge with the first: a host loop of calls
+    outer_a: int = 0
+    outer_b: int = 0
+    outer_c: int = 0
+    alpha: float = 1.0  # C = alpha * A.B: a constant scale of an operand folded into the call
+    lt: int | None = None  # index of its cuBLASLt descriptors, when it runs through cuBLASLt
+    epilogue: Literal["", "BIAS", "RELU_BIAS", "GELU_BIAS"] = ""  # cuBLASLt epilogue (bias over n)
+    bias: str = ""  # the bias buffer (+ offset), for an epilogue with a bias
+    cutlass: Any = None  # its CutlassGemm configuration, when it runs through CUTLASS
+    slot: int = -1  # where the program keeps that kernel extension's launcher
+    c: str = ""  # CUTLASS's source operand C: a bias broadcast over rows (ldc 0) or a residual
+    ld_c_src: int = 0
+    stride_c_src: int = 0
+    beta: float = 0.0
+    split: Any = None  # its SplitPlan, when it runs as 3xTF32 by split operands (split_tf32.py)
+    fast_tf32: bool = False  # a cuBLASLt GEMM on TF32 tensor cores: one of a split plan's two parts
+    no_split: bool = False  # a 1x1 convolution's product: see lower_conv.pointwise
+    split_k: int = 1  # CUTLASS over this many slices of K into scratch (``out``), summed into ``split_k_out``
+    split_k_out: str = ""
+
+
+@dataclass
+class Conv:
+    """One convolution through cuDNN, float32 NC(D)HW: 2-d (and 1-d, as 2-d with H = 1) with 4-d
+    descriptors, 3-d with Nd ones. ``transposed``: a transposed convolution, run as cuDNN's
+    backward-data of the convolution whose weight it holds ([c_in, c_out/groups, *kernel])."""
+
+    index: int  # names the descriptors in the generated Program
+    n: int
+    c: int  # input channels
+    k: int  # output channels
+    size: tuple[int, ...]  # the input's spatial dims: (H, W) or (D, H, W)
+    out_size: tuple[int, ...]  # what cuDNN writes (one more than the output where 'same' padding is uneven)
+    kernel: tuple[int, ...]
+    pad: tuple[int, ...]
+    stride: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+    transposed: bool
+    x: str  # buffer identifiers
+    weight: str
+    out: str = ""
+    chunks: int = 1  # calls over equal batch slices: cuDNN's descriptors count elements in int
+    cutlass: Any = None  # its CutlassConv configuration, when it runs through CUTLASS (not cuDNN)
+    slot: int = -1  # the launcher's slot; the workspace function's is the next one
+    bias: str = ""  # the bias CUTLASS's path adds (+ offset)
+    split: Any = None  # its ConvSplit, when it runs as 3xTF32 by split channels on cuDNN TF32 (split_tf32.py)
+
+    # the 2-d names of the last two spatial dims: input H x W, output P x Q, filter R x S
+    @property
+    def h(self) -> int:
+        return self.size[-2]
+
+    @property
+    def w(self) -> int:
+        return self.size[-1]
+
+    @property
+    def p(self) -> int:
+        return self.out_size[-2]
+
+    @property
+    def q(self) -> int:
+        return self.out_size[-1]
+
+    @property
+    def r(self) -> int:
+        return self.kernel[-2]
+
+    @property
+    def s(self) -> int:
+        return self.kernel[-1]
+
+
+@dataclass
+class Lowered:
+    group: FusionGroup
+    kind: Literal["gemm", "conv", "pointwise", "row", "alias", "sequence", "kernel"]
+    program: Program | None = None
+    call: KernelCall | None = None  # a family lowering's kernels and launch
+    gemm: Gemm | None = None
+    conv: Conv | None = None
+    describe: str = ""
+    parts: list[Lowered] = field(default_factory=list)  # a "sequence": GEMMs and kernels launched in order
+
+    def launches(self) -> list[Lowered]:
+        """The launchable pieces in order (the group itself unless it is a sequence)."""
+        return [x for p in self.parts for x in p.launches()] if self.kind == "sequence" else [self]
+
+
+@dataclass
+class Lowering:
+    """Everything ``generate`` renders: buffers, lowered groups in launch order."""
+
+    graph: OpGraph
+    args: list[tuple[str, str, list[int]]] = field(default_factory=list)  # (value, identifier, shape): entry args
+    ctypes: dict[str, str] = field(default_factory=dict)  # identifier -> C element type, where not float
+    intermediates: list[tuple[str, list[int]]] = field(default_factory=list)  # (identifier, shape)
+    outputs: list[tuple[str, str, list[int]]] = field(default_factory=list)  # (value, identifier, shape)
+    storage: dict[str, str] = field(default_factory=dict)  # graph value -> buffer identifier
+    groups: list[Lowered] = field(default_factory=list)
+    uses_blas: bool = False
+    uses_dnn: bool = False  # a family lowering calls cuDNN
+    convs: list[Conv] = field(default_factory=list)
+    lt_gemms: list[Gemm] = field(default_factory=list)
+    cutlass: list[Any] = field(default_factory=list)  # distinct CUTLASS configurations, in slot order
+    cutlass_slots: list[int] = field(default_factory=list)  # the first slot of each
+    cutlass_convs: list[Conv] = field(default_factory=list)
+
+    def cutlass_slot(self, config: Any) -> int:
+        """The launcher slot of ``config``'s kernel extension, added on first use (a convolution's
+        extension takes two: its launcher and its workspace function)."""
+        if config not in self.cutlass:
+            self.cutlass.append(config)
+            self.cutlass_slots.append(sum(_slots(c) for c in self.cutlass[:-1]))
+        return self.cutlass_slots[self.cutlass.index(config)]
+
+    @property
+    def cutlass_slot_count(self) -> int:
+        return sum(_slots(c) for c in self.cutlass)
+
+
+def _slots(config: Any) -> int:
+    return 2 if isinstance(config, CutlassConv) else 1
+
+
+def to_ident(name: str) -> str:
+    text = re.sub(r"\W", "_", name)
+    return text if text and not text[0].isdigit() else "v_" + text

@@ -1,0 +1,81 @@
+"""What kind of work a node is, for fusion: its role (gemm, conv, reduce, elementwise, view, ...),
+and whether the fused row kernel takes a reduction (over trailing dims, rows it keeps on chip)."""
+
+from __future__ import annotations
+
+from stitchcuda.compiler.capture.graph import Node
+from stitchcuda.compiler.ir.expr import POOL_OPS, numel, pool_fusable
+from stitchcuda.compiler.ir.formulas import ROW_OPS
+from stitchcuda.compiler.ir.ops import (
+    CONST_OPS,
+    CONV_OPS,
+    COPY_OPS,
+    ELEMENTWISE_OPS,
+    GEMM_OPS,
+    KNOWN_FUSED,
+    MAX_ROW,
+    NORM_OPS,
+    RECURRENT_OPS,
+    RECURRENT_SEQUENCE_OPS,
+    SDPA_OPS,
+    SOFTMAX_OPS,
+    SUM_OPS,
+    VIEW_OPS,
+    Role,
+    reduce_geometry,
+)
+from stitchcuda.compiler.lowering.families import FAMILIES
+
+
+def row_lowerable(node: Node, in_shape: list[int] | None) -> bool:
+    """Whether the fused row kernel takes this reduction: over trailing dims, rows of at most
+    ``MAX_ROW`` elements. Anything else goes to its family lowering (any dims, any length)."""
+    if in_shape is None:
+        return True
+    geo = reduce_geometry(node, in_shape)
+    if geo is None:
+        return True
+    shape, dims, extra = geo
+    rank = len(shape)
+    if node.op == "aten.group_norm":
+        groups = int(node.args[1]) if len(node.args) > 1 else 1
+        return rank >= 2 and shape[1] % groups == 0 and numel(shape[1:]) // groups <= MAX_ROW
+    if extra:
+        return True
+    if not dims:
+        return True
+    if node.op in SUM_OPS and (node.op not in ROW_OPS or list(dims) != [rank - 1]):
+        return False  # the row kernel reduces the last dim alone, by sum, mean or amax
+    if list(dims) != list(range(rank - len(dims), rank)):
+        return False
+    return numel([shape[d] for d in dims]) <= MAX_ROW
+
+
+def op_role(node: Node, fold_batch_norm: bool = True, in_shape: list[int] | None = None) -> Role:
+    """What kind of work a node is, for fusion (``in_shape``: its first input's shape, when known)."""
+    op = node.op
+    if op in FAMILIES and (op not in KNOWN_FUSED or not row_lowerable(node, in_shape)
+                           or (op in POOL_OPS and not pool_fusable(node, in_shape))):
+        return "other"  # its family lowering, one group of its own
+    if op in GEMM_OPS:
+        return "gemm"
+    if op in CONV_OPS:
+        return "conv"
+    if op in RECURRENT_OPS or op in RECURRENT_SEQUENCE_OPS:
+        return "recurrent"
+    if op in SDPA_OPS:
+        return "attention"
+    if op == "aten.batch_norm":
+        training = bool(node.args[5]) if len(node.args) > 5 else False
+        return "elementwise" if fold_batch_norm and not training else "reduce"
+    if op in SOFTMAX_OPS or op in NORM_OPS or op in SUM_OPS:
+        return "reduce" if len(node.out) == 1 else "other"
+    if op in ELEMENTWISE_OPS:
+        return "elementwise" if len(node.out) == 1 else "other"
+    if op in VIEW_OPS:
+        return "view"
+    if op in CONST_OPS:
+        return "const"
+    if op in COPY_OPS:
+        return "copy"
+    return "other"
