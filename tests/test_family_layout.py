@@ -13,8 +13,8 @@ from stitchcuda.compiler.capture.graph import capture
 from stitchcuda.compiler.check import cuda_source
 from stitchcuda.compiler.driver import compile_task
 from stitchcuda.compiler.ir.expr import Unsupported
-from stitchcuda.compiler.lowering.families import FAMILIES
 from stitchcuda.compiler.lowering.families.layout_typed import promote
+from stitchcuda.compiler.lowering.registry import OPERATORS
 from stitchcuda.compiler.schedule.fusion import fuse
 from stitchcuda.task.record import Task
 from tests.test_offline_codegen import assert_program_compiles
@@ -149,7 +149,7 @@ def test_registered_ops():
                "aten.scatter", "aten.scatter_add", "aten.index_add", "aten.index", "aten.index_put", "aten.arange",
                "aten.full", "aten.full_like", "aten.scalar_tensor", "aten.zeros_like", "aten.sort", "aten.topk",
                "aten._to_copy", "aten.where"):
-        assert FAMILIES[op].__module__.startswith("stitchcuda.compiler.lowering.families.layout"), op
+        assert OPERATORS[op].__module__.startswith("stitchcuda.compiler.lowering.families.layout"), op
 
 
 def test_refusals_name_the_node():

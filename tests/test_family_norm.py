@@ -13,8 +13,9 @@ from stitchcuda.compiler.capture.graph import Node, TensorMeta
 from stitchcuda.compiler.check import cuda_source
 from stitchcuda.compiler.driver import compile_task
 from stitchcuda.compiler.ir.expr import Unsupported
-from stitchcuda.compiler.lowering.families import FAMILIES, Strided
+from stitchcuda.compiler.lowering.families import Strided
 from stitchcuda.compiler.lowering.families.norm_kernels import HELPERS_NAME
+from stitchcuda.compiler.lowering.registry import OPERATORS
 from stitchcuda.task.record import Task
 from tests.test_offline_codegen import assert_program_compiles
 
@@ -141,7 +142,7 @@ def test_softmax_over_a_transposed_read_walks_lanes_across_groups():
     # x is a (64, 4096) view of a contiguous (4096, 64) tensor: dim 0 has stride 1
     ctx = FakeContext({"x": ((64, 4096), (1, 64), 0)}, shapes={"sm": (64, 4096)})
     node = _node("sm", "aten._softmax", ["%x", 1, False], [(64, 4096)])
-    call = FAMILIES["aten._softmax"](ctx, node)
+    call = OPERATORS["aten._softmax"](ctx, node)
     stats = call.kernels["k_sm_stats"]
     assert "tx = threadIdx.x % " in stats  # a lane per row: the rows are adjacent in memory
     assert "ScSoftmax" in stats and "float4" not in stats
@@ -151,7 +152,7 @@ def test_softmax_over_a_transposed_read_walks_lanes_across_groups():
 def test_log_softmax_long_rows_split_over_blocks_and_combine():
     ctx = FakeContext({"x": ((2, 1 << 20), (1 << 20, 1), 0)}, shapes={"ls": (2, 1 << 20)})
     node = _node("ls", "aten._log_softmax", ["%x", -1, False], [(2, 1 << 20)])
-    call = FAMILIES["aten._log_softmax"](ctx, node)
+    call = OPERATORS["aten._log_softmax"](ctx, node)
     stats = call.kernels["k_ls_stats"]
     assert "k_ls_stats_part[" in stats and "atomicAdd(&k_ls_stats_count[tile]" in stats
     assert "logf(acc.s)" in stats and "float4" in stats
@@ -165,7 +166,7 @@ def test_batch_norm_writes_only_the_outputs_read():
                       outputs={"bn": [None, None, None, "new_rm", None]}, shapes={"new_rm": (3,)})
     node = _node("bn", "aten._native_batch_norm_legit_functional",
                  ["%x", "%w", "%b", "%rm", "%rv", True, 0.25, 1e-3], [shape, (3,), (3,), (3,), (3,)])
-    call = FAMILIES["aten._native_batch_norm_legit_functional"](ctx, node)
+    call = OPERATORS["aten._native_batch_norm_legit_functional"](ctx, node)
     assert set(call.kernels) == {HELPERS_NAME, "k_bn_stats"}  # no normalised output is read
     assert "o_rm[g] = (float)((1.0 - 0.25)" in call.kernels["k_bn_stats"]
     assert "o_rv" not in call.kernels["k_bn_stats"]
@@ -176,7 +177,7 @@ def test_native_group_norm_writes_mean_and_rstd():
     ctx = FakeContext({"x": (shape, _contig(shape), 0)}, outputs={"gn": ["y", "mean", "rstd"]},
                       shapes={"y": shape, "mean": (2, 2), "rstd": (2, 2)})
     node = _node("gn", "aten.native_group_norm", ["%x", None, None, 2, 8, 25, 2, 1e-5], [shape, (2, 2), (2, 2)])
-    call = FAMILIES["aten.native_group_norm"](ctx, node)
+    call = OPERATORS["aten.native_group_norm"](ctx, node)
     stats = call.kernels["k_gn_stats"]
     assert "o_mean[g] = (float)mean;" in stats and "o_rstd[g] = rstd;" in stats
     assert "__device__ float2 k_gn_stats_st[4];" in stats
@@ -188,7 +189,7 @@ def test_eval_batch_norm_uses_running_stats_without_a_statistics_kernel():
                       outputs={"bn": ["y", None, None]}, shapes={"y": shape})
     node = _node("bn", "aten._native_batch_norm_legit_no_training", ["%x", None, None, "%rm", "%rv", 0.1, 1e-5],
                  [shape, (0,), (0,)])
-    call = FAMILIES["aten._native_batch_norm_legit_no_training"](ctx, node)
+    call = OPERATORS["aten._native_batch_norm_legit_no_training"](ctx, node)
     assert set(call.kernels) == {HELPERS_NAME, "k_bn_apply"}
     assert "1.0f / sqrtf(v_rv[i] + (float)1e-05)" in call.kernels["k_bn_apply"]
 
@@ -196,11 +197,11 @@ def test_eval_batch_norm_uses_running_stats_without_a_statistics_kernel():
 def test_bad_arguments_raise_unsupported():
     ctx = FakeContext({"x": ((2, 6, 4), (24, 4, 1), 0)}, shapes={"gn": (2, 6, 4)})
     with pytest.raises(Unsupported, match="groups"):
-        FAMILIES["aten.group_norm"](ctx, _node("gn", "aten.group_norm", ["%x", 4], [(2, 6, 4)]))
+        OPERATORS["aten.group_norm"](ctx, _node("gn", "aten.group_norm", ["%x", 4], [(2, 6, 4)]))
     with pytest.raises(Unsupported, match="normalized_shape"):
-        FAMILIES["aten.layer_norm"](ctx, _node("ln", "aten.layer_norm", ["%x", [5]], [(2, 6, 4)]))
+        OPERATORS["aten.layer_norm"](ctx, _node("ln", "aten.layer_norm", ["%x", [5]], [(2, 6, 4)]))
     with pytest.raises(Unsupported, match="dim"):
-        FAMILIES["aten.softmax"](ctx, _node("sm", "aten.softmax", ["%x", 3], [(2, 6, 4)], "int"))
+        OPERATORS["aten.softmax"](ctx, _node("sm", "aten.softmax", ["%x", 3], [(2, 6, 4)], "int"))
 
 
 # ----------------------------------------------------------------------------- nvcc

@@ -14,8 +14,9 @@ from stitchcuda.compiler.capture.graph import Node, TensorMeta, capture
 from stitchcuda.compiler.check import cuda_source
 from stitchcuda.compiler.emit.codegen import generate
 from stitchcuda.compiler.ir.expr import Unsupported
-from stitchcuda.compiler.lowering.families import FAMILIES, KernelCall, Strided
+from stitchcuda.compiler.lowering.families import KernelCall, Strided
 from stitchcuda.compiler.lowering.families.reduce import split_dims
+from stitchcuda.compiler.lowering.registry import OPERATORS
 from stitchcuda.compiler.schedule.fusion import fuse
 from stitchcuda.task.load import load_task_file
 from tests.test_offline_codegen import assert_program_compiles
@@ -117,7 +118,7 @@ def _contig(shape: tuple[int, ...]) -> tuple[int, ...]:
 def _lower(node: Node, shape: tuple[int, ...], strides: tuple[int, ...] | None = None, offset: int = 0,
            ctype: str = "float", reads: list[str | None] | None = None) -> tuple[KernelCall, FakeContext]:
     ctx = FakeContext({"x": Strided("a.x", ctype, shape, strides or _contig(shape), offset)}, reads)
-    return FAMILIES[node.op](ctx, node), ctx
+    return OPERATORS[node.op](ctx, node), ctx
 
 
 def test_split_dims_merges_neighbours_of_one_kind():

@@ -23,9 +23,9 @@ from stitchcuda.compiler.ir.ops import (
     SUM_OPS,
     VIEW_OPS,
 )
-from stitchcuda.compiler.lowering.families import FAMILIES
 from stitchcuda.compiler.lowering.lower_sequence import SEQUENCES
 from stitchcuda.compiler.lowering.lowered import CELLS, PLAIN_GEMM_OPS, SPLITS, ZEROS
+from stitchcuda.compiler.lowering.registry import OPERATORS
 
 
 class Coverage(BaseModel):
@@ -72,7 +72,7 @@ def _how(op: str, decomposed: set[str]) -> str | None:
         return "drawn by the program (torch's generator)"
     if op in decomposed:
         return "decomposed"
-    if op in FAMILIES:
+    if op in OPERATORS:
         return "family"
     if op in GEMM_OPS | PLAIN_GEMM_OPS:
         return "gemm"

@@ -1,6 +1,7 @@
-"""Lowering a whole graph: its fusion groups in dependency order, each to a fused lowering (lower_*.py)
-or to its operator's family lowering (families/), every problem collected before giving up; and
-the checks on the graph's values (entry arguments, dtypes) that hold for every lowering."""
+"""Lowering a whole graph: its fusion groups in dependency order, each through the one registry
+(registry.py) to a fused group lowering (lower_*.py) or to its operator's family lowering
+(families/), every problem collected before giving up; and the checks on the graph's values
+(entry arguments, dtypes) that hold for every lowering."""
 
 from __future__ import annotations
 
@@ -22,17 +23,13 @@ from stitchcuda.compiler.ir.expr import (
 from stitchcuda.compiler.ir.formulas import COMPARISONS, MASK_OPS, ROW_OPS, is_pointwise
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import CONV_OPS
-from stitchcuda.compiler.lowering.families import FAMILIES, Strided
+from stitchcuda.compiler.lowering.families import Strided
 from stitchcuda.compiler.lowering.families.state import write_back
 from stitchcuda.compiler.lowering.gemm_calls import BATCH_PTRS, tiny, uses_batch_ptrs
-from stitchcuda.compiler.lowering.lower_attention import lower_attention
 from stitchcuda.compiler.lowering.lower_context import LowerContext
-from stitchcuda.compiler.lowering.lower_conv import lower_conv
-from stitchcuda.compiler.lowering.lower_gemm import assign_cutlass, assign_split, lower_gemm, reserve_scratch
-from stitchcuda.compiler.lowering.lower_pointwise import lower_pointwise
-from stitchcuda.compiler.lowering.lower_recurrent import batch_recurrent_inputs, lower_recurrent
-from stitchcuda.compiler.lowering.lower_rows import lower_group_norm, lower_row
-from stitchcuda.compiler.lowering.lower_sequence import SEQUENCES, lower_sequence
+from stitchcuda.compiler.lowering.lower_gemm import assign_cutlass, assign_split, reserve_scratch
+from stitchcuda.compiler.lowering.lower_recurrent import batch_recurrent_inputs
+from stitchcuda.compiler.lowering.lower_sequence import SEQUENCES
 from stitchcuda.compiler.lowering.lowered import (
     C_TYPES,
     CELLS,
@@ -44,6 +41,7 @@ from stitchcuda.compiler.lowering.lowered import (
     Lowering,
     to_ident,
 )
+from stitchcuda.compiler.lowering.registry import OPERATORS, group_lowering_for
 from stitchcuda.compiler.lowering.split_tf32 import worth_splitting
 
 # names the entry point's own code uses (forward_impl's locals, the kernels' index variables) and C++
@@ -144,7 +142,7 @@ class _Lowerer:
                 raise Unsupported(f"{n.name} ({n.op}) computes {n.out[0].dtype}; only float32 values and bool "
                                   "masks are supported")
         for name, (src, _) in cx.graph.getitems.items():
-            if cx.nodes[src].op not in SPLITS | set(CELLS) | set(FAMILIES) | set(SEQUENCES):
+            if cx.nodes[src].op not in SPLITS | set(CELLS) | set(OPERATORS) | set(SEQUENCES):
                 raise Unsupported(f"multi-output operator {src} ({cx.nodes[src].op}) read through {name}")
         for o in cx.graph.outputs:
             if o not in cx.nodes and o not in cx.graph.getitems:  # a multi-output family op's output
@@ -209,29 +207,12 @@ class _Lowerer:
         try:
             return self._lower_fused(g, nodes)
         except Unsupported:
-            if len(nodes) != 1 or nodes[0].op not in FAMILIES:
+            if len(nodes) != 1 or nodes[0].op not in OPERATORS:
                 raise
             return self._lower_family(g, nodes, nodes[0])  # one operator: its own lowering takes any instance
 
     def _lower_fused(self, g: FusionGroup, nodes: list[Node]) -> Lowered:
-        cx = self.cx
-        if g.kind == "attention":
-            return lower_attention(cx, g, nodes)
-        if any(n.op in SEQUENCES for n in nodes):
-            return lower_sequence(cx, g, nodes)
-        if any(n.op in CELLS for n in nodes):
-            return lower_recurrent(cx, g, nodes)
-        convs = [n for n in nodes if n.op in CONV_OPS]
-        if convs:
-            return lower_conv(cx, g, nodes, convs)
-        gemms = [n for n in nodes if n.op in PLAIN_GEMM_OPS]
-        if gemms:
-            return lower_gemm(cx, g, nodes, gemms)
-        if nodes[0].op == "aten.group_norm":
-            return lower_group_norm(cx, g, nodes)
-        if any(n.op in ROW_OPS for n in nodes):
-            return lower_row(cx, g, nodes)
-        return lower_pointwise(cx, g, nodes)
+        return group_lowering_for(g, nodes).lower(self.cx, g, nodes)
 
     def _materialise_typed(self, g: FusionGroup, nodes: list[Node]) -> list[Lowered]:
         """Views of an integer or bool value read by other groups: an alias where the view is its
@@ -253,7 +234,7 @@ class _Lowerer:
                 continue
             meta = cx.graph.meta(v)
             copy = Node(name=v, op="aten.clone", args=["%" + v], out=[meta])  # type: ignore[list-item]
-            call = FAMILIES["aten.clone"](_FamilyContext(cx, env, copy), copy)
+            call = OPERATORS["aten.clone"](_FamilyContext(cx, env, copy), copy)
             out.append(Lowered(g, "kernel", call=call, describe=f"{v}: a {meta.dtype} copy through strides"))  # type: ignore[union-attr]
         return out
 
@@ -261,7 +242,7 @@ class _Lowerer:
         """The one operator a group hands to its family lowering (views before it fold into its reads)."""
         cx = self.cx
         nodes = [cx.nodes[n] for n in g.nodes]
-        family = [n for n in nodes if n.op in FAMILIES  # a pooling pool_expr takes stays a strided-read kernel
+        family = [n for n in nodes if n.op in OPERATORS  # a pooling pool_expr takes stays a strided-read kernel
                   and not (n.op in POOL_OPS and pool_fusable(n, cx.shape(n.args[0][1:])))]
         if (g.kind == "other" or (g.kind == "data_movement" and len(nodes) == 1)) and len(family) == 1 and all(n is family[0] or n.op in VIEWS | SPLITS for n in nodes):
             return family[0]
@@ -278,7 +259,7 @@ class _Lowerer:
                 cx.split(n, env)
             else:
                 env[n.name] = view_expr(n, cx.arg(env, f"{n.name} ({n.op})")(n.args[0]))
-        call = FAMILIES[node.op](_FamilyContext(cx, env, node), node)
+        call = OPERATORS[node.op](_FamilyContext(cx, env, node), node)
         if call.library == "cudnn":
             cx.out.uses_dnn = True
         return Lowered(g, "kernel", call=call, describe=call.describe or short_op(node))

@@ -18,8 +18,10 @@ from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_gemm import describe_gemm, strided_gemm
 from stitchcuda.compiler.lowering.lower_rows import lower_row
 from stitchcuda.compiler.lowering.lowered import SPLITS, Lowered
+from stitchcuda.compiler.lowering.registry import group_lowering
 
 
+@group_lowering("attention", 10, lambda g, nodes: g.kind == "attention")
 def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     """Q.K^T as a batched GEMM into a scores buffer, one in-place row kernel for what lies between
     (scale, mask, softmax), and P.V as a batched GEMM written straight into the layout of the

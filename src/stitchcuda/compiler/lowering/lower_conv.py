@@ -34,6 +34,7 @@ from stitchcuda.compiler.lowering.lower_pointwise import (
     lower_pointwise,
 )
 from stitchcuda.compiler.lowering.lowered import Conv, Gemm, Lowered, to_ident
+from stitchcuda.compiler.lowering.registry import group_lowering
 from stitchcuda.compiler.lowering.split_tf32 import plan_conv_split, worth_splitting_conv
 
 # Past this many convolutions a network stays in fp32 (cuDNN FMA): 3xTF32's error, about 1e-5 of a
@@ -47,10 +48,12 @@ def _deep(cx: LowerContext) -> bool:
     return sum(n.op in CONV_OPS for n in cx.graph.nodes) > DEEP_CONVS
 
 
-def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node], convs: list[Node]) -> Lowered:
+@group_lowering("convolution", 40, lambda g, nodes: any(n.op in CONV_OPS for n in nodes))
+def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     """A 1-, 2- or 3-d convolution (or transposed convolution) through cuDNN into the group's
     output buffer, then one pointwise kernel for bias + the epilogue (eval batch norm,
     activations, residual adds) in place."""
+    convs = [n for n in nodes if n.op in CONV_OPS]
     if len(convs) != 1:
         raise Unsupported(f"{len(convs)} convolutions in one group")
     anchor = convs[0]

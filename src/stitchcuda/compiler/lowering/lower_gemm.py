@@ -22,11 +22,14 @@ from stitchcuda.compiler.lowering.cutlass_gemm import H100_SMS, CutlassGemm
 from stitchcuda.compiler.lowering.gemm_calls import tiny
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_pointwise import library_call
-from stitchcuda.compiler.lowering.lowered import SPLITS, Gemm, Lowered, Lowering
+from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS, SPLITS, Gemm, Lowered, Lowering
+from stitchcuda.compiler.lowering.registry import group_lowering
 from stitchcuda.compiler.lowering.split_tf32 import plan_split, worth_splitting
 
 
-def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node], gemms: list[Node]) -> Lowered:
+@group_lowering("matrix product", 50, lambda g, nodes: any(n.op in PLAIN_GEMM_OPS for n in nodes))
+def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
+    gemms = [n for n in nodes if n.op in PLAIN_GEMM_OPS]
     if len(gemms) != 1:
         raise Unsupported(f"{len(gemms)} matrix products in one group")
     anchor = gemms[0]

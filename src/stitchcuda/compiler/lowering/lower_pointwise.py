@@ -23,8 +23,10 @@ from stitchcuda.compiler.ir.formulas import pointwise_expr
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lowered import SPLITS, Lowered, to_ident
+from stitchcuda.compiler.lowering.registry import group_lowering
 
 
+@group_lowering("pointwise", 90, lambda g, nodes: True)  # last: any group nothing else takes
 def lower_pointwise(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: dict[str, Expr] | None = None,
                     program: Program | None = None) -> Lowered:
     env = dict(env or {})

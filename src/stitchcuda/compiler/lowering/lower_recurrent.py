@@ -24,6 +24,7 @@ from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_gemm import gemm_shape
 from stitchcuda.compiler.lowering.lowered import CELLS, SPLITS, ZEROS, Lowered, to_ident
+from stitchcuda.compiler.lowering.registry import group_lowering
 
 
 def batch_recurrent_inputs(cx: LowerContext) -> None:
@@ -69,6 +70,7 @@ def fold_states_and_views(cx: LowerContext, nodes: list[Node], anchor: Node, env
             raise Unsupported(f"{n.name} ({n.op}) before {anchor.name} ({anchor.op})")
 
 
+@group_lowering("recurrent cell", 30, lambda g, nodes: any(n.op in CELLS for n in nodes))
 def lower_recurrent(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     """One time step of an LSTM/GRU cell: x.W_ih^T and h.W_hh^T as two cuBLAS GEMMs into gate
     buffers (the second skipped while h is the zero initial state), then one pointwise kernel

@@ -35,8 +35,10 @@ from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import MAX_ROW
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lowered import RESHAPES, SPLITS, Lowered, to_ident
+from stitchcuda.compiler.lowering.registry import group_lowering
 
 
+@group_lowering("row", 70, lambda g, nodes: any(n.op in ROW_OPS for n in nodes))
 def lower_row(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: dict[str, Expr] | None = None,
               outs: list[str] | None = None) -> Lowered:
     env = dict(env or {})
@@ -153,6 +155,7 @@ def _merge_trailing(cx: LowerContext, nodes: list[Node], env: dict[str, Expr]) -
     return out, merged
 
 
+@group_lowering("group norm", 60, lambda g, nodes: nodes[0].op == "aten.group_norm")
 def lower_group_norm(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     """Group norm of a [N, C, *spatial] buffer and the pointwise chain after it, in two kernels:
     a row kernel over the N x G groups (each row the C/G channels x spatial elements of one

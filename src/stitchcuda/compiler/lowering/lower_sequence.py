@@ -34,6 +34,7 @@ from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_gemm import gemm_shape
 from stitchcuda.compiler.lowering.lower_recurrent import fold_states_and_views
 from stitchcuda.compiler.lowering.lowered import Lowered, to_ident
+from stitchcuda.compiler.lowering.registry import group_lowering
 
 # operator -> (cell, gates per hidden unit)
 SEQUENCES = {"aten.lstm": ("lstm", 4), "aten.gru": ("gru", 3), "aten.rnn_tanh": ("tanh", 1),
@@ -242,6 +243,7 @@ class _Layers:
             self._copy(value, _cat(pieces, 0, shape), shape, "h_n" if index == 1 else "c_n")
 
 
+@group_lowering("recurrent layer", 20, lambda g, nodes: any(n.op in SEQUENCES for n in nodes))
 def lower_sequence(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     """A whole recurrent layer, its zero initial states and the views before it folded in."""
     env: dict[str, Expr] = {}

@@ -1,4 +1,5 @@
-"""Lowerings by operator family: one module per family, one registry.
+"""Lowerings by operator family: one module per family, each registered per operator in the one
+registry (lowering/registry.py).
 
 A family lowering takes one node of the core-ATen graph and returns the CUDA that computes it: the
 ``__global__`` kernels (emitted once per program, deduplicated by name) and the host statements
@@ -6,7 +7,7 @@ that launch them inside ``launch_all`` (pointers are ``a.<ident>``, the stream i
 Its tensor arguments arrive as :class:`Strided` reads of buffers (views already folded into
 shapes, strides and an element offset), its outputs as fresh contiguous buffers.
 
-The fused lowerings in ``stitchcuda/compiler/lower_*.py`` (GEMM/convolution epilogues, row
+The fused lowerings in ``stitchcuda/compiler/lowering/lower_*.py`` (GEMM/convolution epilogues, row
 kernels, pointwise chains) take the common shapes fast; a family lowering is the general case
 of an operator: any rank, any dims, any layout, with indices where the operator returns them.
 """
@@ -14,7 +15,6 @@ of an operator: any rank, any dims, any layout, with indices where the operator 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -75,23 +75,6 @@ class FamilyContext(Protocol):
         """A kernel name unique to this program, e.g. ``sc1234_max_1_reduce``."""
 
 
-Lowering = Callable[[FamilyContext, Node], KernelCall]
-FAMILIES: dict[str, Lowering] = {}
-
-
-def lowering(*ops: str) -> Callable[[Lowering], Lowering]:
-    """Register ``fn`` as the lowering of ``ops`` (ATen overload packets, e.g. ``"aten.cumsum"``)."""
-
-    def register(fn: Lowering) -> Lowering:
-        for op in ops:
-            if op in FAMILIES:
-                raise ValueError(f"two lowerings for {op}")
-            FAMILIES[op] = fn
-        return fn
-
-    return register
-
-
 def index_expr(x: Strided, coords: list[str]) -> str:
     """C++ text of the element offset of ``x`` at the given per-dim coordinate expressions."""
     terms = [f"({c}) * {s}LL" for c, s, n in zip(coords, x.strides, x.shape, strict=True) if n != 1 and s != 0]
@@ -106,15 +89,3 @@ def unravel(shape: tuple[int, ...] | list[int], flat: str, prefix: str = "c") ->
     for d in range(len(shape) - 1, -1, -1):
         lines.append(f"const long long {names[d]} = {prefix}_rest % {shape[d]}LL; {prefix}_rest /= {shape[d]}LL;")
     return names, "\n    ".join(lines)
-
-
-def register_all() -> None:
-    """Import every family module so that its lowerings register (idempotent)."""
-    import importlib
-    import pkgutil
-
-    for info in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{info.name}")
-
-
-register_all()

@@ -19,7 +19,7 @@ from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported
 from stitchcuda.compiler.ir.formulas import MASK_OPS, is_pointwise
 from stitchcuda.compiler.ir.ops import RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, VIEW_OPS
-from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided, lowering
+from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.families.layout import (
     broadcast_at,
     convert,
@@ -29,6 +29,7 @@ from stitchcuda.compiler.lowering.families.layout import (
     single_output,
     where_of,
 )
+from stitchcuda.compiler.lowering.registry import lowering
 
 RANK = {"bool": 0, "int32_t": 1, "int64_t": 2, "float": 3}
 

@@ -23,7 +23,8 @@ from typing import Any
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported
-from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided, lowering, unravel
+from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided, unravel
+from stitchcuda.compiler.lowering.registry import lowering
 
 # op -> (kind, spatial rank, argument names after ``self`` as in the schema)
 _MAX = ["kernel_size", "stride", "padding", "dilation", "ceil_mode"]

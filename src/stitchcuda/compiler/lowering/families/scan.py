@@ -19,8 +19,9 @@ inside a 1e-4 tolerance.
 from __future__ import annotations
 
 from stitchcuda.compiler.capture.graph import Node
-from stitchcuda.compiler.lowering.families import C_TYPES, FamilyContext, KernelCall, lowering
+from stitchcuda.compiler.lowering.families import C_TYPES, FamilyContext, KernelCall
 from stitchcuda.compiler.lowering.families.reduce import RESIDENT, Dim, bind, fail, offset_code
+from stitchcuda.compiler.lowering.registry import lowering
 
 PER_THREAD = 8  # consecutive elements a thread scans in registers per chunk
 FULL = "0xffffffffu"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported
-from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided, lowering
+from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided
+from stitchcuda.compiler.lowering.registry import lowering
 
 
 @lowering("stitchcuda.int_add")

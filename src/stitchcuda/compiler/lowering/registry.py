@@ -1,0 +1,87 @@
+"""One registry of lowerings: how the compiler finds what lowers a group or an operator.
+
+- Per operator (:data:`OPERATORS`, registered with :func:`lowering`): a family lowering (families/)
+  takes one node of its operator in any instance (rank, dims, layout, the dtypes it names) and
+  returns its kernels and launch statements. It is every operator's standalone lowering: a group
+  that nothing else takes, or a single operator a fused lowering refuses, goes here.
+- Per group (:data:`GROUPS`, registered with :func:`group_lowering`): a fused lowering (lower_*.py)
+  takes a fusion group (an anchor with the prologue and epilogue scheduling fused to it) and
+  returns its launches. Each says which groups it takes; the first in order that takes a group
+  lowers it, and the pointwise lowering, last, takes any.
+
+Scheduling asks the same registry (:data:`OPERATORS`) whether an operator lowers alone, so a group
+forms only where a lowering accepts it. Importing this module registers every lowering.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from stitchcuda.compiler.capture.graph import Node
+from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall
+
+OperatorLowering = Callable[[FamilyContext, Node], KernelCall]
+OPERATORS: dict[str, OperatorLowering] = {}
+
+
+def lowering(*ops: str) -> Callable[[OperatorLowering], OperatorLowering]:
+    """Register ``fn`` as the lowering of ``ops`` (ATen overload packets, e.g. ``"aten.cumsum"``)."""
+
+    def register(fn: OperatorLowering) -> OperatorLowering:
+        for op in ops:
+            if op in OPERATORS:
+                raise ValueError(f"two lowerings for {op}")
+            OPERATORS[op] = fn
+        return fn
+
+    return register
+
+
+@dataclass(frozen=True)
+class GroupLowering:
+    name: str
+    order: int  # lower first: asked first
+    takes: Callable[[FusionGroup, list[Node]], bool]
+    lower: Callable[[Any, FusionGroup, list[Node]], Any]  # (LowerContext, group, its nodes) -> Lowered
+
+
+GROUPS: list[GroupLowering] = []
+
+
+def group_lowering(name: str, order: int, takes: Callable[[FusionGroup, list[Node]], bool]) -> Callable:
+    """Register ``fn(cx, group, nodes)`` as the fused lowering of the groups ``takes`` accepts."""
+
+    def register(fn: Callable) -> Callable:
+        if any(g.name == name or g.order == order for g in GROUPS):
+            raise ValueError(f"group lowering {name} (order {order}) registered twice")
+        GROUPS.append(GroupLowering(name, order, takes, fn))
+        GROUPS.sort(key=lambda g: g.order)
+        return fn
+
+    return register
+
+
+def group_lowering_for(group: FusionGroup, nodes: list[Node]) -> GroupLowering:
+    return next(g for g in GROUPS if g.takes(group, nodes))
+
+
+_GROUP_MODULES = ("lower_attention", "lower_sequence", "lower_recurrent", "lower_conv", "lower_gemm", "lower_rows",
+                  "lower_pointwise")
+
+
+def register_all() -> None:
+    """Import every lowering module so that it registers (idempotent)."""
+    package = __name__.rpartition(".")[0]
+    families = importlib.import_module(f"{package}.families")
+    for info in pkgutil.iter_modules(families.__path__):
+        importlib.import_module(f"{package}.families.{info.name}")
+    for name in _GROUP_MODULES:
+        importlib.import_module(f"{package}.{name}")
+
+
+register_all()
