@@ -60,3 +60,22 @@ def test_each_group_goes_to_a_lowering_and_the_groups_stay_a_dag(path):
     for u in edges:
         if u not in state:
             visit(u)
+
+
+def test_a_fused_attempt_that_refuses_leaves_nothing_behind():
+    """A single operator whose fused lowering refuses it falls back to its family lowering; the
+    buffers and configurations the attempt had made are dropped first (Lowering.mark/undo)."""
+    from stitchcuda.compiler.capture.graph import OpGraph
+    from stitchcuda.compiler.lowering.lowered import Lowering
+
+    low = Lowering(graph=OpGraph(task="t", placeholders=[], nodes=[], outputs=[]))
+    low.intermediates.append(("b_kept", [4]))
+    low.storage["kept"] = "b_kept"
+    mark = low.mark()
+    low.intermediates.append(("b_scratch", [8]))
+    low.storage["scratch"] = "b_scratch"
+    low.ctypes["b_scratch"] = "int64_t"
+    low.uses_blas = True
+    low.undo(mark)
+    assert low.intermediates == [("b_kept", [4])] and low.storage == {"kept": "b_kept"}
+    assert low.ctypes == {} and not low.uses_blas

@@ -204,11 +204,13 @@ class _Lowerer:
             if not (n.op in PLAIN_GEMM_OPS or n.op in CONV_OPS or n.op in ROW_OPS or n.op == "aten.group_norm" or n.op in VIEWS or n.op in SPLITS or is_pointwise(n.op)
                     or n.op in CELLS or n.op in SEQUENCES or n.op in DATA_OPS or (n.op in ZEROS and g.kind == "recurrent")):
                 raise Unsupported(f"{n.name}: operator {n.op}.{n.overload} is not supported by the offline Coder")
+        mark = cx.out.mark()
         try:
             return self._lower_fused(g, nodes)
         except Unsupported:
             if len(nodes) != 1 or nodes[0].op not in OPERATORS:
                 raise
+            cx.out.undo(mark)  # the fused attempt's buffers go with it
             return self._lower_family(g, nodes, nodes[0])  # one operator: its own lowering takes any instance
 
     def _lower_fused(self, g: FusionGroup, nodes: list[Node]) -> Lowered:

@@ -172,6 +172,22 @@ class Lowering:
     cutlass_slots: list[int] = field(default_factory=list)  # the first slot of each
     cutlass_convs: list[Conv] = field(default_factory=list)
 
+    def mark(self) -> tuple:
+        """The record as it stands, for :meth:`undo`: a fused attempt that fails leaves nothing."""
+        lists = (self.args, self.intermediates, self.outputs, self.groups, self.convs, self.lt_gemms, self.cutlass,
+                 self.cutlass_slots, self.cutlass_convs)
+        return tuple(len(x) for x in lists), dict(self.ctypes), dict(self.storage), self.uses_blas, self.uses_dnn
+
+    def undo(self, mark: tuple) -> None:
+        """Drop what was added since ``mark``: the buffers, launches and library configurations of a
+        fused lowering that refused its group after it had started (its fallback starts clean)."""
+        sizes, ctypes, storage, self.uses_blas, self.uses_dnn = mark
+        lists = (self.args, self.intermediates, self.outputs, self.groups, self.convs, self.lt_gemms, self.cutlass,
+                 self.cutlass_slots, self.cutlass_convs)
+        for x, n in zip(lists, sizes, strict=True):
+            del x[n:]
+        self.ctypes, self.storage = ctypes, storage
+
     def cutlass_slot(self, config: Any) -> int:
         """The launcher slot of ``config``'s kernel extension, added on first use (a convolution's
         extension takes two: its launcher and its workspace function)."""
