@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stitchcuda.verify.verdict import Verdict
+from stitchcuda.verify.verdict import SEED_DEPENDENT, Verdict
 
 _MAX_LINES = 14
 
@@ -16,6 +16,8 @@ WEIGHTS_DIFFER = (
 def feedback_for(verdict: Verdict) -> str:
     lines: list[str] = []
     if verdict.reference_error:
+        if verdict.reference_error.startswith(SEED_DEPENDENT):  # it ran: no program can match its draws
+            return "The task cannot be verified; no program can change that:\n" + verdict.reference_error[-800:]
         return "The reference program itself failed; nothing to compare against:\n" + verdict.reference_error[-800:]
     failed = [e for e in verdict.build.extensions if not e.ok]
     for ext in failed:
