@@ -223,3 +223,10 @@ def test_a_recurrent_layer_final_states_take_the_initial_states_shapes():
     node.out[2] = TensorMeta(shape=[right[0], 1, *right[1:]], dtype="float32")  # what torch 2.11 records
     _recurrent_state_shapes(graph)
     assert node.out[2].shape == right
+
+
+def test_state_reassigned_inside_a_submodule_is_refused_not_dropped():
+    """torch.export records ``self.h = ...`` at the top level as a buffer mutation but not inside a
+    submodule; one more forward of the captured model finds the reassignment, and the capture says so."""
+    with pytest.raises(CaptureError, match=r"reassigns cell\.h .*did not record it"):
+        compile_task(load_task_file(Path(__file__).parent / "fixtures" / "compiler_refusals" / "nested_state.py"))

@@ -283,7 +283,35 @@ def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
             graph.constants[p.target] = value.detach().cpu().tolist()
     _draws_as_arguments(graph)
     graph.state = state
+    missed = _unrecorded_state(model, inputs, graph)
+    if missed:
+        raise CaptureError(f"the forward reassigns {', '.join(missed)} (state kept across calls), and torch.export did "
+                           "not record it as a mutation (it misses reassignments inside submodules): the program "
+                           "would not carry that state")
     return graph
+
+
+def _unrecorded_state(model: Any, inputs: list[Any], graph: OpGraph) -> list[str]:
+    """The state attributes one more forward of the captured model reassigns that the graph does
+    not write back (checked only where the model has such attributes; a forward that cannot run
+    again here is not judged)."""
+    import torch
+
+    if not graph.state:
+        return []
+    written = {p.target for p in graph.placeholders if p.name in set(graph.mutations.values())}
+
+    def current(name: str) -> Any:
+        path, _, key = name.rpartition(".")
+        return getattr(model.get_submodule(path) if path else model, key, None)
+
+    before = {name: current(name) for name in graph.state}
+    try:
+        with TRACE_LOCK, torch.no_grad():
+            model(*inputs)
+    except Exception:
+        return []
+    return [name for name in graph.state if current(name) is not before[name] and name not in written]
 
 
 def _static_shapes(exported: Any) -> None:
