@@ -219,7 +219,7 @@ def bench(
     metrics = bench_metrics(result.tasks, result.info)
     if json_out:  # the metrics, and why each task that did not pass failed
         failures = [{"task": t.task, **t.failure.model_dump(),  # the detail is one line; every reason in full:
-                     **({"reasons": t.error.split("; ")} if t.failure.kind == "no_candidate" and t.error else {})}
+                     **({"reasons": _reasons(t.error)} if t.failure.kind == "no_candidate" and t.error else {})}
                     for t in result.tasks if t.failure is not None]
         print(json.dumps(json.loads(metrics.model_dump_json()) | {"failures": failures}, indent=1))
     else:
@@ -249,3 +249,7 @@ def report(
     console().print(f"wrote {files.html}\nwrote {files.markdown}", highlight=False)
 
 
+def _reasons(error: str) -> list[str]:
+    """The compiler's reasons, one each ("; " joins them); a task the Verifier found unusable is
+    one reason, whatever its message holds."""
+    return [error] if error.startswith("unusable task") else error.split("; ")
