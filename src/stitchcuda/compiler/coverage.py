@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from stitchcuda.compiler.capture.graph import DRAWN_OPS, keep_table
 from stitchcuda.compiler.ir.expr import DATA_OPS, VIEWS
 from stitchcuda.compiler.ir.formulas import ROW_OPS, is_pointwise
 from stitchcuda.compiler.ir.ops import (
@@ -60,15 +61,12 @@ def core_forward_ops() -> list[str]:
 # data-dependent trace (refused at capture)
 BY_DESIGN = {"aten.sym_numel": "symbolic shape", "aten.sym_storage_offset": "symbolic shape",
              "aten._local_scalar_dense": "data-dependent scalar"}
-# random draws: the program draws them from torch's generator on the device (graph.Draw)
-DRAWN = {"aten.rand", "aten.randn", "aten.randperm", "aten.randint", "aten.normal", "aten.rand_like",
-         "aten.randn_like"}
 
 
 def _how(op: str, decomposed: set[str]) -> str | None:
     if op in BY_DESIGN:
         return f"refused by design: {BY_DESIGN[op]}"
-    if op in DRAWN:
+    if op in DRAWN_OPS:  # the program draws them from torch's generator (graph.Draw)
         return "drawn by the program (torch's generator)"
     if op in decomposed:
         return "decomposed"
@@ -93,8 +91,6 @@ def _how(op: str, decomposed: set[str]) -> str | None:
 
 def coverage() -> Coverage:
     import torch
-
-    from stitchcuda.compiler.capture.graph import keep_table
 
     decomposed = {f"aten.{op._overloadpacket.__name__}" for op in keep_table()
                   if isinstance(op, torch._ops.OpOverload)}

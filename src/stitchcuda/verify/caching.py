@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
-from stitchcuda.verify.conditioning import judge_against_fp64
+from stitchcuda.verify.conditioning import reconsider
 from stitchcuda.verify.correctness import compare_outputs, make_trial_inputs
 from stitchcuda.verify.torch_state import set_tf32
 from stitchcuda.verify.verdict import Finding
@@ -201,12 +201,7 @@ def stale_outputs(model: Any, ref_model: Any, get_inputs: Callable[[], Any], con
 
     def compare(ref: Any, cand: Any) -> Any:
         found = compare_outputs(ref, cand, config.tol)
-        if found.passed or found.max_abs_error is None or fp64 is None or not last_args:
-            return found
-        exact = fp64(last_args)
-        check = None if exact is None else judge_against_fp64(ref, cand, exact, config.tol)
-        if check is not None and check.passed:
-            found.passed, found.error = True, None
+        reconsider(found, ref, cand, last_args, fp64, config.tol)
         return found
 
     trial = post_timing_trial(

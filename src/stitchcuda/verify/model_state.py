@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from stitchcuda.verify.correctness import cloned, compare_outputs, detached
 from stitchcuda.verify.verdict import SeedCheck
 
 
@@ -115,8 +116,6 @@ def draws_random(call: Callable[[], Any], device: torch.device) -> tuple[Any, bo
 
 def seed_check(ref_model: Any, inputs: list[Any], start: ModelState, seed: int, tolerance: Any) -> SeedCheck:
     """The reference on the same inputs, from the same state, under seeds ``seed`` and ``seed + 1``."""
-    from stitchcuda.verify.correctness import cloned, compare_outputs, detached
-
     outputs = []
     for s in (seed, seed + 1):
         start.restore(ref_model)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from stitchcuda.verify.caching import TrialPrint, fingerprint, repeated_output_finding
-from stitchcuda.verify.conditioning import Fp64Reference, judge_against_fp64
+from stitchcuda.verify.conditioning import Fp64Reference, reconsider
 from stitchcuda.verify.correctness import (
     changed_inputs,
     cloned,
@@ -138,15 +138,7 @@ def run_trials(request: WorkerRequest, result: WorkerResult, reference: ModuleTy
         # both outputs stay on the device (a copy, apart from buffers the models reuse): moving a
         # level-1 task's 6 GB outputs to the CPU and back cost seconds per trial
         comparison = compare_outputs(ref_out, on_device(cand_out, device), tolerance)
-        if not comparison.passed and comparison.max_abs_error is not None and fp64 is not None:
-            exact = fp64(pristine)
-            check = None if exact is None else judge_against_fp64(ref_out, on_device(cand_out, device), exact, tolerance)
-            del exact
-            if check is not None:
-                trial.conditioning = check
-                comparison.passed = check.passed
-                if check.passed:
-                    comparison.error = None
+        trial.conditioning = reconsider(comparison, ref_out, on_device(cand_out, device), pristine, fp64, tolerance)
         prints.append(TrialPrint(index=index, candidate=fingerprint(cand_out), reference=fingerprint(ref_out),
                                  passed=comparison.passed))
         del ref_out, cand_out, pristine, run_reference, run_candidate  # before the next trial draws

@@ -193,16 +193,20 @@ MAX_CONSTANT = 1 << 14
 
 # Operators that draw random numbers. The draws of _DRAWS become entry arguments the program draws
 # from torch's generator (graph.draws); any other is a capture error naming it.
+# the draws a program makes itself (graph.Draw), as _draw reads them
+DRAWN_OPS = frozenset({"aten.rand", "aten.rand_like", "aten.randn", "aten.randn_like", "aten.randint", "aten.randperm",
+                       "aten.normal"})
 RANDOM_OPS = {"aten.native_dropout", "aten.bernoulli", "aten.rand", "aten.randn", "aten.rand_like",
               "aten.randn_like", "aten.randint", "aten.randint_like", "aten.randperm", "aten.normal",
               "aten.uniform", "aten.exponential", "aten.multinomial", "aten.poisson", "aten.geometric",
               "aten.cauchy", "aten.log_normal", "aten.rrelu_with_noise"}
 
 
-def _instantiate(task: Task, devices: tuple[str, ...] = ("meta", "cpu")) -> tuple[Any, list[Any]]:
+def _instantiate(task: Task, devices: tuple[str, ...] = ("meta", "cpu")) -> tuple[Any, list[Any], list[str]]:
     """The reference model and its inputs, on the meta device when its code allows (no memory, no
     compute: a 4096 x 393216 input costs nothing), else on the CPU. The model stays in the mode its
-    constructor leaves it in: KernelBench never calls ``.eval()``."""
+    constructor leaves it in: KernelBench never calls ``.eval()``. Its plain tensor attributes are
+    buffers by then (:func:`state_as_buffers`, whose names come third)."""
     import torch
 
     module = types.ModuleType(f"stitchcuda_capture_{task.sha256[:8]}")
@@ -220,7 +224,7 @@ def _instantiate(task: Task, devices: tuple[str, ...] = ("meta", "cpu")) -> tupl
                 torch.manual_seed(0)
                 model = module.Model(*module.get_init_inputs())
                 inputs = list(module.get_inputs())
-            return model, inputs
+            return model, inputs, state_as_buffers(model)
         except Exception as exc:
             failure = exc
     raise CaptureError(f"the reference did not build: {type(failure).__name__}: {failure}") from failure
@@ -251,8 +255,7 @@ def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
     """Export the reference's forward, in the mode the task leaves it, lower it to core ATen (in-place
     ops functionalised, the operators of ``KEEP`` whole) and describe it as an :class:`OpGraph`."""
 
-    model, inputs = _instantiate(task)
-    state = state_as_buffers(model)
+    model, inputs, state = _instantiate(task)
     try:
         try:
             exported = _export(model, inputs, decompose)
@@ -261,8 +264,7 @@ def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
                 raise
             # a trace on the meta device can fail where real tensors do not (a view whose strides
             # only a real kernel gives): the same capture once more, on the CPU
-            model, inputs = _instantiate(task, ("cpu",))
-            state = state_as_buffers(model)
+            model, inputs, state = _instantiate(task, ("cpu",))
             exported = _export(model, inputs, decompose)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -273,8 +275,7 @@ def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
     if any(p.kind == "constant" for p in graph.placeholders) and any(
             getattr(v, "is_meta", False) for v in exported.constants.values()):
         # a constant made on the input's device has no values on the meta device: capture on the CPU
-        model, inputs = _instantiate(task, ("cpu",))
-        state = state_as_buffers(model)
+        model, inputs, state = _instantiate(task, ("cpu",))
         exported = _export(model, inputs, decompose)
         graph = _describe(task.name, exported)
     for p in graph.placeholders:

@@ -172,19 +172,20 @@ class Lowering:
     cutlass_slots: list[int] = field(default_factory=list)  # the first slot of each
     cutlass_convs: list[Conv] = field(default_factory=list)
 
+    def _grown(self) -> tuple[list, ...]:
+        """The lists a lowering only appends to."""
+        return (self.args, self.intermediates, self.outputs, self.groups, self.convs, self.lt_gemms, self.cutlass,
+                self.cutlass_slots, self.cutlass_convs)
+
     def mark(self) -> tuple:
         """The record as it stands, for :meth:`undo`: a fused attempt that fails leaves nothing."""
-        lists = (self.args, self.intermediates, self.outputs, self.groups, self.convs, self.lt_gemms, self.cutlass,
-                 self.cutlass_slots, self.cutlass_convs)
-        return tuple(len(x) for x in lists), dict(self.ctypes), dict(self.storage), self.uses_blas, self.uses_dnn
+        return tuple(len(x) for x in self._grown()), dict(self.ctypes), dict(self.storage), self.uses_blas, self.uses_dnn
 
     def undo(self, mark: tuple) -> None:
         """Drop what was added since ``mark``: the buffers, launches and library configurations of a
         fused lowering that refused its group after it had started (its fallback starts clean)."""
         sizes, ctypes, storage, self.uses_blas, self.uses_dnn = mark
-        lists = (self.args, self.intermediates, self.outputs, self.groups, self.convs, self.lt_gemms, self.cutlass,
-                 self.cutlass_slots, self.cutlass_convs)
-        for x, n in zip(lists, sizes, strict=True):
+        for x, n in zip(self._grown(), sizes, strict=True):
             del x[n:]
         self.ctypes, self.storage = ctypes, storage
 
