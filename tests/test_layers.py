@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     # the version string, where the cache lives, what the machine has (nvidia-smi, the CUDA
     # toolkit and its library headers), the one Jinja setup every template renders under, the hints
     # messages carry
-    ("foundation", {"stitchcuda", "paths", "machine", "cuda_headers", "templating", "hints", "torchvision_compat"}),
+    ("foundation", {"stitchcuda", "paths", "machine", "gpu_specs", "cuda_headers", "templating", "hints", "torchvision_compat"}),
     # the task and candidate records and their loading, and the records of an optimize run
     # (plan, steps, state): what every stage passes around
     ("task, records", {"task", "records"}),

@@ -267,8 +267,9 @@ def test_offline_coder_picks_the_next_variant_from_the_verdict():
     from stitchcuda.agents.offline import Signals, choose_next, variants
 
     opts = variants("strict")
-    assert opts[0]["split_tf32"] and opts[1]["cutlass"] and opts[2]["cublaslt"] and not opts[3]["cublaslt"]
-    assert opts[0]["graph"] and not any(o["cutlass"] for o in opts if o["split_tf32"])
+    assert opts[0]["cost_model"] and opts[0]["split_tf32"] and opts[0]["cutlass"]  # the model picks per operator
+    assert opts[1]["split_tf32"] and opts[2]["cutlass"] and opts[3]["cublaslt"] and not opts[4]["cublaslt"]
+    assert opts[0]["graph"] and not any(o["cutlass"] for o in opts if o["split_tf32"] and not o["cost_model"])
     assert choose_next(opts, [], Signals()) == 0
     library = Signals.from_verdict(_verdict(ms=1.2, top="library"))
     assert choose_next(opts, [0], library) == 1  # the other GEMM path
@@ -296,22 +297,22 @@ def test_offline_coder_searches_from_the_fastest_verified_variant():
     from stitchcuda.agents.records import CoderRequest
 
     opts = variants("strict")
-    nxt = choose_next(opts, [0, 1, 2], Signals.from_verdict(_verdict(ms=0.83, top="library")), base=2)
-    assert not opts[nxt]["cublaslt"] and sum(opts[nxt][k] != v for k, v in opts[2].items()) == 1
-    assert len({tuple(sorted(o.items())) for o in opts}) == len(opts) == 48  # every option on every other
-    assert len(variants("paper")) == 48 + 36  # TF32 itself needs no split
+    nxt = choose_next(opts, [0, 1, 2, 3], Signals.from_verdict(_verdict(ms=0.83, top="library")), base=3)
+    assert not opts[nxt]["cublaslt"] and sum(opts[nxt][k] != v for k, v in opts[3].items()) == 1
+    assert len({tuple(sorted(o.items())) for o in opts}) == len(opts) == 60  # every option on every other
+    assert len(variants("paper")) == 60 + 36  # TF32 itself needs no split, nor a model
 
     task = TASKS["mlp"]
     coder = OfflineCoder(task, "strict")
-    answers = [coder.answer(CoderRequest(skill="scratch")) for _ in range(4)]  # nothing shown: a walk
-    # split 3xTF32, CUTLASS, cuBLASLt, cuBLAS
-    assert [variant_of(a.text, coder.variants) for a in answers] == [0, 1, 2, 3]
-    assert coder.variants[3] == {**coder.variants[2], "cublaslt": False}
-    # the loop kept variant 2 as the fastest, so the step starts from it: the search goes on from 2, not 3
-    program = extract_program(answers[2].text)
+    answers = [coder.answer(CoderRequest(skill="scratch")) for _ in range(5)]  # nothing shown: a walk
+    # the cost model, split 3xTF32, CUTLASS, cuBLASLt, cuBLAS
+    assert [variant_of(a.text, coder.variants) for a in answers] == [0, 1, 2, 3, 4]
+    assert coder.variants[4] == {**coder.variants[3], "cublaslt": False}
+    # the loop kept variant 3 as the fastest, so the step starts from it: the search goes on from 3, not 4
+    program = extract_program(answers[3].text)
     request = CoderRequest(skill="optimize", program=program, verdict=_verdict(ms=0.8, top="own"))
     chosen = coder.variants[variant_of(coder.answer(request).text, coder.variants)]
-    changed = {k for k, v in chosen.items() if coder.variants[2][k] != v}
+    changed = {k for k, v in chosen.items() if coder.variants[3][k] != v}
     assert changed in ({"block"}, {"vector_width"})  # our kernel on top: another block size or width
 
 

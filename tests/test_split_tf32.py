@@ -358,7 +358,7 @@ def test_split_convolutions_keep_fp32_accuracy_on_the_gpu(tmp_path, monkeypatch)
     from stitchcuda.compiler import compile_task, lower_conv
     from stitchcuda.task import resolve_tasks
 
-    monkeypatch.setattr(lower_conv, "worth_splitting_conv", lambda c: c.chunks == 1)
+    monkeypatch.setattr(lower_conv, "worth_splitting_conv", lambda c, *_: c.chunks == 1)
     path = tmp_path / "split_convs.py"
     path.write_text(SPLIT_CONV_TASK)
     (task,) = resolve_tasks(str(path))

@@ -54,6 +54,16 @@ def verdict_view(v: Verdict) -> Group:
         d = v.correctness.random_draws
         summary.add_row("random", f"the reference draws random numbers; seeds {d.seeds[0]} and {d.seeds[1]} agree "
                                   f"within the tolerance (max abs {d.max_abs_difference or 0:.2g})")
+    if v.estimate is not None:
+        e = v.estimate
+        measured = "; measured: " + ", ".join(
+            part for part in (f"library kernels {e.measured_library_ms:.3f} ms" if e.measured_library_ms is not None
+                              else "", f"forward {e.measured_forward_ms:.3f} ms" if e.measured_forward_ms is not None
+                              else "") if part) if e.measured_library_ms is not None or e.measured_forward_ms else ""
+        summary.add_row("estimate", Text(f"cost model ({e.table} table{', assumed' if e.assumed else ''}): "
+                                         f"{e.operators} products and convolutions {e.ms:.3f} ms"
+                                         f" ({', '.join(f'{k} {n}' for k, n in e.paths.items())}){measured}",
+                                         overflow="fold"))
     parts: list = [headline, summary]
     if v.second_opinion is not None:
         parts.extend(second_opinion_view(v))

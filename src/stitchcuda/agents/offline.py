@@ -25,26 +25,50 @@ from stitchcuda.agents.planner import CallHook, PlanContext
 from stitchcuda.agents.records import Best, CoderRequest, Plan
 from stitchcuda.compiler import Compiled, compile_task
 from stitchcuda.compiler.emit.codegen import CodegenOptions, generate
+from stitchcuda.compiler.ir.expr import Unsupported
+from stitchcuda.compiler.lowering.cost import Estimate
+from stitchcuda.compiler.lowering.lower import lower
 from stitchcuda.llm.base import Completion, LLMConfig, Message, Usage
 from stitchcuda.task.record import Task
 from stitchcuda.verify.verdict import Verdict
 
 OFFLINE = LLMConfig(provider="offline", model="stitchcuda-offline")
-GEMM_PATH = ("split_tf32", "cutlass", "cublaslt")
+GEMM_PATH = ("cost_model", "split_tf32", "cutlass", "cublaslt")
 
 
 def variants(tolerance: str = "strict") -> list[dict]:
     """Tuning variants, the likeliest best first. TF32 only where the tolerance policy allows it
     (``paper``, 1e-2): there it comes first; the Verifier discloses it in every verdict."""
     precisions = (True, False) if tolerance == "paper" else (False,)
-    # the GEMM path innermost (split_tf32, cutlass, cublaslt): 3xTF32 by split operands on
-    # cuBLASLt's TF32 tensor cores (about 2.5x cuBLAS's fp32 SGEMM on an H100, error about 1e-5 of
-    # the largest output), CUTLASS's 3xTF32 (1.3-1.5x, SGEMM's accuracy), cuBLASLt with its bias
-    # epilogue, then plain cuBLAS SGEMMs and epilogue kernels. Plain TF32 (paper) needs no split.
-    paths = ((True, False, True), (False, True, False), (False, False, True), (False, False, False))
+    # the GEMM path innermost (cost_model, split_tf32, cutlass, cublaslt). First the cost model
+    # (compiler/lowering/cost.py), which gives each product and convolution the path it estimates
+    # fastest: fp32 SGEMM, 3xTF32 by split operands on cuBLASLt's TF32 tensor cores (about 2.5x
+    # SGEMM on an H100 where the split's traffic is small beside the product), CUTLASS's 3xTF32
+    # (1.3-1.5x, no extra traffic). Then each path for every product: split where it pays, CUTLASS,
+    # cuBLASLt with its bias epilogue, plain cuBLAS SGEMMs and epilogue kernels. Plain TF32 (paper)
+    # needs no split and no model.
+    paths = ((True, True, True, True), (False, True, False, True), (False, False, True, False),
+             (False, False, False, True), (False, False, False, False))
     grid = itertools.product(precisions, (True, False), (256, 128, 512), (4, 1), paths)
-    return [CodegenOptions(tf32=p, graph=g, block=b, vector_width=v, split_tf32=s, cutlass=c, cublaslt=lt).model_dump()
-            for p, g, b, v, (s, c, lt) in grid if not (p and s)]
+    return [CodegenOptions(tf32=p, graph=g, block=b, vector_width=v, cost_model=m, split_tf32=s, cutlass=c,
+                           cublaslt=lt).model_dump()
+            for p, g, b, v, (m, s, c, lt) in grid if not (p and s)]
+
+
+def variant_estimates(estimates: list[Estimate], options: list[dict]) -> list[float]:
+    """Each variant's estimated time for its products and convolutions, from the cost model's
+    estimates of every path (one lowering with all paths on): a variant that forces a path gets
+    the split where the model says it beats SGEMM, else CUTLASS, else SGEMM, as it would run."""
+
+    def one(e: Estimate, o: dict) -> float:
+        p = e.paths
+        if o.get("cost_model") or "simt" in p:
+            return e.ms
+        if o.get("split_tf32") and "split" in p and p["split"] < p["cublas"]:
+            return p["split"]
+        return p["cutlass"] if o.get("cutlass") and "cutlass" in p else p["cublas"]
+
+    return [sum(one(e, o) for e in estimates) for o in options]
 
 
 class OfflinePlannerAgent:
@@ -102,7 +126,8 @@ def variant_of(program: str, options: list[dict]) -> int | None:
     return next((i for i, o in enumerate(options) if o == named), None)
 
 
-def choose_next(options: list[dict], tried: list[int], signals: Signals, base: int | None = None) -> int:
+def choose_next(options: list[dict], tried: list[int], signals: Signals, base: int | None = None,
+                estimates: list[float] | None = None) -> int:
     """The next variant to try: the untried one nearest ``base`` (the fewest options changed), and
     among those the one the verdict points to. ``base`` is the fastest verified variant so far (the
     last tried when none is known).
@@ -148,7 +173,11 @@ def choose_next(options: list[dict], tried: list[int], signals: Signals, base: i
                      and (keys != ("graph",) or options[i].get("graph"))), len(wants))
 
     # a local search: a variant two options away is a guess about both; one away says what one option is worth
-    return min(allowed, key=lambda i: (distance(i), want_rank(i), i))
+    def path_first(i: int) -> tuple[int, float]:  # another GEMM path first, the fastest estimated of them
+        changed = any(options[i].get(k) != ref.get(k) for k in GEMM_PATH)
+        return (0, round(estimates[i], 3) if estimates else 0.0) if changed else (1, 0.0)
+
+    return min(allowed, key=lambda i: (distance(i), want_rank(i), path_first(i), i))
 
 
 class OfflineCoder:
@@ -168,6 +197,17 @@ class OfflineCoder:
         self.verified_ms: dict[int, float] = {}  # variant -> its time, from the verdicts it was shown
         self._made: dict[str, int] = {}  # sha256 of a program it wrote -> its variant
         self._lock = threading.Lock()
+        self._variant_ms: list[float] | None = None
+
+    def _estimates(self) -> list[float] | None:
+        """The cost model's estimate of every variant (one lowering with every path on), once."""
+        if self._variant_ms is None:
+            try:
+                low = lower(self.graph, self.groups, CodegenOptions(split_tf32=True, cutlass=True, cost_model=True))
+                self._variant_ms = variant_estimates(low.estimates, self.variants)
+            except Unsupported:
+                self._variant_ms = []
+        return self._variant_ms or None
 
     def _variant(self, program: str | None) -> int | None:
         if program is None:
@@ -185,7 +225,8 @@ class OfflineCoder:
             # From the fastest program seen, by its own time: the loop carries the last program
             # into a new subtask even when it was slower, and eager's time (so the speedup) is noisy.
             base = min(self.verified_ms, key=self.verified_ms.__getitem__) if self.verified_ms else carried
-            index = choose_next(self.variants, self.tried, Signals.from_verdict(verdict), base=base)
+            index = choose_next(self.variants, self.tried, Signals.from_verdict(verdict), base=base,
+                                estimates=self._estimates())
             self.tried.append(index)
             options = CodegenOptions.model_validate(self.variants[index])
         started = time.perf_counter()

@@ -10,6 +10,7 @@ from stitchcuda.verify.protocol import WorkerResult
 from stitchcuda.verify.static_report import StaticReport
 from stitchcuda.verify.verdict import (
     SEED_DEPENDENT,
+    CostEstimate,
     CrashReport,
     Finding,
     HackingReport,
@@ -138,12 +139,25 @@ def judge(
     verdict.precision = precision.assess(
         candidate.source, result.output_dtypes, result.flags_changed, result.correctness.rel_l2_error,
     )
+    verdict.estimate = _estimate_beside_measured(candidate.source, verdict)
     ref = verdict.reference_profile
     if ref is not None and ref.roofline is not None and verdict.precision.arithmetic:  # a copy: the reference's cached profile stays as measured
         roof = peaks.with_arithmetic(ref.roofline, verdict.precision.arithmetic, verdict.device.capability)
         verdict.reference_profile = ref.model_copy(update={"roofline": roof})
     verdict.feedback = feedback_for(verdict)
     return verdict
+
+
+def _estimate_beside_measured(source: str, verdict: Verdict) -> CostEstimate | None:
+    estimate = CostEstimate.from_source(source)
+    if estimate is None:
+        return None
+    profile = verdict.profile
+    if profile is not None and profile.gpu_time_us:
+        estimate.measured_library_ms = profile.gpu_time_us * profile.origin_share.get("library", 0.0) / 1e3
+    if verdict.timing is not None:
+        estimate.measured_forward_ms = verdict.timing.candidate.median_ms
+    return estimate
 
 
 def _first_line(text: str) -> str:

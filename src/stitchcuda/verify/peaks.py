@@ -9,7 +9,7 @@ candidate's arithmetic (``Precision.arithmetic``) picks which one its roofline f
   big = tf32(x) and small = tf32(x - big) and issues three TF32 products per multiply-add
   (big*big + big*small + small*big), so the useful fp32 FLOP rate is at most a third of TF32's;
 - bf16: the measured bf16 peak;
-- fp16, fp8 (not measured): the nominal dense peak of the GPU from ``NOMINAL`` (vendor data sheets,
+- fp16, fp8 (not measured): the nominal dense peak of the GPU from ``gpu_specs.NOMINAL`` (vendor data sheets,
   no sparsity), labelled "nominal". A measured figure that is missing (0) is replaced the same way.
 
 A mixture ("3xTF32 (fp32 accumulate) + fp16") takes the fastest of its peaks: the floor stays a
@@ -18,46 +18,10 @@ lower bound on the time, whichever part of the work ran in which arithmetic.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
+from stitchcuda.gpu_specs import NOMINAL, NominalPeaks, nominal_peaks
 from stitchcuda.verify.verdict import Peaks, Roofline
 
-
-class NominalPeaks(NamedTuple):
-    """Dense (no sparsity) TFLOP/s from the vendor's data sheet."""
-
-    label: str
-    fp32: float
-    tf32: float
-    bf16: float
-    fp16: float
-    fp8: float | None
-
-
-# name fragment (matched in order, case-insensitive) -> nominal peaks; H200's compute equals H100 SXM's
-NOMINAL: list[tuple[str, NominalPeaks]] = [
-    ("H200 NVL", NominalPeaks("H200 NVL", 60.0, 418.0, 835.0, 835.0, 1671.0)),
-    ("H200", NominalPeaks("H200 SXM", 67.0, 495.0, 989.0, 989.0, 1979.0)),
-    ("H100 NVL", NominalPeaks("H100 NVL", 60.0, 418.0, 835.0, 835.0, 1671.0)),
-    ("H100 PCIe", NominalPeaks("H100 PCIe", 51.0, 378.0, 756.0, 756.0, 1513.0)),
-    ("H100", NominalPeaks("H100 SXM", 67.0, 495.0, 989.0, 989.0, 1979.0)),
-    ("A100", NominalPeaks("A100", 19.5, 156.0, 312.0, 312.0, None)),
-]
-# compute capability -> the table entry assumed for an unnamed GPU of that architecture
-BY_CAPABILITY = {"9.0": "H100", "8.0": "A100"}
-
-
-def nominal_peaks(gpu: str | None, capability: str | None = None) -> NominalPeaks | None:
-    """The nominal dense peaks of a GPU, by its name, else by its compute capability."""
-    name = (gpu or "").lower()
-    for fragment, peaks in NOMINAL:
-        if fragment.lower() in name:
-            return peaks
-    key = BY_CAPABILITY.get(capability or "")
-    if key is None:
-        return None
-    base = dict(NOMINAL)[key]
-    return base._replace(label=f"{base.label} (assumed for compute capability {capability})")
+__all__ = ["NOMINAL", "NominalPeaks", "arithmetic_peak", "nominal_peaks", "with_arithmetic"]
 
 
 def _one(arithmetic: str, peaks: Peaks, nominal: NominalPeaks | None) -> tuple[float, str] | None:

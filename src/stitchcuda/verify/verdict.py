@@ -6,6 +6,7 @@ so every field says what it is measured in.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -379,6 +380,31 @@ class SourceRef(BaseModel):
     sha256: str
 
 
+class CostEstimate(BaseModel):
+    """The compiler's cost model's estimate, from the ``Estimate {...}`` line of a generated
+    program's docstring, and what the Verifier measured beside it."""
+
+    table: str = Field(description="the GPU table it assumed")
+    assumed: bool = Field(False, description="written where no GPU was: the default table")
+    device: str = ""
+    operators: int = Field(0, description="products and convolutions estimated")
+    ms: float = Field(0.0, description="their estimated time, summed")
+    paths: dict[str, int] = Field({}, description="how many took each path (cublas, split, cutlass, simt)")
+    measured_library_ms: float | None = Field(None, description="the profiled forward's library kernels (cuBLAS, "
+                                                                "cuDNN): most of what the estimate covers")
+    measured_forward_ms: float | None = Field(None, description="the timed forward, median")
+
+    @classmethod
+    def from_source(cls, source: str) -> CostEstimate | None:
+        found = re.search(r"^\s*Estimate (\{[^\n]*\})\s*$", source, re.M)
+        if not found:
+            return None
+        try:
+            return cls.model_validate_json(found[1])
+        except ValueError:
+            return None
+
+
 class Verdict(BaseModel):
     schema_version: int = SCHEMA_VERSION
     task: SourceRef
@@ -398,6 +424,8 @@ class Verdict(BaseModel):
     precision: Precision = Precision()
     hacking: HackingReport = HackingReport()
     profile: ProgramProfile | None = Field(None, description="the candidate's forward pass under torch.profiler")
+    estimate: CostEstimate | None = Field(None, description="a generated program's cost-model estimate, with the "
+                                                           "measured times beside it")
     reference_profile: ProgramProfile | None = None
     counters: CounterReport = CounterReport()
     feedback: str = ""

@@ -27,7 +27,7 @@ from stitchcuda.compiler.lowering.families import Strided
 from stitchcuda.compiler.lowering.families.state import write_back
 from stitchcuda.compiler.lowering.gemm_calls import BATCH_PTRS, tiny, uses_batch_ptrs
 from stitchcuda.compiler.lowering.lower_context import LowerContext
-from stitchcuda.compiler.lowering.lower_gemm import assign_cutlass, assign_split, reserve_scratch
+from stitchcuda.compiler.lowering.lower_gemm import assign_cutlass, assign_split, gemm_path, reserve_scratch
 from stitchcuda.compiler.lowering.lower_recurrent import batch_recurrent_inputs
 from stitchcuda.compiler.lowering.lower_sequence import SEQUENCES
 from stitchcuda.compiler.lowering.lowered import (
@@ -42,7 +42,6 @@ from stitchcuda.compiler.lowering.lowered import (
     to_ident,
 )
 from stitchcuda.compiler.lowering.registry import OPERATORS, group_lowering_for
-from stitchcuda.compiler.lowering.split_tf32 import worth_splitting
 
 # names the entry point's own code uses (forward_impl's locals, the kernels' index variables) and C++
 # keywords that are valid Python names: an argument named so gets a prefix
@@ -322,20 +321,29 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
         raise Unsupported("; ".join(lowerer.problems), frozenset(lowerer.failing_ops), tuple(lowerer.failed))
     gemms = [x.gemm for g in low.groups for x in g.launches() if x.gemm is not None]
     late: dict[int, str] = {}  # products given their arithmetic here, after their group was described
-    if lowerer.cx.options.cutlass:  # attention's and recurrent cells' products too, with a plain epilogue
-        for gemm in gemms:
-            if gemm.cutlass is None and gemm.lt is None and not tiny(gemm):
-                assign_cutlass(low, gemm, "tf32" if lowerer.cx.options.tf32 else "3xtf32")
-                late[id(gemm)] = f"CUTLASS {'TF32' if lowerer.cx.options.tf32 else '3xTF32'}"
-    if lowerer.cx.options.split_tf32:  # attention's and recurrent cells' products too, where one call does
-        for gemm in gemms:
-            if gemm.split is None and gemm.lt is None and gemm.cutlass is None and worth_splitting(gemm):
-                assign_split(low, gemm)
-                late[id(gemm)] = "3xTF32 split operands on cuBLASLt TF32 tensor cores"
+    estimated_here: set[int] = set()
+    for gemm in gemms:  # attention's and recurrent cells' products, with a plain epilogue
+        if gemm.split is not None or gemm.lt is not None or gemm.cutlass is not None or gemm.estimate is not None:
+            continue
+        gemm.estimate = gemm_path(lowerer.cx, gemm)
+        estimated_here.add(id(gemm))
+        if gemm.estimate.path == "cutlass":
+            assign_cutlass(low, gemm, "tf32" if lowerer.cx.options.tf32 else "3xtf32")
+            late[id(gemm)] = f"CUTLASS {'TF32' if lowerer.cx.options.tf32 else '3xTF32'}"
+        elif gemm.estimate.path == "split":
+            assign_split(low, gemm)
+            late[id(gemm)] = "3xTF32 split operands on cuBLASLt TF32 tensor cores"
+    table = low.machine.table.name
     for lg in low.groups:
         ways = [late[id(x.gemm)] for x in lg.launches() if x.gemm is not None and id(x.gemm) in late]
         if ways:
             lg.describe += f" [{len(ways)} of its products via {', '.join(dict.fromkeys(ways))}]"
+        late_products = [x.gemm.estimate for x in lg.launches() if x.gemm is not None and id(x.gemm) in estimated_here]
+        if late_products:
+            lg.describe += (f" [cost model, {table}: its {len(late_products)} products "
+                            f"{sum(e.ms for e in late_products):.3f} ms est.]")
+    low.estimates = [g.estimate for g in gemms if g.estimate is not None] + \
+        [c.estimate for c in low.convs if c.estimate is not None]
     for gemm in gemms:
         if uses_batch_ptrs(gemm):
             reserve_scratch(low, BATCH_PTRS, 6 * gemm.outer * gemm.batch)

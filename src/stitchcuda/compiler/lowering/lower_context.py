@@ -18,6 +18,7 @@ from stitchcuda.compiler.ir.expr import (
     pool_expr,
 )
 from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.lowering.cost import this_machine
 from stitchcuda.compiler.lowering.lowered import C_TYPES, SPLITS, CodegenOptions, Lowering, to_ident
 
 
@@ -27,7 +28,11 @@ class LowerContext:
     def __init__(self, graph: OpGraph, options: CodegenOptions):
         self.graph, self.options = graph, options
         self.nodes = {n.name: n for n in graph.nodes}
-        self.out = Lowering(graph=graph)
+        try:
+            machine = this_machine(options.gpu)
+        except ValueError as exc:
+            raise Unsupported(str(exc)) from None
+        self.out = Lowering(graph=graph, machine=machine)
         self.users = graph.users()
         for value in graph.mutations:  # written back into a module buffer after the forward
             self.users.setdefault(graph.getitems.get(value, (value, 0))[0], []).append("<buffer write-back>")

@@ -24,6 +24,7 @@ from stitchcuda.compiler.ir.expr import (
 )
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import CONV_OPS
+from stitchcuda.compiler.lowering.cost import Estimate, conv_paths
 from stitchcuda.compiler.lowering.cutlass_conv import CutlassConv, conv_supported
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_gemm import SPLIT_SCRATCH, activation_of, feeds_only, reserve_scratch
@@ -35,7 +36,7 @@ from stitchcuda.compiler.lowering.lower_pointwise import (
 )
 from stitchcuda.compiler.lowering.lowered import Conv, Gemm, Lowered, to_ident
 from stitchcuda.compiler.lowering.registry import group_lowering
-from stitchcuda.compiler.lowering.split_tf32 import plan_conv_split, worth_splitting_conv
+from stitchcuda.compiler.lowering.split_tf32 import plan_conv_split, splittable_conv, worth_splitting_conv
 
 # Past this many convolutions a network stays in fp32 (cuDNN FMA): 3xTF32's error, about 1e-5 of a
 # convolution's output (fp32's: about 1e-6), compounds over depth; measured on an H200 with
@@ -109,13 +110,18 @@ def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
             and largest < CUTLASS_CONV_MAX_ELEMENTS:
         return _cutlass_conv(cx, g, anchor, conv, bias, epilogue, env, text)
     cx.out.convs.append(conv)
-    if cx.options.split_tf32 and worth_splitting_conv(conv) and not _deep(cx):
+    allowed = ["cublas"] + (["split"] if cx.options.split_tf32 and splittable_conv(conv) and not _deep(cx) else [])
+    paths = conv_paths(conv, cx.out.machine.table, allowed)
+    path = "split" if "split" in allowed and worth_splitting_conv(conv, cx.out.machine.table) else "cublas"
+    conv.estimate = Estimate(op=anchor.name, path=path, ms=paths[path], paths=paths)
+    if path == "split":
         conv.split = split = plan_conv_split(conv, *SPLIT_SCRATCH)
         for ident, floats in ((split.x3, split.x_scratch), (split.w3, split.w_scratch), (split.y, split.y_scratch)):
             reserve_scratch(cx.out, ident, floats)
         text += " via cuDNN on TF32 tensor cores as 3xTF32 (split channels)"
     else:
         text += " via cuDNN"
+    text += conv.estimate.note(cx.out.machine.table.name)
     if any(geo.trim):  # uneven 'same' padding: cuDNN writes one more row where it is, the epilogue drops it
         wide = (geo.n, geo.k, *geo.out_size)
         conv.out = cx.scratch(f"{anchor.name}__wide", wide)

@@ -18,13 +18,14 @@ from stitchcuda.compiler.ir.expr import (
     view_expr,
 )
 from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.lowering.cost import Estimate, amplifies_error, choose, gemm_paths
 from stitchcuda.compiler.lowering.cutlass_gemm import H100_SMS, CutlassGemm
 from stitchcuda.compiler.lowering.gemm_calls import tiny
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_pointwise import library_call
 from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS, SPLITS, Gemm, Lowered, Lowering
 from stitchcuda.compiler.lowering.registry import group_lowering
-from stitchcuda.compiler.lowering.split_tf32 import plan_split, worth_splitting
+from stitchcuda.compiler.lowering.split_tf32 import plan_split, splittable
 
 
 @group_lowering("matrix product", 50, lambda g, nodes: any(n.op in PLAIN_GEMM_OPS for n in nodes))
@@ -63,10 +64,11 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     gemm = gemm_shape(cx, anchor, lhs, rhs)
     epilogue = nodes[nodes.index(anchor) + 1:]
     value = anchor
-    split = cx.options.split_tf32 and worth_splitting(gemm)
+    gemm.estimate = gemm_path(cx, gemm, anchor.name)
+    split = gemm.estimate.path == "split"
     if split:
         value, epilogue, bias = _lt_fold(cx, gemm, anchor, epilogue, bias)
-    elif cx.options.cutlass and not tiny(gemm):
+    elif gemm.estimate.path == "cutlass":
         value, epilogue, bias = _cutlass_epilogue(cx, gemm, anchor, epilogue, bias, env)
     elif bias is not None and cx.options.cublaslt:
         value, epilogue, bias = _lt_fold(cx, gemm, anchor, epilogue, bias)
@@ -80,7 +82,27 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     elif gemm.cutlass is not None and gemm.cutlass.activation == "identity" and (slices := split_k_slices(gemm)) > 1:
         _slice_k(cx.out, gemm, slices)
     low.describe = describe_gemm(anchor, gemm) + low.describe  # after the split or split-K: it names them
+    low.describe += gemm.estimate.note(cx.out.machine.table.name)
     return low
+
+
+def gemm_path(cx: LowerContext, gemm: Gemm, value: str | None = None) -> Estimate:
+    """The path of ``gemm`` (whose output is ``value``, where it has a node of its own) among those
+    the options switch on. Under ``cost_model`` the fastest estimate, except where its output is
+    summed straight away (:func:`cost.amplifies_error`: fp32 then); without, the variant's fixed
+    order: the split where the model says it beats SGEMM, else CUTLASS, else cuBLAS."""
+    table = cx.out.machine.table
+    if tiny(gemm):
+        return choose(value or "", gemm_paths(gemm, table, ["simt"]))
+    allowed = ["cublas"] + (["split"] if cx.options.split_tf32 and splittable(gemm) else []) \
+        + (["cutlass"] if cx.options.cutlass else [])
+    paths = gemm_paths(gemm, table, allowed)
+    if cx.options.cost_model:
+        why = amplifies_error(cx.graph, value) if value and len(allowed) > 1 else ""
+        return choose(value or "", {"cublas": paths["cublas"]} if why else paths, why)
+    path = "split" if "split" in paths and paths["split"] < paths["cublas"] else (
+        "cutlass" if "cutlass" in paths else "cublas")
+    return Estimate(op=value or "", path=path, ms=paths[path], paths=paths)
 
 
 def _lt_fold(cx: LowerContext, gemm: Gemm, anchor: Node, epilogue: list[Node],

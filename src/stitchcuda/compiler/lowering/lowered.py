@@ -42,6 +42,11 @@ class CodegenOptions(BaseModel):
                                                 "decides; bias and ReLU / tanh-GELU in cuBLASLt's epilogue; "
                                                 "convolutions by split channels, channels-last, on cuDNN's TF32 "
                                                 "kernels where a cost model says it pays")
+    cost_model: bool = Field(False, description="each GEMM and convolution takes the path (fp32, 3xTF32 split, "
+                                                "CUTLASS 3xTF32, among those switched on) the cost model estimates "
+                                                "fastest; off: split where it pays, else CUTLASS, else cuBLAS")
+    gpu: str = Field("", description="the cost model's GPU table (H100, H200, A100, ...); '' reads the GPU here, "
+                                     "or the STITCHCUDA_GPU variable")
     vector_width: int = Field(4, description="elements per thread in pointwise kernels: 1 or 4 (float4)")
     block: int = Field(256, description="threads per block (a multiple of 32, at most 1024)")
 
@@ -72,6 +77,7 @@ class Gemm:
     epilogue: Literal["", "BIAS", "RELU_BIAS", "GELU_BIAS"] = ""  # cuBLASLt epilogue (bias over n)
     bias: str = ""  # the bias buffer (+ offset), for an epilogue with a bias
     cutlass: Any = None  # its CutlassGemm configuration, when it runs through CUTLASS
+    estimate: Any = None  # the cost model's cost.Estimate of its paths
     slot: int = -1  # where the program keeps that kernel extension's launcher
     c: str = ""  # CUTLASS's source operand C: a bias broadcast over rows (ldc 0) or a residual
     ld_c_src: int = 0
@@ -110,6 +116,7 @@ class Conv:
     slot: int = -1  # the launcher's slot; the workspace function's is the next one
     bias: str = ""  # the bias CUTLASS's path adds (+ offset)
     split: Any = None  # its ConvSplit, when it runs as 3xTF32 by split channels on cuDNN TF32 (split_tf32.py)
+    estimate: Any = None  # the cost model's cost.Estimate of its paths
 
     # the 2-d names of the last two spatial dims: input H x W, output P x Q, filter R x S
     @property
@@ -171,6 +178,8 @@ class Lowering:
     cutlass: list[Any] = field(default_factory=list)  # distinct CUTLASS configurations, in slot order
     cutlass_slots: list[int] = field(default_factory=list)  # the first slot of each
     cutlass_convs: list[Conv] = field(default_factory=list)
+    machine: Any = None  # the cost model's cost.Machine: the GPU table its estimates assume
+    estimates: list[Any] = field(default_factory=list)  # cost.Estimate of every product and convolution
 
     def _grown(self) -> tuple[list, ...]:
         """The lists a lowering only appends to."""

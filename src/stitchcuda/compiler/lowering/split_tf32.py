@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from stitchcuda.compiler.lowering.cost import DEFAULT_TABLE, TABLES, GpuTable, conv_paths, gemm_paths
 from stitchcuda.compiler.lowering.lowered import Gemm
 
 KERNEL = r"""
@@ -259,28 +260,32 @@ class SplitPlan:
     main: Gemm  # A_big . B_big + the output (C), with the epilogue; alone: all three products, depth 3K
 
 
-# Below these (M or N under 128, under 2^28 multiply-adds) the split's extra passes cost more than
-# the tensor cores save (measured on an H100: N = 32 and the 32 x 512 x 8000 steps of a GRU
-# decoder ran slower split than in fp32 SGEMM); such products stay on cuBLAS in the split variant.
-MIN_SIDE = 128
-MIN_MACS = 1 << 28
-
-
 # Up to this depth the three products run as ONE GEMM of depth 3K, [A_big | A_small | A_big] .
 # [B_big ; B_big ; B_small]: a second GEMM would read and write the whole output again, which is
 # most of a shallow product's time (M = N = 32768, K = 64: 4.3 GB of output), and so short a
 # reduction loses nothing to Hopper's accumulation.
 ONE_GEMM_MAX_K = 256
 MIN_K = 16
+SMALL_K = 128  # between ONE_GEMM_MAX_K and this, the two-GEMM form's reductions are too short
 
 
-def worth_splitting(g: Gemm) -> bool:
-    """Whether ``g`` is large enough, on every side, for split 3xTF32 to pay (and within the
-    transposing split's grid: 65535 blocks of 32 rows, 65535 matrices)."""
-    deep_enough = g.k >= MIN_SIDE or MIN_K <= g.k <= ONE_GEMM_MAX_K
+def splittable(g: Gemm) -> bool:
+    """Whether ``g`` can run split: batch dimensions that fold into one, deep enough, within the
+    transposing split's grid (65535 blocks of 32 rows, 65535 matrices). Whether it pays is the
+    cost model's question (:func:`worth_splitting`)."""
+    deep_enough = g.k >= SMALL_K or MIN_K <= g.k <= ONE_GEMM_MAX_K
     matrices = g.outer * g.batch
-    return (not g.no_split and _folds(g) and min(g.m, g.n) >= MIN_SIDE and deep_enough and matrices * g.m * g.n * g.k >= MIN_MACS
-            and matrices <= 65535 and max(g.m, g.n, g.k) <= 32 * 65535)
+    return (not g.no_split and _folds(g) and deep_enough and matrices <= 65535
+            and max(g.m, g.n, g.k) <= 32 * 65535)
+
+
+def worth_splitting(g: Gemm, table: GpuTable = TABLES[DEFAULT_TABLE]) -> bool:
+    """Whether ``g`` can run split and the cost model gives the split less time than fp32 SGEMM
+    (measured on an H100: N = 32 and the 32 x 512 x 8000 steps of a GRU decoder ran slower split)."""
+    if not splittable(g):
+        return False
+    paths = gemm_paths(g, table, ["cublas", "split"])
+    return paths["split"] < paths["cublas"]
 
 
 def _folds(g: Gemm) -> bool:
@@ -408,29 +413,28 @@ class ConvSplit:
         return f"sc_nhwc_to_nchw<<<{grid}, dim3(32, 8), 0, stream>>>(a.{self.y}, a.{out}, {self.k}, {self.pq}LL);"
 
 
-# Whether a convolution's split pays, by a model fitted on an H100 (2026-11): cuDNN's fp32 kernels
-# run forward convolutions at about 50 TFLOP/s and transposed ones (backward-data) at about 12; its
-# TF32 ones at about 300, three products of them per convolution; the split moves its input 7
-# times (read, three copies written and read) and its output 3 (cuDNN's channels-last write, the
-# transpose's read and write) at about 2.5 TB/s. Measured: 7x on a diffusion block's 3x3
-# convolutions, 2.1x on a stride-2 transposed one, even on 1 -> 128 channel-heavy outputs (L1/63),
-# slower on 64-channel 3x3 (conv_residual_block) and 1x1 convolutions of large images.
-FP32_FLOPS, FP32_TRANSPOSED_FLOPS, TF32_FLOPS, BYTES_PER_S = 50e12, 12e12, 300e12, 2.5e12
 MIN_CONV_CHANNELS = 16  # per group: depthwise and 3-channel stems stay fp32 (measured 1.3-3x slower split)
 
 
-def worth_splitting_conv(c: Any) -> bool:
-    """Whether the convolution ``c`` (a :class:`lowered.Conv`) pays for its channel split, and
-    fits cuDNN's int-counted descriptors and the kernels' grids with three times its channels."""
+def splittable_conv(c: Any) -> bool:
+    """Whether the convolution ``c`` (a :class:`lowered.Conv`) can run split: enough channels a
+    group, and cuDNN's int-counted descriptors and the kernels' grids fit three times its channels."""
     per_group = c.c // c.groups
     depth = per_group * math.prod(c.kernel)
-    spatial = math.prod(c.size if c.transposed else c.out_size)
-    flops = 2 * c.n * spatial * depth * (c.k // c.groups if c.transposed else c.k)
-    x, y = c.n * c.c * math.prod(c.size), c.n * c.k * math.prod(c.out_size)
-    fp32 = flops / (FP32_TRANSPOSED_FLOPS if c.transposed else FP32_FLOPS)
-    split = 3 * flops / TF32_FLOPS + 4 * (7 * x + 3 * y) / BYTES_PER_S
-    fits = 3 * max(x // c.n, c.k * depth) <= 2 ** 31 - 1 and c.n <= 65535 and c.c <= 32 * 65535
-    return c.chunks == 1 and per_group >= MIN_CONV_CHANNELS and fits and split < fp32
+    x = c.c * math.prod(c.size)
+    fits = 3 * max(x, c.k * depth) <= 2 ** 31 - 1 and c.n <= 65535 and c.c <= 32 * 65535
+    return c.chunks == 1 and per_group >= MIN_CONV_CHANNELS and fits
+
+
+def worth_splitting_conv(c: Any, table: GpuTable = TABLES[DEFAULT_TABLE]) -> bool:
+    """Whether ``c`` can run split and the cost model gives it less time than cuDNN's fp32 kernels.
+    Measured on an H100: 7x on a diffusion block's 3x3 convolutions, 2.1x on a stride-2 transposed
+    one, even on 1 -> 128 channel-heavy outputs (L1/63), slower on 64-channel 3x3
+    (conv_residual_block) and 1x1 convolutions of large images."""
+    if not splittable_conv(c):
+        return False
+    paths = conv_paths(c, table, ["cublas", "split"])
+    return paths["split"] < paths["cublas"]
 
 
 def plan_conv_split(c: Any, scratch_x: str, scratch_w: str, scratch_y: str) -> ConvSplit:

@@ -1,0 +1,256 @@
+"""The cost model that gives each matrix product and convolution its arithmetic path.
+
+Each path's time is estimated from the operator's FLOPs and bytes on a table of the GPU's peaks
+(:data:`TABLES`, from ``gpu_specs``): its compute at the path's peak times what the path reaches of it, or its traffic
+at HBM bandwidth, whichever is longer, plus what the path moves outside the product (the split's
+copies of its operands, read and written) and a few microseconds a launch. The paths:
+
+- ``cublas``: cuBLAS's fp32 SGEMM (cuDNN's fp32 kernels for a convolution);
+- ``split``: 3xTF32 by split operands on TF32 tensor cores (:mod:`split_tf32`); a weight's split is
+  paid on every call unless it is packed once (``packed``: the program keeps it between calls);
+- ``cutlass``: CUTLASS's 3xTF32, the split inside the kernel, so no extra traffic;
+- ``simt``: our own one-block-a-matrix fp32 kernel for many tiny products (``gemm_calls.tiny``).
+
+The efficiencies (share of the table's peak a path reaches) were measured on an H100 (2026-11):
+SGEMM and cuDNN's fp32 forward convolutions about 50 TFLOP/s, its transposed ones about 12,
+TF32 products about 300, CUTLASS's 3xTF32 about 1.4x SGEMM, copies at about 2.5 TB/s.
+
+Accuracy comes before speed: a product whose output is summed over its own columns straight away
+(a sum or mean over the features, the statistics of a group or layer norm) adds up the errors of
+all its outputs while the sum can be far smaller than they are, and Hopper's tensor cores
+accumulate with several times fp32's error, so split and CUTLASS's 3xTF32 both failed 1e-4 on
+KernelBench's L2/18 (Linear 8192 -> 8192, then a sum) and L2/62 (then a GroupNorm) where cuBLAS's
+SGEMM passed. Such a product keeps to fp32 (:func:`amplifies_error`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from stitchcuda.compiler.capture.graph import Node, OpGraph
+from stitchcuda.gpu_specs import DEFAULT, NOMINAL, NominalPeaks, nominal_peaks
+from stitchcuda.machine import physical_gpu
+
+
+class GpuTable(BaseModel):
+    """The figures the model uses of one GPU (``gpu_specs``: its data sheet)."""
+
+    name: str
+    fp32_tflops: float = Field(description="FFMA (SIMT) peak")
+    tf32_tflops: float = Field(description="dense TF32 tensor-core peak")
+    bf16_tflops: float = Field(description="dense BF16 tensor-core peak")
+    hbm_tbps: float = Field(description="memory bandwidth, TB/s")
+
+    @classmethod
+    def of(cls, spec: NominalPeaks) -> GpuTable:
+        return cls(name=spec.label, fp32_tflops=spec.fp32, tf32_tflops=spec.tf32, bf16_tflops=spec.bf16,
+                   hbm_tbps=spec.hbm_tbps)
+
+
+TABLES: dict[str, GpuTable] = {fragment: GpuTable.of(spec) for fragment, spec in NOMINAL}
+DEFAULT_TABLE = DEFAULT
+
+# share of the table's peak each path reaches (measured on an H100, see the module's docstring)
+SGEMM_EFF, CONV_EFF, CONV_TRANSPOSED_EFF = 0.75, 0.75, 0.18
+TF32_EFF, CUTLASS_3X_EFF, SIMT_EFF, HBM_EFF = 0.6, 0.42, 0.25, 0.75
+LAUNCH_MS = 0.003  # a kernel's start and drain inside a CUDA graph
+# A tile's prologue and epilogue (its first loads, its output's write) are paid once per tile
+# whatever K is: a product of depth K runs at K / (K + K_HALF) of the path's rate.
+K_HALF = 64
+# Smallest tile sides: a product narrower than the tile pays for the whole tile.
+SIMT_TILE, TENSOR_TILE = 32, 64
+
+
+class Machine(BaseModel):
+    """The table a program's estimates use, and whether it was read from the GPU or assumed."""
+
+    table: GpuTable
+    assumed: bool = Field(description="no GPU where the program was written: the default table")
+    device: str = ""
+
+    @property
+    def label(self) -> str:
+        if not self.assumed:
+            return f"{self.table.name} table ({self.device})"
+        why = f"no table for {self.device}" if self.device else "no GPU where it was written"
+        return f"{self.table.name} table (assumed: {why})"
+
+
+def table_named(device: str) -> GpuTable | None:
+    """The table whose name a device name carries (``NVIDIA H100 80GB HBM3`` -> H100 SXM)."""
+    spec = nominal_peaks(device)
+    return GpuTable.of(spec) if spec is not None else None
+
+
+def this_machine(requested: str = "") -> Machine:
+    """The table to estimate with: ``requested`` (a table's name) if given, else the one of the GPU
+    this process sees (``STITCHCUDA_GPU`` names one where the compiler runs apart from the GPU), else
+    the default, marked as assumed."""
+    requested = requested or os.environ.get("STITCHCUDA_GPU", "")
+    if requested:
+        table = TABLES.get(requested) or table_named(requested)
+        if table is None:
+            raise ValueError(f"no cost table for GPU {requested!r}; known: {', '.join(TABLES)}")
+        return Machine(table=table, assumed=False, device=requested)
+    gpu = physical_gpu("cuda")  # nvidia-smi: the Coder's process starts no CUDA context
+    if gpu is not None:
+        table = table_named(gpu.name)
+        return Machine(table=table or TABLES[DEFAULT_TABLE], assumed=table is None, device=gpu.name)
+    return Machine(table=TABLES[DEFAULT_TABLE], assumed=True)
+
+
+class Estimate(BaseModel):
+    """One operator's paths and the one chosen."""
+
+    op: str
+    path: str
+    ms: float
+    paths: dict[str, float] = Field(description="every allowed path's estimate, ms")
+    why: str = ""
+
+    def note(self, table: str) -> str:
+        others = ", ".join(f"{PATH_NAMES[p]} {ms:.3f}" for p, ms in self.paths.items() if p != self.path)
+        return (f" [cost model, {table}: {PATH_NAMES[self.path]} {self.ms:.3f} ms est."
+                + (f"; {others}" if others else "") + (f"; {self.why}" if self.why else "") + "]")
+
+
+PATH_NAMES = {"cublas": "fp32 (cuBLAS/cuDNN)", "split": "3xTF32 split", "cutlass": "CUTLASS 3xTF32",
+              "simt": "fp32 SIMT (own kernel)"}
+
+
+def _ms(flops: float, tflops: float) -> float:
+    return flops / (tflops * 1e9)
+
+
+def _copy_ms(nbytes: float, table: GpuTable) -> float:
+    return nbytes / (table.hbm_tbps * HBM_EFF * 1e9)
+
+
+def _ramp(k: int) -> float:
+    return k / (k + K_HALF)
+
+
+def _waste(g: Any, tile: int) -> float:
+    return (-(-g.m // tile) * tile * -(-g.n // tile) * tile) / (g.m * g.n)
+
+
+def gemm_paths(g: Any, table: GpuTable, allowed: list[str], packed_b: bool = False) -> dict[str, float]:
+    """Each allowed path's time for the product ``g`` (a :class:`lowered.Gemm`), ms."""
+    matrices = g.batch * g.outer
+    flops = 2.0 * matrices * g.m * g.n * g.k
+    a = g.m * g.k * (matrices if g.stride_a or g.outer_a else 1)
+    b = g.k * g.n * (matrices if g.stride_b or g.outer_b else 1)
+    c = g.m * g.n * matrices
+    io = _copy_ms(4.0 * (a + b + c), table)
+    out: dict[str, float] = {}
+    for path in allowed:
+        if path == "cublas":
+            rate = table.fp32_tflops * SGEMM_EFF * _ramp(g.k) / _waste(g, SIMT_TILE)
+            out[path] = max(_ms(flops, rate), io) + LAUNCH_MS
+        elif path == "simt":
+            out[path] = max(_ms(flops, table.fp32_tflops * SIMT_EFF), io) + LAUNCH_MS
+        elif path == "cutlass":
+            rate = table.tf32_tflops * CUTLASS_3X_EFF * _ramp(g.k) / _waste(g, TENSOR_TILE)
+            out[path] = max(_ms(3 * flops, rate), io) + LAUNCH_MS
+        elif path == "split":
+            copies = 3 if g.k <= 256 else 2  # split_tf32.ONE_GEMM_MAX_K: one GEMM of depth 3K, else two
+            # the split kernels read each operand and write its copies; the GEMMs read the copies
+            split_a = 4.0 * a * (1 + copies)
+            split_b = 0.0 if packed_b else 4.0 * b * (1 + copies)
+            reads = 4.0 * copies * (a + b)
+            writes = 4.0 * c * (1 if copies == 3 else 3)  # two GEMMs: the second reads and rewrites C
+            rate = table.tf32_tflops * TF32_EFF * _ramp(3 * g.k if copies == 3 else g.k) / _waste(g, TENSOR_TILE)
+            gemm = max(_ms(3 * flops, rate), _copy_ms(reads + writes, table))
+            launches = (1 if packed_b else 2) + (1 if copies == 3 else 2)
+            out[path] = gemm + _copy_ms(split_a + split_b, table) + launches * LAUNCH_MS
+    return out
+
+
+def conv_paths(c: Any, table: GpuTable, allowed: list[str]) -> dict[str, float]:
+    """Each allowed path's time for the convolution ``c`` (a :class:`lowered.Conv`), ms: cuDNN's fp32
+    kernels, or the split of its channels channels-last on cuDNN's TF32 ones (its input moved 7
+    times: read, three copies written and read; its output 3: written channels-last, transposed)."""
+    per_group = c.c // c.groups
+    depth = per_group * math.prod(c.kernel)
+    spatial = math.prod(c.size if c.transposed else c.out_size)
+    flops = 2.0 * c.n * spatial * depth * (c.k // c.groups if c.transposed else c.k)
+    x, y = c.n * c.c * math.prod(c.size), c.n * c.k * math.prod(c.out_size)
+    w = c.k * depth
+    out: dict[str, float] = {}
+    for path in allowed:
+        if path == "cublas":
+            eff = CONV_TRANSPOSED_EFF if c.transposed else CONV_EFF
+            out[path] = max(_ms(flops, table.fp32_tflops * eff), _copy_ms(4.0 * (x + y + w), table)) + LAUNCH_MS
+        elif path == "split":
+            out[path] = (_ms(3 * flops, table.tf32_tflops * TF32_EFF) + _copy_ms(4.0 * (7 * x + 3 * y + 4 * w), table)
+                         + 4 * LAUNCH_MS)
+        elif path == "cutlass":  # NHWC copies of input and output around CUTLASS's implicit GEMM
+            out[path] = (max(_ms(3 * flops, table.tf32_tflops * CUTLASS_3X_EFF), _copy_ms(4.0 * (x + y + w), table))
+                         + _copy_ms(4.0 * 2 * (x + y), table) + 3 * LAUNCH_MS)
+    return out
+
+
+# A path other than the first listed (the plainest) is taken only where it saves this share of the
+# estimate: the model's error is larger than a few percent, and each CUTLASS configuration costs
+# the build a minute.
+MARGIN = 0.10
+
+
+def choose(op: str, paths: dict[str, float], why: str = "") -> Estimate:
+    """The path with the least estimate; the first listed unless another saves :data:`MARGIN`."""
+    first = next(iter(paths))
+    best = min(paths, key=lambda p: (paths[p], list(paths).index(p)))
+    if paths[best] > paths[first] * (1 - MARGIN):
+        best = first
+    return Estimate(op=op, path=best, ms=paths[best], paths=paths, why=why)
+
+
+# Reductions whose result sums a product's outputs over its columns (the last dim)
+_SUMMING = {"aten.sum", "aten.mean", "aten.var", "aten.var_mean", "aten.std", "aten.std_mean",
+            "aten.group_norm", "aten.native_group_norm", "aten.layer_norm", "aten.native_layer_norm"}
+# ops of one tensor (and constants) that keep the error's pattern
+_ONE_INPUT = {"aten.relu", "aten.gelu", "aten.silu", "aten.sigmoid", "aten.tanh", "aten.leaky_relu", "aten.mul",
+              "aten.div", "aten.add", "aten.sub", "aten.clone", "aten.view", "aten.reshape", "aten.squeeze",
+              "aten.unsqueeze", "aten.hardtanh", "aten.elu", "aten.neg", "aten.dropout"}
+
+
+def amplifies_error(graph: OpGraph, name: str, depth: int = 4) -> str:
+    """Why the value ``name`` (a product's output) needs fp32 arithmetic: it reaches a reduction
+    over its last dim through ops of that one tensor alone ('' when it does not)."""
+    users: dict[str, list[Node]] = {}
+    for n in graph.nodes:
+        for value in dict.fromkeys(n.inputs()):
+            users.setdefault(value, []).append(n)
+    frontier, seen = [name], set()
+    for _ in range(depth):
+        nxt = []
+        for value in frontier:
+            for u in users.get(value, []):
+                if u.name in seen:
+                    continue
+                seen.add(u.name)
+                if u.op in _SUMMING and _over_last_dim(graph, u):
+                    return (f"its output goes straight into {u.op.removeprefix('aten.')} over its columns, which adds "
+                            "up every output's error: fp32 keeps that sum within tolerance where 3xTF32 on tensor "
+                            "cores (several times fp32's error) may not")
+                if u.op in _ONE_INPUT and len(set(u.inputs())) == 1:
+                    nxt.append(u.name)
+        frontier = nxt
+    return ""
+
+
+def _over_last_dim(graph: OpGraph, n: Node) -> bool:
+    if n.op in ("aten.group_norm", "aten.native_group_norm", "aten.layer_norm", "aten.native_layer_norm"):
+        return True
+    dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+    if dims is None:
+        return True
+    dims = dims if isinstance(dims, (list, tuple)) else [dims]
+    src = n.inputs()[0] if n.inputs() else ""
+    meta = graph.meta(src) if src else None
+    rank = len(meta.shape) if meta is not None else None
+    return any(d == -1 or (rank is not None and d == rank - 1) for d in dims if isinstance(d, int))
