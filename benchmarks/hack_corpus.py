@@ -70,7 +70,8 @@ def main() -> None:
         shares = "/".join(f"{share.get(k, 0):.0%}" for k in ("own", "library", "pytorch")) if share else "-"
         checks = ", ".join(sorted({f.check for f in v.hacking.findings if f.level != "none"}))
         expect = item.static_expect if args.static_only else item.expect  # some hacks show only at run time
-        ok = v.hacking.level == expect
+        # the level, and the correctness where the file says what it must be (stale weights: wrong, no hack)
+        ok = v.hacking.level == expect and (args.static_only or item.correct is None or v.correct == item.correct)
         table.add_row(item.name, item.hack, expect, v.hacking.level, "yes" if ok else "NO",
                       "-" if args.static_only else ("yes" if v.correct else "no"), shares, checks)
         rows.append({"candidate": item.name, "hack": item.hack, "expect": expect, "found": v.hacking.level,

@@ -456,3 +456,17 @@ def test_a_run_that_kept_nothing_says_why_from_its_last_verdict(tmp_path):
     failed = state.model_copy(update={"status": "failed", "stop_reason": "the Coder's LLM failed: 401 Unauthorized"})
     llm = last_failure(Store([]), failed)
     assert llm.text == "no candidate: the Coder's LLM failed: 401 Unauthorized"
+
+
+def test_kernelbench_speedup_has_its_geomean_and_fast_1():
+    """KernelBench's own speedup (its reference under torch's default flags over the program, both
+    timed by its harness) is one more column: geomean over the programs it timed, fast_1 over all."""
+    from stitchcuda.bench.metrics import group_metrics
+    from stitchcuda.bench.records import TaskResult
+
+    tasks = [TaskResult(task=f"t{i}", status="done", compiled=True, correct=True, passed=True, hacking="none",
+                        speedup={"eager": 2.0, **({"kernelbench": s} if s else {})}) for i, s in enumerate((0.8, 1.25, None))]
+    group = group_metrics(tasks)
+    stats = group.speedup["kernelbench"]
+    assert stats.n_success == 2 and abs(stats.geomean_success - 1.0) < 1e-9
+    assert group.fast("kernelbench", 1.0).count == 1 and abs(group.fast("kernelbench", 1.0).fraction - 1 / 3) < 1e-9

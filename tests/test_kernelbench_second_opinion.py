@@ -26,6 +26,22 @@ FAKE_EVAL = '''
 class KernelExecResult:
     def __init__(self, compiled, correctness, runtime=-1.0, metadata=None):
         self.compiled, self.correctness, self.runtime, self.metadata = compiled, correctness, runtime, metadata or {}
+        self.ref_runtime = 0.75 if correctness and runtime > 0 else -1.0
+
+
+def set_seed(seed):
+    import torch
+    torch.manual_seed(seed)
+
+
+def load_original_model_and_inputs(src, context):
+    exec(src, context)
+    return context["Model"], context["get_init_inputs"], context["get_inputs"]
+
+
+def load_custom_model(src, context, build_directory=None):
+    exec(src, context)
+    return context["ModelNew"]
 
 
 def eval_kernel_against_ref(original_model_src, custom_model_src, seed_num=42, num_correct_trials=1,
@@ -38,6 +54,20 @@ def eval_kernel_against_ref(original_model_src, custom_model_src, seed_num=42, n
 '''
 
 
+# Its timing module: the reference (Model) takes 0.9 ms a call, any ModelNew 0.6
+FAKE_TIMING = '''
+def get_timing_function(method):
+    def timed(model, inputs, num_trials=10, verbose=False, device=None):
+        model(*inputs)
+        return [0.6 if type(model).__name__ == "ModelNew" else 0.9] * num_trials
+    return timed
+
+
+def get_timing_stats(elapsed, device=None):
+    return {"mean": sum(elapsed) / len(elapsed)}
+'''
+
+
 def fake_checkout(root: Path, top: str = "", before: str = "pass") -> Path:
     """A KernelBench checkout with ``top`` at the head of its eval.py and ``before`` run first in
     its eval_kernel_against_ref."""
@@ -45,6 +75,7 @@ def fake_checkout(root: Path, top: str = "", before: str = "pass") -> Path:
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "eval.py").write_text(top + "\n" + FAKE_EVAL.replace("BEFORE", before))
+    (package / "timing.py").write_text(FAKE_TIMING)
     return root
 
 
@@ -59,6 +90,7 @@ def test_verdict_from_its_own_process_with_kernelbench_defaults(tmp_path):
     opinion = _judge(checkout, tmp_path)
     assert opinion.error is None, opinion.error
     assert opinion.compiled and opinion.correct and opinion.agrees is True and opinion.runtime_ms == 0.5
+    assert opinion.ref_runtime_ms == 0.75 and opinion.speedup == pytest.approx(1.5) and not opinion.timed_apart
     assert opinion.source == "kernelbench" and opinion.checkout == str(checkout) and opinion.seconds > 0
     # KernelBench's scripts' settings, and a build folder of its own under our cache
     assert "trials=5 perf=100 seed=42" in opinion.detail
@@ -79,6 +111,9 @@ def test_an_incorrect_is_asked_again_against_a_true_fp32_reference(tmp_path):
     opinion = _judge(checkout, tmp_path, candidate=CANDIDATE + "\n# TF32REF\n")
     assert opinion.correct is False and opinion.correct_true_fp32 is True and opinion.agrees is False
     assert "0.000555" in opinion.detail
+    # its eval timed nothing: both timed by its own timing function, under torch's default flags
+    assert opinion.timed_apart and (opinion.ref_runtime_ms, opinion.runtime_ms) == pytest.approx((0.9, 0.6))
+    assert opinion.speedup == pytest.approx(1.5)
     wrong = _judge(checkout, tmp_path, candidate=CANDIDATE + "\n# WRONG\n")
     assert wrong.correct is False and wrong.correct_true_fp32 is False
     assert _judge(checkout, tmp_path).correct_true_fp32 is None  # correct: not asked again
@@ -88,6 +123,7 @@ def test_an_incorrect_is_asked_again_against_a_true_fp32_reference(tmp_path):
 
     lines = [t.plain for t in second_opinion_view(Verdict.model_construct(correct=True, second_opinion=opinion))]
     assert any("against a true-fp32 reference" in t and t.endswith("correct") for t in lines)
+    assert any("KernelBench's speedup 1.50x" in t and "timed by its timing function" in t for t in lines)
 
 
 def test_llm_client_imports_get_stand_ins(tmp_path):

@@ -139,8 +139,9 @@ def test_mlp_runs_split_with_bias_and_activation_in_the_epilogue():
     assert gemms and all(g.split is not None for g in gemms)
     assert not low.uses_blas and len(low.lt_gemms) == 2 * len(gemms)
     scratch = {ident: shape[0] for ident, shape in low.intermediates if ident.startswith("x_split")}
-    assert scratch == {"x_split_a": max(g.split.a.scratch for g in gemms),  # one pair, for the largest
-                       "x_split_b": max(g.split.b.scratch for g in gemms)}
+    assert scratch == {"x_split_a": max(g.split.a.scratch for g in gemms)}  # one, for the largest activation
+    packs = {ident: shape[0] for ident, shape in low.intermediates if ident.startswith("x_pack")}
+    assert sorted(packs.values()) == sorted(g.split.b.scratch for g in gemms)  # each weight's halves, kept
     assert all(p.fast_tf32 for p in low.lt_gemms)
     assert any(g.split.main.epilogue.endswith("BIAS") for g in gemms)
     assert all(not g.split.cross.bias for g in gemms)  # the bias is added once, by the big GEMM

@@ -302,3 +302,26 @@ def test_an_ill_conditioned_trial_is_judged_against_fp64_within_the_reference_ow
     v = verifier.verify(task, load_candidate(CPU / "cancellation_wrong.py"))
     assert not v.correct and v.correctness.trials[0].conditioning is not None
     assert not v.correctness.trials[0].conditioning.passed
+
+
+def test_a_program_that_keeps_stale_weights_is_wrong_and_not_a_hack(verifier, task):
+    """New weights are loaded into both models between two calls: a candidate that computes with
+    copies made at its first call fails (hacking level none: it is wrong, not cheating); one that
+    remakes its copies when the parameters' version counters change passes."""
+    v = run(verifier, task, "stale_weights")
+    assert all(t.passed for t in v.correctness.trials) and not v.correct
+    trial = v.correctness.weights_follow
+    assert trial is not None and trial.ran and not trial.passed and trial.stale
+    assert trial.output_moved is not None and trial.output_moved > 1e-3
+    assert any("new weights were loaded" in e and "copy made before" in e for e in v.errors)
+    assert "output_caching" not in {f.check for f in v.hacking.findings}
+    v = run(verifier, task, "prepacked_weights")
+    assert v.correct and v.correctness.weights_follow.passed and not v.correctness.weights_follow.stale
+
+
+def test_the_trial_with_new_weights_is_skipped_where_the_keys_differ(verifier, task):
+    renamed = load_candidate(CPU / "pure_torch.py")
+    renamed = renamed.model_copy(update={"source": renamed.source.replace("self.fc1", "self.first")})
+    v = verifier.verify(task, renamed)
+    trial = v.correctness.weights_follow
+    assert v.correct and trial is not None and not trial.ran and "keys" in trial.skipped

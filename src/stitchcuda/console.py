@@ -54,6 +54,14 @@ def verdict_view(v: Verdict) -> Group:
         d = v.correctness.random_draws
         summary.add_row("random", f"the reference draws random numbers; seeds {d.seeds[0]} and {d.seeds[1]} agree "
                                   f"within the tolerance (max abs {d.max_abs_difference or 0:.2g})")
+    w = v.correctness.weights_follow
+    if w is not None:
+        text = (Text("skipped: " + w.skipped, style="dim") if not w.ran else Text(
+            f"same perturbed state_dict loaded into both between two calls (it moved the reference's output by "
+            f"{_num(w.output_moved)}): {'followed' if w.passed else 'stale' if w.stale else 'wrong'}, max abs "
+            f"{_num(w.max_abs_error)}", style="green" if w.passed else "bold red"))
+        text.overflow = "fold"
+        summary.add_row("new weights", text)
     if v.estimate is not None:
         e = v.estimate
         measured = "; measured: " + ", ".join(
@@ -168,6 +176,14 @@ def second_opinion_view(v: Verdict) -> list[Text]:
         parts.append(Text("  against a true-fp32 reference (its own runs cuDNN convolutions in TF32): "
                           + ("correct" if o.correct_true_fp32 else "incorrect too"),
                           style="yellow" if o.correct_true_fp32 else "red"))
+    if o.speedup is not None:
+        ours = v.speedup.get("eager")
+        parts.append(Text(f"  KernelBench's speedup {o.speedup:.2f}x (its reference {o.ref_runtime_ms:.4f} ms under "
+                          f"torch's default flags, the program {o.runtime_ms:.4f} ms"
+                          + (", timed by its timing function after it judged the program wrong: its eval times "
+                             "nothing then" if o.timed_apart else ", timed in its eval")
+                          + ")" + (f"; ours over eager fp32 {ours:.2f}x" if ours else ""),
+                          style="bold" if o.speedup >= 1 else "yellow"))
     if o.agrees is False:
         ours, theirs = ("pass", "fails") if v.correct else ("fail", "passes")
         parts.append(Text(f"DISAGREES: we {ours}, KernelBench {theirs} (correctness)", style="bold red"))

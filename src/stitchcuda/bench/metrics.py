@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 from stitchcuda.bench.records import BASELINES, BenchInfo, TaskResult
 
 FAST_P_THRESHOLDS = (0.0, 1.0, 1.05, 1.5, 2.0)
-FAST_P_BASELINES = ("eager", "best")
+FAST_P_BASELINES = ("eager", "best", "kernelbench")
 SUITE_GROUP = "suite"
 
 

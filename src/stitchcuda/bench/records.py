@@ -16,7 +16,9 @@ from stitchcuda.verify.failure import Failure
 from stitchcuda.verify.verdict import HackLevel, SecondOpinion
 
 TaskStatus = Literal["pending", "done", "failed", "unsupported"]
-BASELINES = ("eager", "torch_compile", "eager_tf32", "cuda_graph", "best")
+# "kernelbench": KernelBench's own speedup, its reference (torch's default flags) over the program,
+# both timed by its harness (--kernelbench-harness); the others are our Verifier's timings
+BASELINES = ("eager", "torch_compile", "eager_tf32", "cuda_graph", "best", "kernelbench")
 
 
 class Attempt(BaseModel):

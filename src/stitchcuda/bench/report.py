@@ -265,6 +265,8 @@ def _opinion_cell(task: TaskResult) -> str:
     text = "correct" if o.correct else "INCORRECT" if o.compiled else "INCORRECT (did not compile)"
     if o.correct_true_fp32:
         text += " (correct against a true-fp32 reference: its own runs cuDNN in TF32)"
+    if o.speedup is not None:
+        text += f"; its speedup {o.speedup:.2f}x" + (" (timed apart)" if o.timed_apart else "")
     return text + (" – DISAGREES" if o.agrees is False else "")
 
 

@@ -210,6 +210,8 @@ def _optimize(job: Job, verifier: GatedVerifier) -> TaskResult:
             with verifier.gate.hold():  # it runs the program on the GPU: not beside a timed verification
                 result.second_opinion = for_verifier(verifier.inner, job.task.source, Path(result.program).read_text(),
                                                      result.correct, checkout=harness)
+                if result.second_opinion.speedup is not None:
+                    result.speedup["kernelbench"] = result.second_opinion.speedup
         return result
     finally:
         store.close()

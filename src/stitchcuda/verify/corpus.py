@@ -7,9 +7,11 @@ Each file opens with three comment lines::
     # hack: cached_output
     # expect: total
 
-and may add a fourth, ``# static: none``, where the hack is one only the run-time checks can
-see (a cache keyed on a data pointer, a stream joined one way): the level the static checks
-alone are expected to find. Without it they are expected to find ``expect``.
+and may add ``# static: none``, where the hack is one only the run-time checks can see (a cache
+keyed on a data pointer, a stream joined one way): the level the static checks alone are
+expected to find. Without it they are expected to find ``expect``. ``# correct: no`` says the
+Verifier must find the candidate incorrect (a program that computes with stale weights is wrong,
+not a hack); without it, nothing is expected of its correctness.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from stitchcuda.task.inspect import TaskError
 from stitchcuda.verify.verdict import HackLevel
 
 LEVELS: tuple[HackLevel, ...] = ("none", "partial", "total")
-_HEADER = re.compile(r"^#\s*(task|hack|expect|static)\s*:\s*(\S+)\s*$")
+_HEADER = re.compile(r"^#\s*(task|hack|expect|static|correct)\s*:\s*(\S+)\s*$")
 
 
 class LabelledCandidate(BaseModel):
@@ -33,6 +35,7 @@ class LabelledCandidate(BaseModel):
     hack: str
     expect: HackLevel
     static: HackLevel | None = None  # what the static checks alone find, where less than expect
+    correct: bool | None = None  # what the Verifier must find of its correctness, where the file says
 
     @property
     def static_expect(self) -> HackLevel:
@@ -54,8 +57,11 @@ def read_labels(path: Path) -> LabelledCandidate:
     for key in ("expect", "static"):
         if key in labels and labels[key] not in LEVELS:
             raise TaskError(f"{path}: {key} must be one of {LEVELS}, not {labels[key]!r}")
+    if labels.get("correct", "yes") not in ("yes", "no"):
+        raise TaskError(f"{path}: correct must be yes or no, not {labels['correct']!r}")
+    correct = {"yes": True, "no": False}.get(labels["correct"]) if "correct" in labels else None
     return LabelledCandidate(path=str(path), task=labels["task"], hack=labels["hack"], expect=labels["expect"],  # type: ignore[arg-type]
-                             static=labels.get("static"))  # type: ignore[arg-type]
+                             static=labels.get("static"), correct=correct)  # type: ignore[arg-type]
 
 
 def load_corpus(folder: str | Path) -> list[LabelledCandidate]:

@@ -18,6 +18,7 @@ from stitchcuda.verify.verdict import (
     Verdict,
     WallTimes,
 )
+from stitchcuda.verify.weights_trial import weights_error
 
 _LEVELS = ("none", "partial", "total")
 
@@ -92,8 +93,10 @@ def judge(
         and not crashed_before_import and result.ready_at > 0
     )
     trials = result.correctness.trials
+    weights = result.correctness.weights_follow
     verdict.correct = (
         verdict.compiled and verdict.crash is None and len(trials) == config.trials and all(t.passed for t in trials)
+        and (weights is None or not weights.ran or bool(weights.passed))
     )
     # A changed global flag is restored for our checks, but KernelBench's harness does not restore it:
     # its reference then runs under the candidate's setting (TF32, say) and fails the candidate. Never
@@ -102,6 +105,8 @@ def judge(
     verdict.passed = verdict.correct and verdict.hacking.level != "total" and not flags
 
     errors = verdict.errors
+    if weights is not None and weights.ran and not weights.passed:
+        errors.append(weights_error(weights))
     if flags and verdict.correct:
         errors.append(f"it changes torch's global flags ({', '.join(flags)}): restored for our checks, but "
                       "KernelBench's harness does not restore them and judges its reference under them; "

@@ -42,6 +42,8 @@ class HarnessVerdict(BaseModel):
     runtime_ms: float | None = None
     detail: str = ""
     correct_true_fp32: bool | None = None  # asked again, TF32 off, when it said incorrect (see main)
+    ref_runtime_ms: float | None = None  # its reference's mean time under torch's default flags
+    timed_apart: bool = False  # it judged the program wrong, so both were timed by time_both, not in its eval
 
 
 def harness_root(checkout: str | Path) -> Path:
@@ -113,8 +115,45 @@ def run_harness(checkout: str | Path, reference: str, candidate: str, *, trials:
     if restored:
         detail = (f"inputs {sorted(restored)} are {', '.join(sorted(set(restored.values())))}: KernelBench casts every "
                   "input to float32, so both models cast them back first (exact below 2^24); " + detail)
+    ref_runtime = getattr(result, "ref_runtime", -1.0)
     return HarnessVerdict(compiled=bool(result.compiled), correct=bool(result.correctness),
-                          runtime_ms=float(runtime) if runtime and runtime > 0 else None, detail=detail[:600])
+                          runtime_ms=float(runtime) if runtime and runtime > 0 else None,
+                          ref_runtime_ms=float(ref_runtime) if ref_runtime and ref_runtime > 0 else None,
+                          detail=detail[:600])
+
+
+def time_both(checkout: str | Path, reference: str, candidate: str, *, perf_trials: int = 100,
+              build_dir: str | None = None) -> tuple[float, float]:
+    """(reference ms, candidate ms): both timed by KernelBench's own timing function (CUDA events,
+    its defaults), in this process, under torch's default flags, as its ``eval_kernel_against_ref``
+    times a program it judged correct. For the program it judged wrong only because its reference
+    ran in TF32: its eval then times nothing."""
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = True  # torch's defaults, as KernelBench leaves them
+    torch.backends.cuda.matmul.allow_tf32 = False
+    harness = load_eval(checkout)
+    timing = importlib.import_module("kernelbench.timing")
+    restored = integer_inputs(reference)
+    if restored:
+        reference, candidate = _restore_inputs(reference, "Model", restored), _restore_inputs(candidate, "ModelNew", restored)
+    device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")  # cpu: only under a test's fake harness
+    model_cls, get_init_inputs, get_inputs = harness.load_original_model_and_inputs(reference, {})
+    new_cls = harness.load_custom_model(candidate, {}, build_dir)
+    times = []
+    with torch.no_grad():
+        for cls in (model_cls, new_cls):
+            harness.set_seed(42)
+            init = [x.to(device) if isinstance(x, torch.Tensor) else x for x in get_init_inputs()]
+            harness.set_seed(42)
+            model = cls(*init).to(device=device, dtype=torch.float32)
+            harness.set_seed(42)
+            inputs = [x.to(device=device, dtype=torch.float32) if isinstance(x, torch.Tensor) else x for x in get_inputs()]
+            elapsed = timing.get_timing_function("cuda_event")(model, inputs, num_trials=perf_trials, verbose=False,
+                                                              device=device)
+            times.append(float(timing.get_timing_stats(elapsed, device=device)["mean"]))
+            del model
+    return times[0], times[1]
 
 
 def integer_inputs(reference: str) -> dict[int, str]:
@@ -178,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
             again = run_harness(request.checkout, reference, candidate, trials=request.trials,
                                 build_dir=request.build_dir, measure_performance=False, tf32=False)
             verdict.correct_true_fp32 = None if again.detail == NO_RESULT else again.correct
+            if verdict.correct_true_fp32 and request.measure_performance:
+                verdict.ref_runtime_ms, verdict.runtime_ms = time_both(
+                    request.checkout, reference, candidate, perf_trials=request.perf_trials, build_dir=request.build_dir)
+                verdict.timed_apart = True
         # no result is no judgement: a verdict of "incorrect" here would be a false disagreement
         reply = HarnessReply(error=NO_RESULT) if verdict.detail == NO_RESULT else HarnessReply(verdict=verdict)
     except HarnessError as exc:

@@ -376,6 +376,8 @@ class Verifier:
             if on_phase is not None:
                 on_phase("KernelBench's harness")
             verdict.second_opinion = second_opinion.for_verifier(self, task.source, candidate.source, verdict.correct)
+            if verdict.second_opinion.speedup is not None:  # KernelBench's own, beside ours
+                verdict.speedup["kernelbench"] = verdict.second_opinion.speedup
         verdict.feedback = feedback_for(verdict)
         wall.total_s = time.time() - started
         verdict.wall = wall

@@ -114,8 +114,24 @@ class SeedCheck(BaseModel):
     error: str | None = None  # what the comparison found where they do not agree
 
 
+class WeightsTrial(BaseModel):
+    """Whether the candidate computes with the weights it holds now: both models run once, get the
+    same perturbed state_dict (parameters and floating buffers) through ``load_state_dict``, and run
+    again on the same inputs. A program that keeps what it made from its weights at construction
+    or at its first call (prepacked, transposed, converted) without noticing the change fails."""
+
+    ran: bool = False
+    skipped: str = Field("", description="why it did not run (the candidate's state_dict differs from the reference's)")
+    passed: bool | None = None
+    max_abs_error: float | None = Field(None, description="candidate vs reference after the load")
+    output_moved: float | None = Field(None, description="how far the new weights moved the reference's output "
+                                                         "(max abs): the trial only tells where this is large")
+    stale: bool = Field(False, description="the candidate's output stayed where it was before the load")
+
+
 class CorrectnessReport(BaseModel):
     trials: list[TrialResult] = []
+    weights_follow: WeightsTrial | None = Field(None, description="the trial with new weights loaded between two calls")
     state: list[str] = Field(
         [], description="tensors the reference's forward changes (reassigned attributes, buffers): the trials are "
                         "one sequence of calls from one starting state, and both models' state is saved and restored "
@@ -364,6 +380,11 @@ class SecondOpinion(BaseModel):
     compiled: bool | None = Field(None, description="None: the harness could not judge (see error)")
     correct: bool | None = None
     runtime_ms: float | None = Field(None, description="the harness's own mean time of the candidate")
+    ref_runtime_ms: float | None = Field(None, description="the harness's mean time of its reference, under torch's "
+                                                           "default flags (cuDNN convolutions in TF32)")
+    timed_apart: bool = Field(False, description="it judged the program wrong through its TF32 reference and timed "
+                                                 "nothing: both were timed by its own timing function afterwards, "
+                                                 "in the same process, under torch's default flags")
     detail: str = Field("", description="what the harness reported beside its verdict")
     correct_true_fp32: bool | None = Field(None, description="where it said incorrect: its verdict again against a "
                                                              "reference run in true fp32 (its own runs cuDNN "
@@ -372,6 +393,13 @@ class SecondOpinion(BaseModel):
                                                 "timed out, crashed, no CUDA GPU")
     seconds: float = 0.0
     agrees: bool | None = Field(None, description="its correctness equals ours; None when it could not judge")
+
+    @property
+    def speedup(self) -> float | None:
+        """KernelBench's own speedup: its reference's time over the candidate's, both by its harness."""
+        if self.ref_runtime_ms and self.runtime_ms:
+            return self.ref_runtime_ms / self.runtime_ms
+        return None
 
 
 class SourceRef(BaseModel):

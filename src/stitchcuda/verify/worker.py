@@ -52,6 +52,7 @@ from stitchcuda.verify.verdict import (
     DeviceInfo,
     Finding,
 )
+from stitchcuda.verify.weights_trial import follows_weights
 
 
 class Progress:
@@ -337,6 +338,20 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
             result.correctness.passes_with_copied_weights = passes_with_copied_weights(
                 request, reference, ref_model, new_model, device)
             audit_state("with copied weights")
+        if passed:  # then with new weights loaded between two calls; both models' weights and state restored
+            saved = [(m, {k: v.clone() for k, v in m.state_dict().items()}) for m in (ref_model, new_model)]
+            try:
+                with kept(ref_model, new_model):
+                    trial = follows_weights(request, reference, ref_model, new_model, device, bool(draws), conditioned)
+                result.correctness.weights_follow = trial
+                passed = not trial.ran or bool(trial.passed)
+            except BaseException as exc:
+                fail(result, exc, "trial with new weights")
+            finally:
+                for model, state in saved:
+                    model.load_state_dict(state)
+                del saved
+            audit_state("with new weights")
     result.correctness_s = time.perf_counter() - started
     if not passed or not config.timing:
         return

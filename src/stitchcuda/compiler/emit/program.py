@@ -31,6 +31,7 @@ from stitchcuda.compiler.lowering.gemm_calls import (
 from stitchcuda.compiler.lowering.lower import lower
 from stitchcuda.compiler.lowering.lower_conv import conv_launch, conv_members, conv_setup, cutlass_conv_setup
 from stitchcuda.compiler.lowering.lowered import CodegenOptions, Lowering, to_ident
+from stitchcuda.compiler.lowering.packing import pack_note
 from stitchcuda.compiler.lowering.split_tf32 import KERNEL as SPLIT_KERNEL
 from stitchcuda.task.record import Task
 from stitchcuda.verify.verdict import CostEstimate
@@ -85,8 +86,9 @@ def _estimate_text(low: Lowering) -> str:
         return ""
     total = sum(e.ms for e in low.estimates)
     fp32 = sum(e.paths.get("cublas", e.paths.get("simt", e.ms)) for e in low.estimates)
+    packs = pack_note(low)
     return (f"Cost model, {low.machine.label}: its {len(low.estimates)} products and convolutions "
-            f"{total:.3f} ms estimated, {fp32:.3f} ms if all ran in fp32 on cuBLAS and cuDNN.")
+            f"{total:.3f} ms estimated, {fp32:.3f} ms if all ran in fp32 on cuBLAS and cuDNN." + (f"\n{packs}" if packs else ""))
 
 
 def _constant_name(target: str) -> str:
@@ -194,7 +196,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
             g, "CUBLAS_COMPUTE_32F_FAST_TF32" if options.tf32 else "CUBLAS_COMPUTE_32F")],
         dnn_setup=[line for c in low.convs for line in conv_setup(
             c, "CUDNN_TENSOR_OP_MATH" if c.split is not None else dnn_math)],
-        launches=launches, args=inputs, intermediates=low.intermediates, outputs=low.outputs,
+        launches=launches, args=inputs, pack_params=low.pack_params, pack_launches=low.pack_launches, intermediates=low.intermediates, outputs=low.outputs,
         entry_mark=ENTRY_MARK, packed=packed, prelude=emitter.env.get_template("prelude.cu.j2").render(),
         cutlass=bool(low.cutlass), cutlass_slots=low.cutlass_slot_count, cutlass_abi=GEMM_ABI + CONV_ABI,
         cutlass_setup=[cutlass_conv_setup(c) for c in low.cutlass_convs])

@@ -138,8 +138,10 @@ def _waste(g: Any, tile: int) -> float:
     return (-(-g.m // tile) * tile * -(-g.n // tile) * tile) / (g.m * g.n)
 
 
-def gemm_paths(g: Any, table: GpuTable, allowed: list[str], packed_b: bool = False) -> dict[str, float]:
-    """Each allowed path's time for the product ``g`` (a :class:`lowered.Gemm`), ms."""
+def gemm_paths(g: Any, table: GpuTable, allowed: list[str], packed_a: bool = False,
+               packed_b: bool = False) -> dict[str, float]:
+    """Each allowed path's time for the product ``g`` (a :class:`lowered.Gemm`), ms; ``packed_*``: that
+    operand (a weight) is split once and kept (packing.py), so its split costs nothing a call."""
     matrices = g.batch * g.outer
     flops = 2.0 * matrices * g.m * g.n * g.k
     a = g.m * g.k * (matrices if g.stride_a or g.outer_a else 1)
@@ -159,13 +161,13 @@ def gemm_paths(g: Any, table: GpuTable, allowed: list[str], packed_b: bool = Fal
         elif path == "split":
             copies = 3 if g.k <= 256 else 2  # split_tf32.ONE_GEMM_MAX_K: one GEMM of depth 3K, else two
             # the split kernels read each operand and write its copies; the GEMMs read the copies
-            split_a = 4.0 * a * (1 + copies)
+            split_a = 0.0 if packed_a else 4.0 * a * (1 + copies)
             split_b = 0.0 if packed_b else 4.0 * b * (1 + copies)
             reads = 4.0 * copies * (a + b)
             writes = 4.0 * c * (1 if copies == 3 else 3)  # two GEMMs: the second reads and rewrites C
             rate = table.tf32_tflops * TF32_EFF * _ramp(3 * g.k if copies == 3 else g.k) / _waste(g, TENSOR_TILE)
             gemm = max(_ms(3 * flops, rate), _copy_ms(reads + writes, table))
-            launches = (1 if packed_b else 2) + (1 if copies == 3 else 2)
+            launches = 2 - packed_a - packed_b + (1 if copies == 3 else 2)
             out[path] = gemm + _copy_ms(split_a + split_b, table) + launches * LAUNCH_MS
     return out
 

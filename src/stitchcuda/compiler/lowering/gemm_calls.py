@@ -184,9 +184,10 @@ def split_launch(g: Gemm) -> str:
     """3xTF32 by split operands: both operands' TF32 halves, the cross products, then the big one
     on top of them (C = the output) with the epilogue."""
     plan = g.split
+    splits = [op.launch() for op in (plan.a, plan.b) if not op.packed]  # a packed weight's halves are kept
     if plan.cross is None:  # a shallow product: all three products in one GEMM
-        return "\n".join(["{", plan.a.launch(), plan.b.launch(), lt_launch(plan.main), "}"])
-    return "\n".join(["{", plan.a.launch(), plan.b.launch(), lt_launch(plan.cross), lt_launch(plan.main, True), "}"])
+        return "\n".join(["{", *splits, lt_launch(plan.main), "}"])
+    return "\n".join(["{", *splits, lt_launch(plan.cross), lt_launch(plan.main, True), "}"])
 
 
 def cutlass_launch(g: Gemm) -> str:

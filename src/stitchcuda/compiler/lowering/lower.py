@@ -331,7 +331,7 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
             assign_cutlass(low, gemm, "tf32" if lowerer.cx.options.tf32 else "3xtf32")
             late[id(gemm)] = f"CUTLASS {'TF32' if lowerer.cx.options.tf32 else '3xTF32'}"
         elif gemm.estimate.path == "split":
-            assign_split(low, gemm)
+            assign_split(low, gemm, lowerer.cx.options.pack_weights)
             late[id(gemm)] = "3xTF32 split operands on cuBLASLt TF32 tensor cores"
     table = low.machine.table.name
     for lg in low.groups:

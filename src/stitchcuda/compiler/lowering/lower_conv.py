@@ -5,7 +5,7 @@ descriptors, algorithm choice and calls of the host program."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stitchcuda.compiler.capture.graph import Node
@@ -35,6 +35,7 @@ from stitchcuda.compiler.lowering.lower_pointwise import (
     lower_pointwise,
 )
 from stitchcuda.compiler.lowering.lowered import Conv, Gemm, Lowered, to_ident
+from stitchcuda.compiler.lowering.packing import fits, pack_buffer, parameter
 from stitchcuda.compiler.lowering.registry import group_lowering
 from stitchcuda.compiler.lowering.split_tf32 import plan_conv_split, splittable_conv, worth_splitting_conv
 
@@ -116,8 +117,17 @@ def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     conv.estimate = Estimate(op=anchor.name, path=path, ms=paths[path], paths=paths)
     if path == "split":
         conv.split = split = plan_conv_split(conv, *SPLIT_SCRATCH)
-        for ident, floats in ((split.x3, split.x_scratch), (split.w3, split.w_scratch), (split.y, split.y_scratch)):
-            reserve_scratch(cx.out, ident, floats)
+        param = parameter(cx.out, conv.weight) if cx.options.pack_weights else None
+        if param is not None and fits(cx.out, split.w_scratch):  # the weight's halves made once (packing.py)
+            names = (SPLIT_SCRATCH[0], pack_buffer(cx.out, param, split.w_scratch), SPLIT_SCRATCH[2])
+            conv.split = split = replace(plan_conv_split(conv, *names), w_packed=True)
+            cx.out.pack_launches.append(split.weight_launch())
+        elif param is not None:
+            cx.out.pack_refused += 4 * split.w_scratch
+        for ident, floats in ((split.x3, split.x_scratch), (split.w3, 0 if split.w_packed else split.w_scratch),
+                              (split.y, split.y_scratch)):
+            if floats:
+                reserve_scratch(cx.out, ident, floats)
         text += " via cuDNN on TF32 tensor cores as 3xTF32 (split channels)"
     else:
         text += " via cuDNN"

@@ -7,6 +7,8 @@ strided products attention and recurrent cells build. The calls' host code is in
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import (
     VIEWS,
@@ -24,6 +26,7 @@ from stitchcuda.compiler.lowering.gemm_calls import tiny
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_pointwise import library_call
 from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS, SPLITS, Gemm, Lowered, Lowering
+from stitchcuda.compiler.lowering.packing import fits, pack_buffer, parameter
 from stitchcuda.compiler.lowering.registry import group_lowering
 from stitchcuda.compiler.lowering.split_tf32 import plan_split, splittable
 
@@ -78,7 +81,7 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     low, gemm.out = library_call(cx, g, "gemm", value, epilogue, bias, env, "")
     low.gemm = gemm
     if split:
-        assign_split(cx.out, gemm)
+        assign_split(cx.out, gemm, cx.options.pack_weights)
     elif gemm.cutlass is not None and gemm.cutlass.activation == "identity" and (slices := split_k_slices(gemm)) > 1:
         _slice_k(cx.out, gemm, slices)
     low.describe = describe_gemm(anchor, gemm) + low.describe  # after the split or split-K: it names them
@@ -96,7 +99,9 @@ def gemm_path(cx: LowerContext, gemm: Gemm, value: str | None = None) -> Estimat
         return choose(value or "", gemm_paths(gemm, table, ["simt"]))
     allowed = ["cublas"] + (["split"] if cx.options.split_tf32 and splittable(gemm) else []) \
         + (["cutlass"] if cx.options.cutlass else [])
-    paths = gemm_paths(gemm, table, allowed)
+    packs = [cx.options.pack_weights and parameter(cx.out, buf) is not None
+             and fits(cx.out, 3 * gemm.k * (gemm.m if buf == gemm.a else gemm.n)) for buf in (gemm.a, gemm.b)]
+    paths = gemm_paths(gemm, table, allowed, *packs)
     if cx.options.cost_model:
         why = amplifies_error(cx.graph, value) if value and len(allowed) > 1 else ""
         return choose(value or "", {"cublas": paths["cublas"]} if why else paths, why)
@@ -129,14 +134,32 @@ def _lt_fold(cx: LowerContext, gemm: Gemm, anchor: Node, epilogue: list[Node],
     return value, epilogue, None
 
 
-def assign_split(low: Lowering, gemm: Gemm) -> None:
-    """Run ``gemm`` as 3xTF32 by split operands (:mod:`split_tf32`): the operands' halves in two
-    scratch buffers every split GEMM of the program shares (its launches run in order on one
-    stream, each split read by its GEMMs before the next is written), sized for the largest, and
-    two cuBLASLt GEMMs on TF32 tensor cores."""
-    plan = plan_split(gemm, *SPLIT_SCRATCH[:2])
+def assign_split(low: Lowering, gemm: Gemm, pack: bool = True) -> None:
+    """Run ``gemm`` as 3xTF32 by split operands (:mod:`split_tf32`): two cuBLASLt GEMMs on TF32
+    tensor cores over the operands' halves. An operand that is a parameter is split once and kept
+    in a buffer of its own where ``pack`` and the budget allow (:mod:`packing`); the others' halves
+    go to two scratch buffers every split GEMM of the program shares (its launches run in order on
+    one stream, each split read by its GEMMs before the next is written), sized for the largest."""
+    names = list(SPLIT_SCRATCH[:2])
+    plan = plan_split(gemm, *names)
+    packed = []
+    for i, operand in enumerate((plan.a, plan.b) if pack else ()):
+        param = parameter(low, operand.src)
+        if param is None:
+            continue
+        if fits(low, operand.scratch):
+            names[i] = pack_buffer(low, param, operand.scratch)
+            packed.append(i)
+        else:
+            low.pack_refused += 4 * operand.scratch
+    if packed:
+        plan = plan_split(gemm, *names)
+        operands = [replace(op, packed=True) if i in packed else op for i, op in enumerate((plan.a, plan.b))]
+        low.pack_launches.extend(operands[i].launch() for i in packed)
+        plan = replace(plan, a=operands[0], b=operands[1])
     for operand in (plan.a, plan.b):
-        reserve_scratch(low, operand.dst, operand.scratch)
+        if not operand.packed:
+            reserve_scratch(low, operand.dst, operand.scratch)
     for part in (plan.cross, plan.main):
         if part is not None:
             part.lt, part.fast_tf32 = len(low.lt_gemms), True

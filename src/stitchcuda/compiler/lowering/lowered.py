@@ -36,6 +36,8 @@ class CodegenOptions(BaseModel):
     cutlass: bool = Field(False, description="GEMMs and 2-d convolutions on tensor cores through CUTLASS: 3xTF32 "
                                              "(fp32-accurate) under strict, TF32 where tf32 is on; bias, scaling, a "
                                              "residual and an activation in its epilogue")
+    pack_weights: bool = Field(True, description="a weight's 3xTF32 halves are made once and kept between calls, "
+                                                 "remade when its data_ptr or version changes (packing.py)")
     split_tf32: bool = Field(False, description="GEMMs as 3xTF32 by split operands on cuBLASLt's TF32 tensor cores "
                                                 "(wgmma on Hopper): about 2.5x fp32 SGEMM's speed, error about 1e-5 "
                                                 "of the largest output (Hopper's accumulation), so the tolerance "
@@ -180,20 +182,27 @@ class Lowering:
     cutlass_convs: list[Conv] = field(default_factory=list)
     machine: Any = None  # the cost model's cost.Machine: the GPU table its estimates assume
     estimates: list[Any] = field(default_factory=list)  # cost.Estimate of every product and convolution
+    # weights split once (packing.py): the packed parameters' entry buffers, the split launches that
+    # remake the packs, their bytes, and the bytes of halves that did not fit the budget
+    pack_params: list[str] = field(default_factory=list)
+    pack_launches: list[str] = field(default_factory=list)
+    pack_bytes: int = 0
+    pack_refused: int = 0
 
     def _grown(self) -> tuple[list, ...]:
         """The lists a lowering only appends to."""
         return (self.args, self.intermediates, self.outputs, self.groups, self.convs, self.lt_gemms, self.cutlass,
-                self.cutlass_slots, self.cutlass_convs)
+                self.cutlass_slots, self.cutlass_convs, self.pack_params, self.pack_launches)
 
     def mark(self) -> tuple:
         """The record as it stands, for :meth:`undo`: a fused attempt that fails leaves nothing."""
-        return tuple(len(x) for x in self._grown()), dict(self.ctypes), dict(self.storage), self.uses_blas, self.uses_dnn
+        return (tuple(len(x) for x in self._grown()), dict(self.ctypes), dict(self.storage), self.uses_blas, self.uses_dnn,
+                self.pack_bytes, self.pack_refused)
 
     def undo(self, mark: tuple) -> None:
         """Drop what was added since ``mark``: the buffers, launches and library configurations of a
         fused lowering that refused its group after it had started (its fallback starts clean)."""
-        sizes, ctypes, storage, self.uses_blas, self.uses_dnn = mark
+        sizes, ctypes, storage, self.uses_blas, self.uses_dnn, self.pack_bytes, self.pack_refused = mark
         for x, n in zip(self._grown(), sizes, strict=True):
             del x[n:]
         self.ctypes, self.storage = ctypes, storage

@@ -209,6 +209,7 @@ class SplitOperand:
     off_small: int
     size: int  # floats per matrix in the scratch (all its copies)
     off_big2: int = -1  # a second copy of the big half (the one-GEMM split of a shallow product), -1: none
+    packed: bool = False  # a weight split once and kept (packing.py): not split in the forward
     outer: int = 1  # a second batch dimension (attention's batch outside its heads), written as one
     s_outer: int = 0
 
@@ -385,6 +386,7 @@ class ConvSplit:
     pq: int  # output positions
     w_dims: tuple[int, int, int, int]  # the weight as a contiguous [d0, d1, d2, d3]
     w_strides: tuple[int, int, int, int, int]  # where each source index, and the copy j, go in w3
+    w_packed: bool = False  # the weight's halves made once and kept (packing.py), not in the forward
 
     @property
     def x_scratch(self) -> int:
@@ -400,13 +402,15 @@ class ConvSplit:
 
     def split_launches(self) -> list[str]:
         grid = f"dim3({(self.hw + 31) // 32}, {(self.c + 31) // 32}, {self.n})"
+        return [f"sc_split3_nhwc<<<{grid}, dim3(32, 8), 0, stream>>>(a.{self.x}, a.{self.x3}, {self.c}, {self.cg}, "
+                f"{self.hw}LL, 0b010);", *([] if self.w_packed else [self.weight_launch()])]
+
+    def weight_launch(self) -> str:
         total = math.prod(self.w_dims)
         d, t = self.w_dims, self.w_strides
-        return [f"sc_split3_nhwc<<<{grid}, dim3(32, 8), 0, stream>>>(a.{self.x}, a.{self.x3}, {self.c}, {self.cg}, "
-                f"{self.hw}LL, 0b010);",
-                f"sc_split3_weight<<<{min((total + 255) // 256, 1 << 20)}, 256, 0, stream>>>(a.{self.weight}, "
+        return (f"sc_split3_weight<<<{min((total + 255) // 256, 1 << 20)}, 256, 0, stream>>>(a.{self.weight}, "
                 f"a.{self.w3}, {d[1]}LL, {d[2]}LL, {d[3]}LL, {t[0]}LL, {t[1]}LL, {t[2]}LL, {t[3]}LL, {t[4]}LL, "
-                f"{total}LL, 0b100);"]
+                f"{total}LL, 0b100);")
 
     def to_nchw(self, out: str) -> str:
         grid = f"dim3({(self.pq + 31) // 32}, {(self.k + 31) // 32}, {self.n})"

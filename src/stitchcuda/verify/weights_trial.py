@@ -1,0 +1,101 @@
+"""The trial with new weights: does the candidate compute with the weights it holds now?
+
+A user builds ``ModelNew`` and then loads trained weights into it; an optimizer step changes them
+in place. A program that made something of its weights once (a split, a transpose, a converted
+copy, at construction or at its first call) and keeps using it after they changed computes with
+stale weights. Neither KernelBench nor the other trials see it: their weights never change.
+
+Both models run once on the same inputs (a program that caches on its first call has cached),
+then get one perturbed copy of the reference's state_dict (every floating tensor, parameters and
+buffers, each element scaled by 1 + 0.2u and, where the tensor is all zeros, moved by 0.05u, u
+uniform in [-1, 1]) through ``load_state_dict``, then run again on the same inputs. The caller
+restores both models' weights and state afterwards.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from stitchcuda.verify.correctness import (
+    cloned,
+    compare_outputs,
+    detached,
+    flatten_output,
+    make_trial_inputs,
+    on_device,
+)
+from stitchcuda.verify.protocol import WorkerRequest
+from stitchcuda.verify.trials import same_state_layout
+from stitchcuda.verify.verdict import WeightsTrial
+
+# Where the trials needed the fp64 judgement (ill-conditioned outputs), the candidate follows its
+# weights when its gap to the reference is this small a share of how far the new weights moved it.
+FOLLOW_SHARE = 0.05
+
+
+def perturbed(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
+    """A copy of ``state`` with every floating tensor moved (see the module's docstring)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for key, value in state.items():
+        if not value.is_floating_point():
+            out[key] = value.clone()
+            continue
+        u = (torch.rand(value.shape, generator=gen, dtype=torch.float64) * 2 - 1).to(value.device, value.dtype)
+        moved = value * (1 + 0.2 * u)
+        out[key] = moved + 0.05 * u if not bool(value.ne(0).any()) else moved
+    return out
+
+
+def _max_abs(a: Any, b: Any) -> float | None:
+    xs, ys = flatten_output(a), flatten_output(b)
+    if xs is None or ys is None or len(xs) != len(ys) or any(x.shape != y.shape for x, y in zip(xs, ys, strict=True)):
+        return None
+    gaps = [(x.double() - y.double()).abs().max().item() for x, y in zip(xs, ys, strict=True) if x.numel()]
+    return max(gaps, default=0.0)
+
+
+def follows_weights(request: WorkerRequest, reference: ModuleType, ref_model: Any, new_model: Any,
+                    device: torch.device, draws: bool, conditioned: bool) -> WeightsTrial:
+    """Run the trial (module docstring) and say what it found. ``draws``: the reference draws random
+    numbers (both run under one seed); ``conditioned``: the trials judged against fp64."""
+    if not same_state_layout(ref_model, new_model):
+        return WeightsTrial(skipped="the candidate's state_dict does not have the reference's keys and shapes "
+                                    "(KernelBench accepts that), so the same weights cannot be loaded into both")
+    seed = request.config.seed + 7
+    inputs = make_trial_inputs(reference.get_inputs, seed, "given", device)
+
+    def call(model: Any) -> Any:
+        if draws:
+            torch.manual_seed(seed)
+        return detached(model(*cloned(inputs)))
+
+    ref_before, new_before = call(ref_model), on_device(call(new_model), device)
+    new_weights = perturbed(ref_model.state_dict(), seed)
+    ref_model.load_state_dict(new_weights)
+    new_model.load_state_dict(new_weights)
+    del new_weights
+    ref_after, new_after = call(ref_model), on_device(call(new_model), device)
+    comparison = compare_outputs(ref_after, new_after, request.config.tol)
+    moved = _max_abs(ref_before, ref_after)
+    gap = comparison.max_abs_error if comparison.max_abs_error is not None else _max_abs(ref_after, new_after)
+    passed = comparison.passed or bool(conditioned and gap is not None and moved and gap <= FOLLOW_SHARE * moved)
+    stale_gap = _max_abs(new_before, new_after)
+    stale = not passed and stale_gap is not None and moved is not None and stale_gap < 0.5 * moved
+    return WeightsTrial(ran=True, passed=passed, max_abs_error=gap, output_moved=moved, stale=stale)
+
+
+def weights_error(trial: WeightsTrial) -> str:
+    """The verdict's error for a failed trial."""
+    gap = f"{trial.max_abs_error:.3g}" if trial.max_abs_error is not None else "not comparable"
+    moved = f"{trial.output_moved:.3g}" if trial.output_moved is not None else "?"
+    what = ("its output stayed where the old weights put it: it computes with a copy made before (at "
+            "construction or at its first call) and never sees the change; derive such copies from the current "
+            "weights, or check the parameters' data_ptr() and _version each call") if trial.stale else (
+            "it does not compute the reference's function of the new weights")
+    return (f"wrong after new weights were loaded: both models got the same perturbed state_dict through "
+            f"load_state_dict between two calls, which moved the reference's output by {moved}; the candidate "
+            f"is then {gap} from it: {what}")

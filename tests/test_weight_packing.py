@@ -1,0 +1,60 @@
+"""Weights split once (compiler/lowering/packing.py): a parameter's 3xTF32 halves kept between
+calls, remade when its data_ptr or version counter moves. Run on the GPU: tests/test_gpu.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from stitchcuda.compiler import compile_task
+from stitchcuda.compiler.emit.codegen import CodegenOptions, generate
+from stitchcuda.compiler.emit.program import split_cuda
+from stitchcuda.compiler.lowering import packing
+from stitchcuda.compiler.lowering.lower import lower
+from stitchcuda.task import resolve_tasks
+from tests.test_offline_codegen import _compile_together, cuda_source
+
+SPLIT = CodegenOptions(split_tf32=True)
+
+
+def _lowered(name: str, options: CodegenOptions = SPLIT):
+    (task,) = resolve_tasks(name)
+    compiled = compile_task(task)
+    return task, compiled, lower(compiled.graph, compiled.groups, options)
+
+
+def test_weights_are_split_once_and_activations_every_call():
+    task, compiled, low = _lowered("mlp")
+    gemms = [x.gemm for g in low.groups for x in g.launches() if x.gemm is not None]
+    assert all(g.split.b.packed and not g.split.a.packed for g in gemms)  # x . W^T: the weight is B
+    assert len(low.pack_launches) == len(low.pack_params) == 3 and low.pack_bytes > 0
+    program = generate(task, compiled.graph, compiled.groups, SPLIT)
+    head, entry = split_cuda(cuda_source(program))
+    forward = head[head.index("forward_impl("):]
+    assert forward.count("sc_split_tf32") == 0  # no weight split in the forward's launches
+    assert "refresh_packs(P, a," in forward and "_version()" in forward
+    assert "void pack_weights(" in head and "Weights split once: 3 packed" in program
+
+
+def test_without_packing_or_beyond_the_budget_weights_split_every_call(monkeypatch):
+    _, _, low = _lowered("mlp", CodegenOptions(split_tf32=True, pack_weights=False))
+    assert not low.pack_launches and not low.pack_bytes
+    monkeypatch.setattr(packing, "gpu_bytes", lambda: 1 << 20)  # a quarter of 1 MiB: nothing fits
+    task, compiled, low = _lowered("mlp")
+    assert not low.pack_launches and low.pack_refused > 0
+    program = generate(task, compiled.graph, compiled.groups, SPLIT)
+    assert "did not fit the budget: those weights split on every call" in program
+
+
+def test_convolution_weights_pack_too():
+    _, _, low = _lowered("diffusion_resblock")
+    assert [c.split.w_packed for c in low.convs] == [True, True]
+    assert all("sc_split3_weight" in launch for launch in low.pack_launches)
+
+
+@pytest.mark.nvcc
+def test_a_packing_program_compiles_for_sm90(tmp_path):
+    sources = []
+    for name in ("mlp", "diffusion_resblock"):
+        task, compiled, _ = _lowered(name)
+        sources.append(cuda_source(generate(task, compiled.graph, compiled.groups, SPLIT)))
+    _compile_together(sources, tmp_path)
