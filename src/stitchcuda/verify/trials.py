@@ -41,14 +41,18 @@ def same_state_layout(ref_model: Any, new_model: Any) -> bool:
 
 
 def passes_with_copied_weights(request: WorkerRequest, reference: ModuleType, ref_model: Any, new_model: Any,
-                                device: torch.device) -> bool | None:
+                                device: torch.device, failed: TrialResult | None = None) -> bool | None:
     """Would the failed candidate pass with the reference's parameters? Tells a program that computes
     the right function from one that does not; None where the two state_dicts do not line up."""
     if not same_state_layout(ref_model, new_model):
         return None
+    trials = [] if failed is None else [failed]
+    seed, distribution = (trials[0].seed, trials[0].distribution) if trials else (request.config.seed + 1, "given")
     try:  # in place: the verification ends after this (the candidate already failed)
         new_model.load_state_dict(ref_model.state_dict())
-        inputs = make_trial_inputs(reference.get_inputs, request.config.seed + 1, "given", device)
+        # the inputs of the trial that failed: on others an inaccurate program can pass, and the
+        # verdict would blame the parameters
+        inputs = make_trial_inputs(reference.get_inputs, seed, distribution, device)
         expected = detached(ref_model(*cloned(inputs)))
         got = detached(new_model(*cloned(inputs)))
         return compare_outputs(expected, on_device(got, device), request.config.tol).passed

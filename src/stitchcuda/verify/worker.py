@@ -336,7 +336,7 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
             ref_start.restore(ref_model)  # one call each, from the same state
             new_start.restore(new_model)
             result.correctness.passes_with_copied_weights = passes_with_copied_weights(
-                request, reference, ref_model, new_model, device)
+                request, reference, ref_model, new_model, device, next((t for t in trials if not t.passed), None))
             audit_state("with copied weights")
         if passed:  # then with new weights loaded between two calls; both models' weights and state restored
             saved = [(m, {k: v.clone() for k, v in m.state_dict().items()}) for m in (ref_model, new_model)]
