@@ -125,7 +125,8 @@ class WeightsTrial(BaseModel):
     passed: bool | None = None
     max_abs_error: float | None = Field(None, description="candidate vs reference after the load")
     output_moved: float | None = Field(None, description="how far the new weights moved the reference's output "
-                                                         "(max abs): the trial only tells where this is large")
+                                                         "(max abs over up to 2^20 sampled elements an output): the "
+                                                         "trial only tells where this is large")
     stale: bool = Field(False, description="the candidate's output stayed where it was before the load")
 
 

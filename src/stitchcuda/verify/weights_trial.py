@@ -50,12 +50,29 @@ def perturbed(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tens
     return out
 
 
-def _max_abs(a: Any, b: Any) -> float | None:
-    xs, ys = flatten_output(a), flatten_output(b)
-    if xs is None or ys is None or len(xs) != len(ys) or any(x.shape != y.shape for x, y in zip(xs, ys, strict=True)):
+# The outputs before the load are kept as this many sampled elements per output, so that the trial
+# holds two full outputs at a time, as any trial does (L1/63's outputs are 16 GiB each).
+SAMPLE = 1 << 20
+
+
+def _sampled(out: Any) -> list[torch.Tensor] | None:
+    """Each output's elements at fixed positions (all of them up to :data:`SAMPLE`), as float64."""
+    tensors = flatten_output(out)
+    if tensors is None:
         return None
-    gaps = [(x.double() - y.double()).abs().max().item() for x, y in zip(xs, ys, strict=True) if x.numel()]
-    return max(gaps, default=0.0)
+    picked = []
+    for x in tensors:
+        flat = x.reshape(-1)
+        if flat.numel() > SAMPLE:
+            flat = flat[torch.linspace(0, flat.numel() - 1, SAMPLE, device=flat.device).long()]
+        picked.append(flat.double().clone())
+    return picked
+
+
+def _gap(a: list[torch.Tensor] | None, b: list[torch.Tensor] | None) -> float | None:
+    if a is None or b is None or len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
+        return None
+    return max(((x - y).abs().max().item() for x, y in zip(a, b, strict=True) if x.numel()), default=0.0)
 
 
 def follows_weights(request: WorkerRequest, reference: ModuleType, ref_model: Any, new_model: Any,
@@ -73,17 +90,20 @@ def follows_weights(request: WorkerRequest, reference: ModuleType, ref_model: An
             torch.manual_seed(seed)
         return detached(model(*cloned(inputs)))
 
-    ref_before, new_before = call(ref_model), on_device(call(new_model), device)
+    ref_before = _sampled(call(ref_model))
+    new_before = _sampled(on_device(call(new_model), device))
     new_weights = perturbed(ref_model.state_dict(), seed)
     ref_model.load_state_dict(new_weights)
     new_model.load_state_dict(new_weights)
     del new_weights
-    ref_after, new_after = call(ref_model), on_device(call(new_model), device)
+    ref_after = call(ref_model)
+    moved = _gap(ref_before, _sampled(ref_after))
+    new_after = on_device(call(new_model), device)
     comparison = compare_outputs(ref_after, new_after, request.config.tol)
-    moved = _max_abs(ref_before, ref_after)
-    gap = comparison.max_abs_error if comparison.max_abs_error is not None else _max_abs(ref_after, new_after)
+    gap = comparison.max_abs_error if comparison.max_abs_error is not None else _gap(_sampled(ref_after),
+                                                                                     _sampled(new_after))
     passed = comparison.passed or bool(conditioned and gap is not None and moved and gap <= FOLLOW_SHARE * moved)
-    stale_gap = _max_abs(new_before, new_after)
+    stale_gap = _gap(new_before, _sampled(new_after))
     stale = not passed and stale_gap is not None and moved is not None and stale_gap < 0.5 * moved
     return WeightsTrial(ran=True, passed=passed, max_abs_error=gap, output_moved=moved, stale=stale)
 
