@@ -203,11 +203,12 @@ MARGIN = 0.10
 
 
 def choose(op: str, paths: dict[str, float], why: str = "") -> Estimate:
-    """The path with the least estimate; the first listed unless another saves :data:`MARGIN`."""
-    first = next(iter(paths))
-    best = min(paths, key=lambda p: (paths[p], list(paths).index(p)))
-    if paths[best] > paths[first] * (1 - MARGIN):
-        best = first
+    """The path with the least estimate, the paths taken in their listed order (plainest first):
+    a later one replaces the one held only where it saves :data:`MARGIN` of its estimate."""
+    best = next(iter(paths))
+    for path, ms in paths.items():
+        if ms < paths[best] * (1 - MARGIN):
+            best = path
     return Estimate(op=op, path=best, ms=paths[best], paths=paths, why=why)
 
 
