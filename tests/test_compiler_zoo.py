@@ -114,7 +114,7 @@ def test_state_reassigned_in_forward_is_a_buffer_the_program_updates():
     assert compiled.graph.state == ["hidden"]
     assert list(compiled.graph.mutations.values()) == ["b_hidden"]
     program = compiled.program()
-    assert 'register_buffer("hidden", _value, persistent=False)' in program and "self.hidden," in program
+    assert 'register_buffer("hidden", _value, persistent=False)' in program and "self._buffers['hidden']," in program
 
 
 def test_every_reason_is_kept_and_the_summary_says_how_many_more():
