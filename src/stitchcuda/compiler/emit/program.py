@@ -87,7 +87,9 @@ def _estimate_text(low: Lowering) -> str:
     total = sum(e.ms for e in low.estimates)
     fp32 = sum(e.paths.get("cublas", e.paths.get("simt", e.ms)) for e in low.estimates)
     packs = pack_note(low)
-    return (f"Cost model, {low.machine.label}: its {len(low.estimates)} products and convolutions "
+    count = len(low.estimates)
+    what = "its product or convolution" if count == 1 else f"its {count} products and convolutions"
+    return (f"Cost model, {low.machine.label}: {what} "
             f"{total:.3f} ms estimated, {fp32:.3f} ms if all ran in fp32 on cuBLAS and cuDNN." + (f"\n{packs}" if packs else ""))
 
 
