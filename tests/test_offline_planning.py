@@ -274,7 +274,8 @@ def test_offline_coder_picks_the_next_variant_from_the_verdict():
     library = Signals.from_verdict(_verdict(ms=1.2, top="library"))
     assert choose_next(opts, [0], library) == 1  # the other GEMM path
     wrong = Signals.from_verdict(_verdict(correct=False, errors=("incorrect in 2 of 5 trials: max abs diff 3e-4",)))
-    assert not opts[choose_next(opts, [0], wrong, base=0)]["split_tf32"]  # split ruled out
+    after = opts[choose_next(opts, [0], wrong, base=0)]
+    assert not after["split_tf32"] and not after["cutlass"] and after["cublaslt"]  # the model's mix wrong: fp32 next
     own = Signals.from_verdict(_verdict(ms=1.2, top="own"))
     nxt = choose_next(opts, [0, 1, 2], own, base=2)
     assert (opts[nxt]["block"], opts[nxt]["vector_width"]) != (opts[2]["block"], opts[2]["vector_width"])

@@ -150,6 +150,8 @@ def choose_next(options: list[dict], tried: list[int], signals: Signals, base: i
         banned.append(("cutlass", True))
     if "split" in failure or (ref.get("split_tf32") and "incorrect in" in failure):  # its error is the larger
         banned.append(("split_tf32", True))
+    if ref.get("cost_model") and "incorrect in" in failure:  # its products mixed both 3xTF32 paths: fp32 next
+        banned.append(("cutlass", True))
     if any(w in failure for w in ("cudagraph", "streambegincapture", "capture")):
         banned.append(("graph", True))
     if "misaligned" in failure:
