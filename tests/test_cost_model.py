@@ -55,11 +55,11 @@ def test_the_table_comes_from_the_gpu_or_says_it_was_assumed(monkeypatch):
     monkeypatch.delenv("STITCHCUDA_GPU", raising=False)
     monkeypatch.setattr("stitchcuda.compiler.lowering.cost.physical_gpu", lambda device: None)
     here = this_machine()
-    assert here.assumed and here.table.name == "H100 SXM" and "assumed" in here.label
+    assert here.assumed and here.table.label == "H100 SXM" and "assumed" in here.label
     assert this_machine("H200").table.hbm_tbps > this_machine("H100").table.hbm_tbps
-    assert this_machine("NVIDIA A100-SXM4-80GB").table.name == "A100"
+    assert this_machine("NVIDIA A100-SXM4-80GB").table.label == "A100"
     monkeypatch.setenv("STITCHCUDA_GPU", "H200")
-    assert this_machine().table.name == "H200 SXM" and not this_machine().assumed
+    assert this_machine().table.label == "H200 SXM" and not this_machine().assumed
     with pytest.raises(ValueError, match="no cost table for GPU 'V100'"):
         this_machine("V100")
     (task,) = resolve_tasks("mlp")

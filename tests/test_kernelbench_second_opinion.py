@@ -65,6 +65,13 @@ def get_timing_function(method):
 
 def get_timing_stats(elapsed, device=None):
     return {"mean": sum(elapsed) / len(elapsed)}
+
+
+def measure_ref_program_time(name, src, num_trials=100, device=None, **kwargs):
+    from kernelbench.eval import load_original_model_and_inputs
+    model_cls, get_init_inputs, get_inputs = load_original_model_and_inputs(src, {})
+    elapsed = get_timing_function("cuda_event")(model_cls(*get_init_inputs()), get_inputs(), num_trials)
+    return get_timing_stats(elapsed)
 '''
 
 

@@ -8,12 +8,13 @@ from stitchcuda.compiler.lowering.cutlass_conv import CutlassConv
 from stitchcuda.compiler.lowering.cutlass_conv import kernel_sources as conv_sources
 from stitchcuda.compiler.lowering.cutlass_gemm import CutlassGemm
 from stitchcuda.compiler.lowering.cutlass_gemm import kernel_sources as gemm_sources
+from stitchcuda.gpu_specs import nominal_peaks
 from stitchcuda.task.record import Candidate, Task
 from stitchcuda.verify.config import VerifyConfig
 from stitchcuda.verify.feedback import feedback_for
 from stitchcuda.verify.judge import judge
 from stitchcuda.verify.nsight import timing_estimate
-from stitchcuda.verify.peaks import arithmetic_peak, nominal_peaks, with_arithmetic
+from stitchcuda.verify.peaks import arithmetic_peak, with_arithmetic
 from stitchcuda.verify.precision import arithmetic_of, assess, describe, source_hints, tf32_split
 from stitchcuda.verify.protocol import WorkerResult
 from stitchcuda.verify.timing import summarize

@@ -64,14 +64,13 @@ def verdict_view(v: Verdict) -> Group:
         summary.add_row("new weights", text)
     if v.estimate is not None:
         e = v.estimate
-        measured = "; measured: " + ", ".join(
-            part for part in (f"library kernels {e.measured_library_ms:.3f} ms" if e.measured_library_ms is not None
-                              else "", f"forward {e.measured_forward_ms:.3f} ms" if e.measured_forward_ms is not None
-                              else "") if part) if e.measured_library_ms is not None or e.measured_forward_ms else ""
+        measured = [f"library kernels {e.measured_library_ms:.3f} ms" if e.measured_library_ms is not None else "",
+                    f"forward {e.measured_forward_ms:.3f} ms" if e.measured_forward_ms is not None else ""]
+        measured_text = "; measured: " + ", ".join(m for m in measured if m) if any(measured) else ""
+        paths = ", ".join(f"{k} {n}" for k, n in e.paths.items())
         summary.add_row("estimate", Text(f"cost model ({e.table} table{', assumed' if e.assumed else ''}): "
-                                         f"{e.operators} products and convolutions {e.ms:.3f} ms"
-                                         f" ({', '.join(f'{k} {n}' for k, n in e.paths.items())}){measured}",
-                                         overflow="fold"))
+                                         f"{e.operators} products and convolutions {e.ms:.3f} ms ({paths})"
+                                         + measured_text, overflow="fold"))
     parts: list = [headline, summary]
     if v.second_opinion is not None:
         parts.extend(second_opinion_view(v))

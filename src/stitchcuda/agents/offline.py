@@ -26,7 +26,7 @@ from stitchcuda.agents.records import Best, CoderRequest, Plan
 from stitchcuda.compiler import Compiled, compile_task
 from stitchcuda.compiler.emit.codegen import CodegenOptions, generate
 from stitchcuda.compiler.ir.expr import Unsupported
-from stitchcuda.compiler.lowering.cost import Estimate
+from stitchcuda.compiler.lowering.cost import Estimate, fixed_path
 from stitchcuda.compiler.lowering.lower import lower
 from stitchcuda.llm.base import Completion, LLMConfig, Message, Usage
 from stitchcuda.task.record import Task
@@ -61,12 +61,7 @@ def variant_estimates(estimates: list[Estimate], options: list[dict]) -> list[fl
     the split where the model says it beats SGEMM, else CUTLASS, else SGEMM, as it would run."""
 
     def one(e: Estimate, o: dict) -> float:
-        p = e.paths
-        if o.get("cost_model") or "simt" in p:
-            return e.ms
-        if o.get("split_tf32") and "split" in p and p["split"] < p["cublas"]:
-            return p["split"]
-        return p["cutlass"] if o.get("cutlass") and "cutlass" in p else p["cublas"]
+        return e.ms if o.get("cost_model") else e.paths[fixed_path(e.paths, o.get("split_tf32"), o.get("cutlass"))]
 
     return [sum(one(e, o) for e in estimates) for o in options]
 

@@ -124,10 +124,11 @@ def run_harness(checkout: str | Path, reference: str, candidate: str, *, trials:
 
 def time_both(checkout: str | Path, reference: str, candidate: str, *, perf_trials: int = 100,
               build_dir: str | None = None) -> tuple[float, float]:
-    """(reference ms, candidate ms): both timed by KernelBench's own timing function (CUDA events,
-    its defaults), in this process, under torch's default flags, as its ``eval_kernel_against_ref``
-    times a program it judged correct. For the program it judged wrong only because its reference
-    ran in TF32: its eval then times nothing."""
+    """(reference ms, candidate ms), both by KernelBench's own timing code in this process under
+    torch's default flags, as its ``eval_kernel_against_ref`` times a program it judged correct:
+    the reference through its ``measure_ref_program_time``, the program with the same timing
+    function after building it as its eval does. For the program it judged wrong only because its
+    reference ran in TF32: its eval then times nothing."""
     import torch
 
     torch.backends.cudnn.allow_tf32 = True  # torch's defaults, as KernelBench leaves them
@@ -138,22 +139,19 @@ def time_both(checkout: str | Path, reference: str, candidate: str, *, perf_tria
     if restored:
         reference, candidate = _restore_inputs(reference, "Model", restored), _restore_inputs(candidate, "ModelNew", restored)
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")  # cpu: only under a test's fake harness
-    model_cls, get_init_inputs, get_inputs = harness.load_original_model_and_inputs(reference, {})
+    ref_ms = timing.measure_ref_program_time("reference", reference, num_trials=perf_trials, device=device)["mean"]
+    _, get_init_inputs, get_inputs = harness.load_original_model_and_inputs(reference, {})
     new_cls = harness.load_custom_model(candidate, {}, build_dir)
-    times = []
     with torch.no_grad():
-        for cls in (model_cls, new_cls):
-            harness.set_seed(42)
-            init = [x.to(device) if isinstance(x, torch.Tensor) else x for x in get_init_inputs()]
-            harness.set_seed(42)
-            model = cls(*init).to(device=device, dtype=torch.float32)
-            harness.set_seed(42)
-            inputs = [x.to(device=device, dtype=torch.float32) if isinstance(x, torch.Tensor) else x for x in get_inputs()]
-            elapsed = timing.get_timing_function("cuda_event")(model, inputs, num_trials=perf_trials, verbose=False,
-                                                              device=device)
-            times.append(float(timing.get_timing_stats(elapsed, device=device)["mean"]))
-            del model
-    return times[0], times[1]
+        harness.set_seed(42)
+        init = [x.to(device) if isinstance(x, torch.Tensor) else x for x in get_init_inputs()]
+        harness.set_seed(42)
+        model = new_cls(*init).to(device=device, dtype=torch.float32)
+        harness.set_seed(42)
+        inputs = [x.to(device=device, dtype=torch.float32) if isinstance(x, torch.Tensor) else x for x in get_inputs()]
+        elapsed = timing.get_timing_function("cuda_event")(model, inputs, num_trials=perf_trials, verbose=False,
+                                                          device=device)
+    return float(ref_ms), float(timing.get_timing_stats(elapsed, device=device)["mean"])
 
 
 def integer_inputs(reference: str) -> dict[int, str]:
@@ -218,9 +216,13 @@ def main(argv: list[str] | None = None) -> int:
                                 build_dir=request.build_dir, measure_performance=False, tf32=False)
             verdict.correct_true_fp32 = None if again.detail == NO_RESULT else again.correct
             if verdict.correct_true_fp32 and request.measure_performance:
-                verdict.ref_runtime_ms, verdict.runtime_ms = time_both(
-                    request.checkout, reference, candidate, perf_trials=request.perf_trials, build_dir=request.build_dir)
-                verdict.timed_apart = True
+                try:
+                    verdict.ref_runtime_ms, verdict.runtime_ms = time_both(
+                        request.checkout, reference, candidate, perf_trials=request.perf_trials,
+                        build_dir=request.build_dir)
+                    verdict.timed_apart = True
+                except Exception as exc:  # its verdicts stand; only the speedup is missing, and said so
+                    verdict.detail += f"; timing it apart failed: {type(exc).__name__}: {str(exc)[:200]}"
         # no result is no judgement: a verdict of "incorrect" here would be a false disagreement
         reply = HarnessReply(error=NO_RESULT) if verdict.detail == NO_RESULT else HarnessReply(verdict=verdict)
     except HarnessError as exc:

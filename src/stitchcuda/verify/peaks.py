@@ -18,10 +18,8 @@ lower bound on the time, whichever part of the work ran in which arithmetic.
 
 from __future__ import annotations
 
-from stitchcuda.gpu_specs import NOMINAL, NominalPeaks, nominal_peaks
+from stitchcuda.gpu_specs import NominalPeaks, nominal_peaks
 from stitchcuda.verify.verdict import Peaks, Roofline
-
-__all__ = ["NOMINAL", "NominalPeaks", "arithmetic_peak", "nominal_peaks", "with_arithmetic"]
 
 
 def _one(arithmetic: str, peaks: Peaks, nominal: NominalPeaks | None) -> tuple[float, str] | None:

@@ -76,7 +76,7 @@ def program_estimate(low: Lowering) -> CostEstimate | None:
     """The cost model's figures for the whole program, as its docstring's ``Estimate`` line."""
     if not low.estimates:
         return None
-    return CostEstimate(table=low.machine.table.name, assumed=low.machine.assumed, device=low.machine.device,
+    return CostEstimate(table=low.machine.table.label, assumed=low.machine.assumed, device=low.machine.device,
                            operators=len(low.estimates), ms=round(sum(e.ms for e in low.estimates), 4),
                            paths=dict(Counter(e.path for e in low.estimates)))
 

@@ -35,24 +35,8 @@ from stitchcuda.compiler.capture.graph import Node, OpGraph
 from stitchcuda.gpu_specs import DEFAULT, NOMINAL, NominalPeaks, nominal_peaks
 from stitchcuda.machine import physical_gpu
 
-
-class GpuTable(BaseModel):
-    """The figures the model uses of one GPU (``gpu_specs``: its data sheet)."""
-
-    name: str
-    fp32_tflops: float = Field(description="FFMA (SIMT) peak")
-    tf32_tflops: float = Field(description="dense TF32 tensor-core peak")
-    bf16_tflops: float = Field(description="dense BF16 tensor-core peak")
-    hbm_tbps: float = Field(description="memory bandwidth, TB/s")
-
-    @classmethod
-    def of(cls, spec: NominalPeaks) -> GpuTable:
-        return cls(name=spec.label, fp32_tflops=spec.fp32, tf32_tflops=spec.tf32, bf16_tflops=spec.bf16,
-                   hbm_tbps=spec.hbm_tbps)
-
-
-TABLES: dict[str, GpuTable] = {fragment: GpuTable.of(spec) for fragment, spec in NOMINAL}
-DEFAULT_TABLE = DEFAULT
+# the data sheets' figures, by the name fragment gpu_specs matches (H100, H200, A100, ...)
+TABLES: dict[str, NominalPeaks] = dict(NOMINAL)
 
 # share of the table's peak each path reaches (measured on an H100, see the module's docstring)
 SGEMM_EFF, CONV_EFF, CONV_TRANSPOSED_EFF = 0.75, 0.75, 0.18
@@ -68,22 +52,16 @@ SIMT_TILE, TENSOR_TILE = 32, 64
 class Machine(BaseModel):
     """The table a program's estimates use, and whether it was read from the GPU or assumed."""
 
-    table: GpuTable
+    table: NominalPeaks
     assumed: bool = Field(description="no GPU where the program was written: the default table")
     device: str = ""
 
     @property
     def label(self) -> str:
         if not self.assumed:
-            return f"{self.table.name} table ({self.device})"
+            return f"{self.table.label} table ({self.device})"
         why = f"no table for {self.device}" if self.device else "no GPU where it was written"
-        return f"{self.table.name} table (assumed: {why})"
-
-
-def table_named(device: str) -> GpuTable | None:
-    """The table whose name a device name carries (``NVIDIA H100 80GB HBM3`` -> H100 SXM)."""
-    spec = nominal_peaks(device)
-    return GpuTable.of(spec) if spec is not None else None
+        return f"{self.table.label} table (assumed: {why})"
 
 
 def this_machine(requested: str = "") -> Machine:
@@ -92,15 +70,15 @@ def this_machine(requested: str = "") -> Machine:
     the default, marked as assumed."""
     requested = requested or os.environ.get("STITCHCUDA_GPU", "")
     if requested:
-        table = TABLES.get(requested) or table_named(requested)
+        table = nominal_peaks(requested)
         if table is None:
             raise ValueError(f"no cost table for GPU {requested!r}; known: {', '.join(TABLES)}")
         return Machine(table=table, assumed=False, device=requested)
     gpu = physical_gpu("cuda")  # nvidia-smi: the Coder's process starts no CUDA context
     if gpu is not None:
-        table = table_named(gpu.name)
-        return Machine(table=table or TABLES[DEFAULT_TABLE], assumed=table is None, device=gpu.name)
-    return Machine(table=TABLES[DEFAULT_TABLE], assumed=True)
+        table = nominal_peaks(gpu.name)
+        return Machine(table=table or TABLES[DEFAULT], assumed=table is None, device=gpu.name)
+    return Machine(table=TABLES[DEFAULT], assumed=True)
 
 
 class Estimate(BaseModel):
@@ -126,7 +104,7 @@ def _ms(flops: float, tflops: float) -> float:
     return flops / (tflops * 1e9)
 
 
-def _copy_ms(nbytes: float, table: GpuTable) -> float:
+def _copy_ms(nbytes: float, table: NominalPeaks) -> float:
     return nbytes / (table.hbm_tbps * HBM_EFF * 1e9)
 
 
@@ -138,7 +116,7 @@ def _waste(g: Any, tile: int) -> float:
     return (-(-g.m // tile) * tile * -(-g.n // tile) * tile) / (g.m * g.n)
 
 
-def gemm_paths(g: Any, table: GpuTable, allowed: list[str], packed_a: bool = False,
+def gemm_paths(g: Any, table: NominalPeaks, allowed: list[str], packed_a: bool = False,
                packed_b: bool = False) -> dict[str, float]:
     """Each allowed path's time for the product ``g`` (a :class:`lowered.Gemm`), ms; ``packed_*``: that
     operand (a weight) is split once and kept (packing.py), so its split costs nothing a call."""
@@ -151,12 +129,12 @@ def gemm_paths(g: Any, table: GpuTable, allowed: list[str], packed_a: bool = Fal
     out: dict[str, float] = {}
     for path in allowed:
         if path == "cublas":
-            rate = table.fp32_tflops * SGEMM_EFF * _ramp(g.k) / _waste(g, SIMT_TILE)
+            rate = table.fp32 * SGEMM_EFF * _ramp(g.k) / _waste(g, SIMT_TILE)
             out[path] = max(_ms(flops, rate), io) + LAUNCH_MS
         elif path == "simt":
-            out[path] = max(_ms(flops, table.fp32_tflops * SIMT_EFF), io) + LAUNCH_MS
+            out[path] = max(_ms(flops, table.fp32 * SIMT_EFF), io) + LAUNCH_MS
         elif path == "cutlass":
-            rate = table.tf32_tflops * CUTLASS_3X_EFF * _ramp(g.k) / _waste(g, TENSOR_TILE)
+            rate = table.tf32 * CUTLASS_3X_EFF * _ramp(g.k) / _waste(g, TENSOR_TILE)
             out[path] = max(_ms(3 * flops, rate), io) + LAUNCH_MS
         elif path == "split":
             copies = 3 if g.k <= 256 else 2  # split_tf32.ONE_GEMM_MAX_K: one GEMM of depth 3K, else two
@@ -165,14 +143,14 @@ def gemm_paths(g: Any, table: GpuTable, allowed: list[str], packed_a: bool = Fal
             split_b = 0.0 if packed_b else 4.0 * b * (1 + copies)
             reads = 4.0 * copies * (a + b)
             writes = 4.0 * c * (1 if copies == 3 else 3)  # two GEMMs: the second reads and rewrites C
-            rate = table.tf32_tflops * TF32_EFF * _ramp(3 * g.k if copies == 3 else g.k) / _waste(g, TENSOR_TILE)
+            rate = table.tf32 * TF32_EFF * _ramp(3 * g.k if copies == 3 else g.k) / _waste(g, TENSOR_TILE)
             gemm = max(_ms(3 * flops, rate), _copy_ms(reads + writes, table))
             launches = 2 - packed_a - packed_b + (1 if copies == 3 else 2)
             out[path] = gemm + _copy_ms(split_a + split_b, table) + launches * LAUNCH_MS
     return out
 
 
-def conv_paths(c: Any, table: GpuTable, allowed: list[str]) -> dict[str, float]:
+def conv_paths(c: Any, table: NominalPeaks, allowed: list[str]) -> dict[str, float]:
     """Each allowed path's time for the convolution ``c`` (a :class:`lowered.Conv`), ms: cuDNN's fp32
     kernels, or the split of its channels channels-last on cuDNN's TF32 ones (its input moved 7
     times: read, three copies written and read; its output 3: written channels-last, transposed)."""
@@ -186,12 +164,12 @@ def conv_paths(c: Any, table: GpuTable, allowed: list[str]) -> dict[str, float]:
     for path in allowed:
         if path == "cublas":
             eff = CONV_TRANSPOSED_EFF if c.transposed else CONV_EFF
-            out[path] = max(_ms(flops, table.fp32_tflops * eff), _copy_ms(4.0 * (x + y + w), table)) + LAUNCH_MS
+            out[path] = max(_ms(flops, table.fp32 * eff), _copy_ms(4.0 * (x + y + w), table)) + LAUNCH_MS
         elif path == "split":
-            out[path] = (_ms(3 * flops, table.tf32_tflops * TF32_EFF) + _copy_ms(4.0 * (7 * x + 3 * y + 4 * w), table)
+            out[path] = (_ms(3 * flops, table.tf32 * TF32_EFF) + _copy_ms(4.0 * (7 * x + 3 * y + 4 * w), table)
                          + 4 * LAUNCH_MS)
         elif path == "cutlass":  # NHWC copies of input and output around CUTLASS's implicit GEMM
-            out[path] = (max(_ms(3 * flops, table.tf32_tflops * CUTLASS_3X_EFF), _copy_ms(4.0 * (x + y + w), table))
+            out[path] = (max(_ms(3 * flops, table.tf32 * CUTLASS_3X_EFF), _copy_ms(4.0 * (x + y + w), table))
                          + _copy_ms(4.0 * 2 * (x + y), table) + 3 * LAUNCH_MS)
     return out
 
@@ -200,6 +178,17 @@ def conv_paths(c: Any, table: GpuTable, allowed: list[str]) -> dict[str, float]:
 # estimate: the model's error is larger than a few percent, and each CUTLASS configuration costs
 # the build a minute.
 MARGIN = 0.10
+
+
+def fixed_path(paths: dict[str, float], split: bool, cutlass: bool) -> str:
+    """The path a variant that fixes the GEMM path takes (no model choosing): the split where the
+    model says it beats SGEMM, else CUTLASS where switched on, else SGEMM (the SIMT kernel for tiny
+    products, whatever the variant)."""
+    if "simt" in paths:
+        return "simt"
+    if split and "split" in paths and paths["split"] < paths["cublas"]:
+        return "split"
+    return "cutlass" if cutlass and "cutlass" in paths else "cublas"
 
 
 def choose(op: str, paths: dict[str, float], why: str = "") -> Estimate:
@@ -221,18 +210,18 @@ _ONE_INPUT = {"aten.relu", "aten.gelu", "aten.silu", "aten.sigmoid", "aten.tanh"
               "aten.unsqueeze", "aten.hardtanh", "aten.elu", "aten.neg", "aten.dropout"}
 
 
-def amplifies_error(graph: OpGraph, name: str, depth: int = 4) -> str:
+def amplifies_error(graph: OpGraph, name: str, nodes: dict[str, Node] | None = None,
+                    users: dict[str, list[str]] | None = None, depth: int = 4) -> str:
     """Why the value ``name`` (a product's output) needs fp32 arithmetic: it reaches a reduction
-    over its last dim through ops of that one tensor alone ('' when it does not)."""
-    users: dict[str, list[Node]] = {}
-    for n in graph.nodes:
-        for value in dict.fromkeys(n.inputs()):
-            users.setdefault(value, []).append(n)
+    over its last dim through ops of that one tensor alone ('' when it does not). ``nodes`` and
+    ``users`` are the graph's by name (a lowering's context has them; made here otherwise)."""
+    nodes = nodes if nodes is not None else {n.name: n for n in graph.nodes}
+    users = users if users is not None else graph.users()
     frontier, seen = [name], set()
     for _ in range(depth):
         nxt = []
         for value in frontier:
-            for u in users.get(value, []):
+            for u in (nodes[n] for n in users.get(value, []) if n in nodes):  # not "<buffer write-back>"
                 if u.name in seen:
                     continue
                 seen.add(u.name)

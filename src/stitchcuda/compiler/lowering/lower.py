@@ -333,7 +333,7 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
         elif gemm.estimate.path == "split":
             assign_split(low, gemm, lowerer.cx.options.pack_weights)
             late[id(gemm)] = "3xTF32 split operands on cuBLASLt TF32 tensor cores"
-    table = low.machine.table.name
+    table = low.machine.table.label
     for lg in low.groups:
         ways = [late[id(x.gemm)] for x in lg.launches() if x.gemm is not None and id(x.gemm) in late]
         if ways:

@@ -131,7 +131,7 @@ def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
         text += " via cuDNN on TF32 tensor cores as 3xTF32 (split channels)"
     else:
         text += " via cuDNN"
-    text += conv.estimate.note(cx.out.machine.table.name)
+    text += conv.estimate.note(cx.out.machine.table.label)
     if any(geo.trim):  # uneven 'same' padding: cuDNN writes one more row where it is, the epilogue drops it
         wide = (geo.n, geo.k, *geo.out_size)
         conv.out = cx.scratch(f"{anchor.name}__wide", wide)

@@ -20,7 +20,7 @@ from stitchcuda.compiler.ir.expr import (
     view_expr,
 )
 from stitchcuda.compiler.ir.group import FusionGroup
-from stitchcuda.compiler.lowering.cost import Estimate, amplifies_error, choose, gemm_paths
+from stitchcuda.compiler.lowering.cost import Estimate, amplifies_error, choose, fixed_path, gemm_paths
 from stitchcuda.compiler.lowering.cutlass_gemm import H100_SMS, CutlassGemm
 from stitchcuda.compiler.lowering.gemm_calls import tiny
 from stitchcuda.compiler.lowering.lower_context import LowerContext
@@ -85,7 +85,7 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     elif gemm.cutlass is not None and gemm.cutlass.activation == "identity" and (slices := split_k_slices(gemm)) > 1:
         _slice_k(cx.out, gemm, slices)
     low.describe = describe_gemm(anchor, gemm) + low.describe  # after the split or split-K: it names them
-    low.describe += gemm.estimate.note(cx.out.machine.table.name)
+    low.describe += gemm.estimate.note(cx.out.machine.table.label)
     return low
 
 
@@ -103,10 +103,9 @@ def gemm_path(cx: LowerContext, gemm: Gemm, value: str | None = None) -> Estimat
              and fits(cx.out, 3 * gemm.k * (gemm.m if buf == gemm.a else gemm.n)) for buf in (gemm.a, gemm.b)]
     paths = gemm_paths(gemm, table, allowed, *packs)
     if cx.options.cost_model:
-        why = amplifies_error(cx.graph, value) if value and len(allowed) > 1 else ""
+        why = amplifies_error(cx.graph, value, cx.nodes, cx.users) if value and len(allowed) > 1 else ""
         return choose(value or "", {"cublas": paths["cublas"]} if why else paths, why)
-    path = "split" if "split" in paths and paths["split"] < paths["cublas"] else (
-        "cutlass" if "cutlass" in paths else "cublas")
+    path = fixed_path(paths, split=True, cutlass=True)  # `allowed` already holds the variant's paths
     return Estimate(op=value or "", path=path, ms=paths[path], paths=paths)
 
 

@@ -25,8 +25,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from stitchcuda.compiler.lowering.cost import DEFAULT_TABLE, TABLES, GpuTable, conv_paths, gemm_paths
+from stitchcuda.compiler.lowering.cost import TABLES, conv_paths, gemm_paths
 from stitchcuda.compiler.lowering.lowered import Gemm
+from stitchcuda.gpu_specs import DEFAULT, NominalPeaks
 
 KERNEL = r"""
 // Round to the nearest TF32 (10-bit mantissa), leaving inf and NaN as they are.
@@ -280,7 +281,7 @@ def splittable(g: Gemm) -> bool:
             and max(g.m, g.n, g.k) <= 32 * 65535)
 
 
-def worth_splitting(g: Gemm, table: GpuTable = TABLES[DEFAULT_TABLE]) -> bool:
+def worth_splitting(g: Gemm, table: NominalPeaks = TABLES[DEFAULT]) -> bool:
     """Whether ``g`` can run split and the cost model gives the split less time than fp32 SGEMM
     (measured on an H100: N = 32 and the 32 x 512 x 8000 steps of a GRU decoder ran slower split)."""
     if not splittable(g):
@@ -430,7 +431,7 @@ def splittable_conv(c: Any) -> bool:
     return c.chunks == 1 and per_group >= MIN_CONV_CHANNELS and fits
 
 
-def worth_splitting_conv(c: Any, table: GpuTable = TABLES[DEFAULT_TABLE]) -> bool:
+def worth_splitting_conv(c: Any, table: NominalPeaks = TABLES[DEFAULT]) -> bool:
     """Whether ``c`` can run split and the cost model gives it less time than cuDNN's fp32 kernels.
     Measured on an H100: 7x on a diffusion block's 3x3 convolutions, 2.1x on a stride-2 transposed
     one, even on 1 -> 128 channel-heavy outputs (L1/63), slower on 64-channel 3x3
