@@ -356,7 +356,8 @@ def test_split_convolutions_keep_fp32_accuracy_on_the_gpu(tmp_path, monkeypatch)
 
     import torch
 
-    from stitchcuda.compiler import compile_task, lower_conv
+    from stitchcuda.compiler import compile_task
+    from stitchcuda.compiler.lowering import lower_conv
     from stitchcuda.task import resolve_tasks
 
     monkeypatch.setattr(lower_conv, "worth_splitting_conv", lambda c, *_: c.chunks == 1)

@@ -33,37 +33,47 @@ from stitchcuda.task.record import Task
 from stitchcuda.verify.verdict import Verdict
 
 OFFLINE = LLMConfig(provider="offline", model="stitchcuda-offline")
-GEMM_PATH = ("cost_model", "split_tf32", "cutlass", "cublaslt")
+GEMM_PATH = ("cost_model", "split_tf32", "cutlass", "cublaslt", "bf16")
+# (tf32, bf16): plain TF32 first, then bf16 with fp32 accumulation, then true fp32 (paper only)
+PAPER_PRECISIONS = ((True, False), (True, True), (False, False))
 
 
 def variants(tolerance: str = "strict") -> list[dict]:
-    """Tuning variants, the likeliest best first. TF32 only where the tolerance policy allows it
-    (``paper``, 1e-2): there it comes first; the Verifier discloses it in every verdict."""
-    precisions = (True, False) if tolerance == "paper" else (False,)
+    """Tuning variants, the likeliest best first. TF32 and bf16 only where the tolerance policy
+    allows them (``paper``, 1e-2): there TF32 comes first, then bf16 (fp32 accumulate) where the
+    cost model gives it an operator; the Verifier names the arithmetic in every verdict."""
+    precisions = PAPER_PRECISIONS if tolerance == "paper" else ((False, False),)
     # the GEMM path innermost (cost_model, split_tf32, cutlass, cublaslt). First the cost model
     # (compiler/lowering/cost.py), which gives each product and convolution the path it estimates
     # fastest: fp32 SGEMM, 3xTF32 by split operands on cuBLASLt's TF32 tensor cores (about 2.5x
     # SGEMM on an H100 where the split's traffic is small beside the product), CUTLASS's 3xTF32
     # (1.3-1.5x, no extra traffic). Then each path for every product: split where it pays, CUTLASS,
     # cuBLASLt with its bias epilogue, plain cuBLAS SGEMMs and epilogue kernels. Plain TF32 (paper)
-    # needs no split and no model.
+    # needs no split; bf16 goes only where the model picks it, operator by operator.
     paths = ((True, True, True, True), (False, True, False, True), (False, False, True, False),
              (False, False, False, True), (False, False, False, False))
     grid = itertools.product(precisions, (True, False), (256, 128, 512), (4, 1), paths)
-    return [CodegenOptions(tf32=p, graph=g, block=b, vector_width=v, cost_model=m, split_tf32=s, cutlass=c,
-                           cublaslt=lt).model_dump()
-            for p, g, b, v, (m, s, c, lt) in grid if not (p and s)]
+    out: list[dict] = []
+    for (p, h), g, b, v, (m, s, c, lt) in grid:
+        if h and not m:
+            continue
+        option = CodegenOptions(tf32=p, bf16=h, graph=g, block=b, vector_width=v, cost_model=m, split_tf32=s and not p,
+                                cutlass=c, cublaslt=lt).model_dump()
+        if option not in out:
+            out.append(option)
+    return out
 
 
-def variant_estimates(estimates: list[Estimate], options: list[dict]) -> list[float]:
+def variant_estimates(estimates: dict[tuple[bool, bool], list[Estimate]], options: list[dict]) -> list[float]:
     """Each variant's estimated time for its products and convolutions, from the cost model's
-    estimates of every path (one lowering with all paths on): a variant that forces a path gets
-    the split where the model says it beats SGEMM, else CUTLASS, else SGEMM, as it would run."""
+    estimates of every path (one lowering with all paths on, per precision (tf32, bf16)): a
+    variant that forces a path gets the split where the model says it beats SGEMM, else CUTLASS,
+    else SGEMM, as it would run."""
 
     def one(e: Estimate, o: dict) -> float:
         return e.ms if o.get("cost_model") else e.paths[fixed_path(e.paths, o.get("split_tf32"), o.get("cutlass"))]
 
-    return [sum(one(e, o) for e in estimates) for o in options]
+    return [sum(one(e, o) for e in estimates.get((o.get("tf32", False), o.get("bf16", False)), [])) for o in options]
 
 
 class OfflinePlannerAgent:
@@ -161,7 +171,7 @@ def choose_next(options: list[dict], tried: list[int], signals: Signals, base: i
     elif signals.top_origin == "own":
         wants.append(("block", "vector_width"))
 
-    def distance(i: int) -> int:  # the GEMM path (split_tf32, cutlass, cublaslt) counts as one option
+    def distance(i: int) -> int:  # the GEMM path (split_tf32, cutlass, cublaslt, bf16) counts as one option
         path = any(options[i].get(k) != ref.get(k) for k in GEMM_PATH)
         return path + sum(options[i].get(k) != v for k, v in ref.items() if k not in GEMM_PATH)
 
@@ -197,11 +207,15 @@ class OfflineCoder:
         self._variant_ms: list[float] | None = None
 
     def _estimates(self) -> list[float] | None:
-        """The cost model's estimate of every variant (one lowering with every path on), once."""
+        """The cost model's estimate of every variant (one lowering with every path on, per
+        precision), once."""
         if self._variant_ms is None:
+            by_precision = {}
             try:
-                low = lower(self.graph, self.groups, CodegenOptions(split_tf32=True, cutlass=True, cost_model=True))
-                self._variant_ms = variant_estimates(low.estimates, self.variants)
+                for tf32, bf16 in dict.fromkeys((o["tf32"], o["bf16"]) for o in self.variants):
+                    options = CodegenOptions(tf32=tf32, bf16=bf16, split_tf32=not tf32, cutlass=True, cost_model=True)
+                    by_precision[(tf32, bf16)] = lower(self.graph, self.groups, options).estimates
+                self._variant_ms = variant_estimates(by_precision, self.variants)
             except Unsupported:
                 self._variant_ms = []
         return self._variant_ms or None

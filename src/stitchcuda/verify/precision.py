@@ -28,7 +28,8 @@ Arithmetic rules (comments stripped first; see :func:`arithmetic_of`):
   ``CUBLAS_TF32_TENSOR_OP_MATH``; cuDNN ``CUDNN_TENSOR_OP_MATH``; torch ``allow_tf32 = True``,
   ``set_float32_matmul_precision("high")``, or a changed TF32 flag at run time.
 - bf16 (fp32 accumulate): CUTLASS ``OpMultiplyAddFastBF16`` or tensor ops on ``bfloat16_t``; PTX/wmma
-  on bf16; ``CUBLAS_COMPUTE_32F_FAST_16BF``; ``set_float32_matmul_precision("medium")``.
+  on bf16; ``CUBLAS_COMPUTE_32F_FAST_16BF``; cuBLASLt layouts of ``CUDA_R_16BF`` operands; cuDNN
+  ``CUDNN_DATA_BFLOAT16`` tensors; ``set_float32_matmul_precision("medium")``.
 - fp16 (fp32 accumulate): CUTLASS ``OpMultiplyAddFastF16``, or tensor ops on ``half_t`` with a float
   in the same declaration (the accumulator); PTX/wmma on f16 with an f32 accumulator;
   ``CUBLAS_COMPUTE_32F_FAST_16F``; ``CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION`` (lets cuDNN convert fp32
@@ -93,6 +94,9 @@ _SWITCHES: list[tuple[str, str]] = [
     (r"\bCUBLAS_COMPUTE_32F_FAST_TF32\b|\bCUBLAS_TF32_TENSOR_OP_MATH\b|\bCUDNN_TENSOR_OP_MATH\b|"
      r"allow_tf32\s*=\s*True|float32_matmul_precision\(\s*['\"]high['\"]", TF32),
     (r"\bCUBLAS_COMPUTE_32F_FAST_16BF\b|float32_matmul_precision\(\s*['\"]medium['\"]", BF16_ACC32),
+    # cuBLASLt on bf16 operands (fp32 compute: no 16-bit compute type takes bf16) and cuDNN's
+    # bf16 tensors under an fp32 compute type (its PSEUDO_BFLOAT16 configuration)
+    (r"\bcublasLtMatrixLayoutCreate\s*\([^;]*\bCUDA_R_16BF\b|\bCUDNN_DATA_BFLOAT16\b", BF16_ACC32),
     (r"\bCUBLAS_COMPUTE_32F_FAST_16F\b|\bCUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION\b", FP16_ACC32),
     (r"\bCUBLAS_COMPUTE_16F\b", FP16),
     (r"\bOpMultiplyAdd(?:Complex)?FastF32\b", X3TF32),

@@ -14,6 +14,7 @@ from stitchcuda.compiler.emit.emit import Emitter
 from stitchcuda.compiler.emit.pymodule import REFERENCE_CLASS, reference_init_source
 from stitchcuda.compiler.ir.expr import Unsupported
 from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.lowering.bf16 import KERNEL as BF16_KERNEL
 from stitchcuda.compiler.lowering.cutlass_conv import CONV_ABI, CutlassConv
 from stitchcuda.compiler.lowering.cutlass_conv import kernel_sources as conv_sources
 from stitchcuda.compiler.lowering.cutlass_gemm import ABI as GEMM_ABI
@@ -147,8 +148,9 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     digest = hashlib.sha256((graph.model_dump_json() + options.model_dump_json()).encode()).hexdigest()[:12]
     prefix = f"sc{digest}"
     emitter = Emitter(low, options, prefix)
-    split = any(g.fast_tf32 for g in low.lt_gemms) or any(c.split is not None for c in low.convs)
-    kernels, launches = ([SPLIT_KERNEL] if split else []), []
+    split = any(g.fast_tf32 for g in low.lt_gemms) or any(c.split is not None and c.split.copies == 3 for c in low.convs)
+    bf16 = any(g.bf16 for g in low.lt_gemms) or any(c.split is not None and c.split.copies == 1 for c in low.convs)
+    kernels, launches = ([SPLIT_KERNEL] if split else []) + ([BF16_KERNEL] if bf16 else []), []
     gemms = [x.gemm for lg in low.groups for x in lg.launches() if x.gemm is not None]
     if any(g.split_k > 1 for g in gemms):
         kernels.append(SPLIT_K_KERNEL)
@@ -190,7 +192,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     low.outputs.sort(key=lambda o: graph.outputs.index(o[0]))
     dnn_math = "CUDNN_TENSOR_OP_MATH" if options.tf32 else "CUDNN_FMA_MATH"
     cuda_src = emitter.env.get_template("program.cu.j2").render(
-        ns=prefix, task=task.name, torch_types=TORCH_TYPES, options=options.model_dump(), blas=low.uses_blas,
+        ns=prefix, task=task.name, torch_types=TORCH_TYPES, options=options.model_dump(), blas=low.uses_blas, bf16=bf16,
         blas_math="CUBLAS_TF32_TENSOR_OP_MATH" if options.tf32 else "CUBLAS_DEFAULT_MATH", kernels=kernels,
         dnn=bool(low.convs) or low.uses_dnn, dnn_math=dnn_math, ctypes=low.ctypes, dnn_members=[m for c in low.convs for m in conv_members(c)],
         lt=bool(low.lt_gemms), lt_members=[m for g in low.lt_gemms for m in lt_members(g)],

@@ -9,7 +9,12 @@ copies of its operands, read and written) and a few microseconds a launch. The p
 - ``split``: 3xTF32 by split operands on TF32 tensor cores (:mod:`split_tf32`); a weight's split is
   paid on every call unless it is packed once (``packed``: the program keeps it between calls);
 - ``cutlass``: CUTLASS's 3xTF32, the split inside the kernel, so no extra traffic;
-- ``simt``: our own one-block-a-matrix fp32 kernel for many tiny products (``gemm_calls.tiny``).
+- ``simt``: our own one-block-a-matrix fp32 kernel for many tiny products (``gemm_calls.tiny``);
+- ``bf16``: bf16 copies of the operands on bf16 tensor cores, fp32 accumulate (:mod:`bf16`, ``paper``
+  only): the copies' traffic (a weight's paid once where it is packed), half the bytes in the product.
+
+Under a TF32 variant (``paper``), cuBLAS, cuDNN and CUTLASS run plain TF32: ``cublas`` and
+``cutlass`` are estimated at TF32's rate, one pass.
 
 The efficiencies (share of the table's peak a path reaches) were measured on an H100 (2026-11):
 SGEMM and cuDNN's fp32 forward convolutions about 50 TFLOP/s, its transposed ones about 12,
@@ -41,6 +46,9 @@ TABLES: dict[str, NominalPeaks] = dict(NOMINAL)
 # share of the table's peak each path reaches (measured on an H100, see the module's docstring)
 SGEMM_EFF, CONV_EFF, CONV_TRANSPOSED_EFF = 0.75, 0.75, 0.18
 TF32_EFF, CUTLASS_3X_EFF, SIMT_EFF, HBM_EFF = 0.6, 0.42, 0.25, 0.75
+# bf16 tensor cores: cuBLASLt's bf16 GEMMs reach about TF32's share of their (twice as high) peak;
+# cuDNN's bf16 convolutions less (an assumption, not yet measured here)
+BF16_EFF, CONV_BF16_EFF = 0.6, 0.45
 LAUNCH_MS = 0.003  # a kernel's start and drain inside a CUDA graph
 # A tile's prologue and epilogue (its first loads, its output's write) are paid once per tile
 # whatever K is: a product of depth K runs at K / (K + K_HALF) of the path's rate.
@@ -89,15 +97,20 @@ class Estimate(BaseModel):
     ms: float
     paths: dict[str, float] = Field(description="every allowed path's estimate, ms")
     why: str = ""
+    tf32: bool = Field(False, description="estimated for a TF32 variant: cuBLAS, cuDNN and CUTLASS in plain TF32")
+
+    def name(self, path: str) -> str:
+        return (TF32_NAMES.get(path) if self.tf32 else None) or PATH_NAMES[path]
 
     def note(self, table: str) -> str:
-        others = ", ".join(f"{PATH_NAMES[p]} {ms:.3f}" for p, ms in self.paths.items() if p != self.path)
-        return (f" [cost model, {table}: {PATH_NAMES[self.path]} {self.ms:.3f} ms est."
+        others = ", ".join(f"{self.name(p)} {ms:.3f}" for p, ms in self.paths.items() if p != self.path)
+        return (f" [cost model, {table}: {self.name(self.path)} {self.ms:.3f} ms est."
                 + (f"; {others}" if others else "") + (f"; {self.why}" if self.why else "") + "]")
 
 
 PATH_NAMES = {"cublas": "fp32 (cuBLAS/cuDNN)", "split": "3xTF32 split", "cutlass": "CUTLASS 3xTF32",
-              "simt": "fp32 SIMT (own kernel)"}
+              "simt": "fp32 SIMT (own kernel)", "bf16": "bf16 (fp32 accumulate)"}
+TF32_NAMES = {"cublas": "TF32 (cuBLAS/cuDNN)", "cutlass": "CUTLASS TF32"}  # the same paths in a TF32 variant
 
 
 def _ms(flops: float, tflops: float) -> float:
@@ -117,9 +130,10 @@ def _waste(g: Any, tile: int) -> float:
 
 
 def gemm_paths(g: Any, table: NominalPeaks, allowed: list[str], packed_a: bool = False,
-               packed_b: bool = False) -> dict[str, float]:
+               packed_b: bool = False, tf32: bool = False) -> dict[str, float]:
     """Each allowed path's time for the product ``g`` (a :class:`lowered.Gemm`), ms; ``packed_*``: that
-    operand (a weight) is split once and kept (packing.py), so its split costs nothing a call."""
+    operand (a weight) is split (or converted) once and kept (packing.py), so that costs nothing a
+    call; ``tf32``: a TF32 variant, where cuBLAS and CUTLASS run plain TF32."""
     matrices = g.batch * g.outer
     flops = 2.0 * matrices * g.m * g.n * g.k
     a = g.m * g.k * (matrices if g.stride_a or g.outer_a else 1)
@@ -128,14 +142,23 @@ def gemm_paths(g: Any, table: NominalPeaks, allowed: list[str], packed_a: bool =
     io = _copy_ms(4.0 * (a + b + c), table)
     out: dict[str, float] = {}
     for path in allowed:
-        if path == "cublas":
+        if path == "cublas" and tf32:
+            rate = table.tf32 * TF32_EFF * _ramp(g.k) / _waste(g, TENSOR_TILE)
+            out[path] = max(_ms(flops, rate), io) + LAUNCH_MS
+        elif path == "cublas":
             rate = table.fp32 * SGEMM_EFF * _ramp(g.k) / _waste(g, SIMT_TILE)
             out[path] = max(_ms(flops, rate), io) + LAUNCH_MS
         elif path == "simt":
             out[path] = max(_ms(flops, table.fp32 * SIMT_EFF), io) + LAUNCH_MS
         elif path == "cutlass":
             rate = table.tf32 * CUTLASS_3X_EFF * _ramp(g.k) / _waste(g, TENSOR_TILE)
-            out[path] = max(_ms(3 * flops, rate), io) + LAUNCH_MS
+            out[path] = max(_ms((1 if tf32 else 3) * flops, rate), io) + LAUNCH_MS
+        elif path == "bf16":  # each operand read and written as bf16 (not a packed weight), the GEMM reads the copies
+            copy_a = 0.0 if packed_a else 6.0 * a
+            copy_b = 0.0 if packed_b else 6.0 * b
+            rate = table.bf16 * BF16_EFF * _ramp(g.k) / _waste(g, TENSOR_TILE)
+            gemm = max(_ms(flops, rate), _copy_ms(2.0 * (a + b) + 4.0 * c, table))
+            out[path] = gemm + _copy_ms(copy_a + copy_b, table) + (3 - packed_a - packed_b) * LAUNCH_MS
         elif path == "split":
             copies = 3 if g.k <= 256 else 2  # split_tf32.ONE_GEMM_MAX_K: one GEMM of depth 3K, else two
             # the split kernels read each operand and write its copies; the GEMMs read the copies
@@ -150,10 +173,13 @@ def gemm_paths(g: Any, table: NominalPeaks, allowed: list[str], packed_a: bool =
     return out
 
 
-def conv_paths(c: Any, table: NominalPeaks, allowed: list[str]) -> dict[str, float]:
+def conv_paths(c: Any, table: NominalPeaks, allowed: list[str], packed_w: bool = False,
+               tf32: bool = False) -> dict[str, float]:
     """Each allowed path's time for the convolution ``c`` (a :class:`lowered.Conv`), ms: cuDNN's fp32
-    kernels, or the split of its channels channels-last on cuDNN's TF32 ones (its input moved 7
-    times: read, three copies written and read; its output 3: written channels-last, transposed)."""
+    kernels (TF32 ones in a ``tf32`` variant), or the split of its channels channels-last on cuDNN's
+    TF32 ones (its input moved 7 times: read, three copies written and read; its output 3: written
+    channels-last, transposed), or bf16 copies on cuDNN's bf16 ones (input and output each read
+    and written once more, at half the bytes where bf16; the filter's copy free where packed)."""
     per_group = c.c // c.groups
     depth = per_group * math.prod(c.kernel)
     spatial = math.prod(c.size if c.transposed else c.out_size)
@@ -162,9 +188,15 @@ def conv_paths(c: Any, table: NominalPeaks, allowed: list[str]) -> dict[str, flo
     w = c.k * depth
     out: dict[str, float] = {}
     for path in allowed:
-        if path == "cublas":
+        if path == "cublas" and tf32:
+            out[path] = max(_ms(flops, table.tf32 * CONV_BF16_EFF), _copy_ms(4.0 * (x + y + w), table)) + LAUNCH_MS
+        elif path == "cublas":
             eff = CONV_TRANSPOSED_EFF if c.transposed else CONV_EFF
             out[path] = max(_ms(flops, table.fp32 * eff), _copy_ms(4.0 * (x + y + w), table)) + LAUNCH_MS
+        elif path == "bf16":
+            conv = max(_ms(flops, table.bf16 * CONV_BF16_EFF), _copy_ms(2.0 * (x + y + w), table))
+            copies = _copy_ms(6.0 * x + 6.0 * y + (0.0 if packed_w else 6.0 * w), table)
+            out[path] = conv + copies + (3 if packed_w else 4) * LAUNCH_MS
         elif path == "split":
             out[path] = (_ms(3 * flops, table.tf32 * TF32_EFF) + _copy_ms(4.0 * (7 * x + 3 * y + 4 * w), table)
                          + 4 * LAUNCH_MS)
@@ -191,14 +223,14 @@ def fixed_path(paths: dict[str, float], split: bool, cutlass: bool) -> str:
     return "cutlass" if cutlass and "cutlass" in paths else "cublas"
 
 
-def choose(op: str, paths: dict[str, float], why: str = "") -> Estimate:
+def choose(op: str, paths: dict[str, float], why: str = "", tf32: bool = False) -> Estimate:
     """The path with the least estimate, the paths taken in their listed order (plainest first):
     a later one replaces the one held only where it saves :data:`MARGIN` of its estimate."""
     best = next(iter(paths))
     for path, ms in paths.items():
         if ms < paths[best] * (1 - MARGIN):
             best = path
-    return Estimate(op=op, path=best, ms=paths[best], paths=paths, why=why)
+    return Estimate(op=op, path=best, ms=paths[best], paths=paths, why=why, tf32=tf32)
 
 
 # Reductions whose result sums a product's outputs over its columns (the last dim)

@@ -144,14 +144,17 @@ def lt_setup(g: Gemm, compute: str) -> list[str]:
     (_, ar, ac, ald, aal), (_, br, bc, bld, bal), (_, dr, dc, dld, dal) = _lt_operands(g)
     op_a = "CUBLAS_OP_T" if g.b_trans else "CUBLAS_OP_N"
     op_b = "CUBLAS_OP_T" if g.a_trans else "CUBLAS_OP_N"
-    compute = "CUBLAS_COMPUTE_32F_FAST_TF32" if g.fast_tf32 else compute
+    # bf16 copies (bf16.py): bf16 A and B, fp32 C and D, fp32 accumulation (FAST_TF32 is no compute
+    # type for bf16 operands, whatever the variant's TF32 switch)
+    compute = "CUBLAS_COMPUTE_32F" if g.bf16 else "CUBLAS_COMPUTE_32F_FAST_TF32" if g.fast_tf32 else compute
+    operand = "CUDA_R_16BF" if g.bf16 else "CUDA_R_32F"
     lines = [
         f"SC_CUBLAS_CHECK(cublasLtMatmulDescCreate(&{m}lt_desc{i}, {compute}, CUDA_R_32F));",
         f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_TRANSA, {op_a});",
         f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_TRANSB, {op_b});",
         f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_{g.epilogue or 'DEFAULT'});",
-        f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_a{i}, CUDA_R_32F, {ar}, {ac}, {ald}));",
-        f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_b{i}, CUDA_R_32F, {br}, {bc}, {bld}));",
+        f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_a{i}, {operand}, {ar}, {ac}, {ald}));",
+        f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_b{i}, {operand}, {br}, {bc}, {bld}));",
         f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_d{i}, CUDA_R_32F, {dr}, {dc}, {dld}));",
     ]
     if g.batch > 1:  # strided batches: cuBLASLt's A is our B, its B our A
@@ -182,7 +185,7 @@ def lt_launch(g: Gemm, accumulate: bool = False) -> str:
 
 def split_launch(g: Gemm) -> str:
     """3xTF32 by split operands: both operands' TF32 halves, the cross products, then the big one
-    on top of them (C = the output) with the epilogue."""
+    on top of them (C = the output) with the epilogue. bf16 copies: both copies, then one GEMM."""
     plan = g.split
     splits = [op.launch() for op in (plan.a, plan.b) if not op.packed]  # a packed weight's halves are kept
     if plan.cross is None:  # a shallow product: all three products in one GEMM

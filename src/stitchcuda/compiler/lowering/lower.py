@@ -27,7 +27,13 @@ from stitchcuda.compiler.lowering.families import Strided
 from stitchcuda.compiler.lowering.families.state import write_back
 from stitchcuda.compiler.lowering.gemm_calls import BATCH_PTRS, tiny, uses_batch_ptrs
 from stitchcuda.compiler.lowering.lower_context import LowerContext
-from stitchcuda.compiler.lowering.lower_gemm import assign_cutlass, assign_split, gemm_path, reserve_scratch
+from stitchcuda.compiler.lowering.lower_gemm import (
+    BF16_WAY,
+    assign_cutlass,
+    assign_split,
+    gemm_path,
+    reserve_scratch,
+)
 from stitchcuda.compiler.lowering.lower_recurrent import batch_recurrent_inputs
 from stitchcuda.compiler.lowering.lower_sequence import SEQUENCES
 from stitchcuda.compiler.lowering.lowered import (
@@ -333,6 +339,9 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
         elif gemm.estimate.path == "split":
             assign_split(low, gemm, lowerer.cx.options.pack_weights)
             late[id(gemm)] = "3xTF32 split operands on cuBLASLt TF32 tensor cores"
+        elif gemm.estimate.path == "bf16":
+            assign_split(low, gemm, lowerer.cx.options.pack_weights, bf16=True)
+            late[id(gemm)] = BF16_WAY
     table = low.machine.table.label
     for lg in low.groups:
         ways = [late[id(x.gemm)] for x in lg.launches() if x.gemm is not None and id(x.gemm) in late]

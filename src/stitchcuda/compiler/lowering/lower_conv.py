@@ -24,7 +24,8 @@ from stitchcuda.compiler.ir.expr import (
 )
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import CONV_OPS
-from stitchcuda.compiler.lowering.cost import Estimate, conv_paths
+from stitchcuda.compiler.lowering.bf16 import bf16_conv_able, plan_conv_bf16
+from stitchcuda.compiler.lowering.cost import Estimate, choose, conv_paths
 from stitchcuda.compiler.lowering.cutlass_conv import CutlassConv, conv_supported
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_gemm import SPLIT_SCRATCH, activation_of, feeds_only, reserve_scratch
@@ -111,16 +112,23 @@ def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
             and largest < CUTLASS_CONV_MAX_ELEMENTS:
         return _cutlass_conv(cx, g, anchor, conv, bias, epilogue, env, text)
     cx.out.convs.append(conv)
-    allowed = ["cublas"] + (["split"] if cx.options.split_tf32 and splittable_conv(conv) and not _deep(cx) else [])
-    paths = conv_paths(conv, cx.out.machine.table, allowed)
-    path = "split" if "split" in allowed and worth_splitting_conv(conv, cx.out.machine.table) else "cublas"
-    conv.estimate = Estimate(op=anchor.name, path=path, ms=paths[path], paths=paths)
-    if path == "split":
-        conv.split = split = plan_conv_split(conv, *SPLIT_SCRATCH)
-        param = parameter(cx.out, conv.weight) if cx.options.pack_weights else None
-        if param is not None and fits(cx.out, split.w_scratch):  # the weight's halves made once (packing.py)
+    allowed = ["cublas"] + (["split"] if cx.options.split_tf32 and splittable_conv(conv) and not _deep(cx) else []) \
+        + (["bf16"] if cx.options.bf16 and bf16_conv_able(conv) else [])
+    param = parameter(cx.out, conv.weight) if cx.options.pack_weights else None
+    table, tf32 = cx.out.machine.table, cx.options.tf32
+    paths = conv_paths(conv, table, allowed, packed_w=param is not None, tf32=tf32)
+    if "bf16" in allowed:  # bf16 (paper) only in the cost model's variants
+        conv.estimate = choose(anchor.name, paths, tf32=tf32)
+    else:
+        path = "split" if "split" in allowed and worth_splitting_conv(conv, table) else "cublas"
+        conv.estimate = Estimate(op=anchor.name, path=path, ms=paths[path], paths=paths, tf32=tf32)
+    path = conv.estimate.path
+    if path in ("split", "bf16"):
+        planner = plan_conv_bf16 if path == "bf16" else plan_conv_split
+        conv.split = split = planner(conv, *SPLIT_SCRATCH)
+        if param is not None and fits(cx.out, split.w_scratch):  # the weight's copies made once (packing.py)
             names = (SPLIT_SCRATCH[0], pack_buffer(cx.out, param, split.w_scratch), SPLIT_SCRATCH[2])
-            conv.split = split = replace(plan_conv_split(conv, *names), w_packed=True)
+            conv.split = split = replace(planner(conv, *names), w_packed=True)
             cx.out.pack_launches.append(split.weight_launch())
         elif param is not None:
             cx.out.pack_refused += 4 * split.w_scratch
@@ -128,7 +136,8 @@ def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
                               (split.y, split.y_scratch)):
             if floats:
                 reserve_scratch(cx.out, ident, floats)
-        text += " via cuDNN on TF32 tensor cores as 3xTF32 (split channels)"
+        text += (" via cuDNN on bf16 tensor cores (fp32 accumulate; channels-last bf16 copies)" if path == "bf16"
+                 else " via cuDNN on TF32 tensor cores as 3xTF32 (split channels)")
     else:
         text += " via cuDNN"
     text += conv.estimate.note(cx.out.machine.table.label)
@@ -427,7 +436,8 @@ def conv_setup(c: Conv, math: str) -> list[str]:
     """Descriptors and the algorithm (timed by cuDNN at setup, else its heuristics; the first that works under the
     math mode within the workspace limit), once per Program: nothing here runs inside a capture."""
     i, m = c.index, "made->"
-    cin = 3 * c.c if c.split is not None else c.c  # split channels: [big | small | big] (split_tf32.py)
+    cin = c.split.copies * c.c if c.split is not None else c.c  # split channels: [big | small | big] (split_tf32.py)
+    dtype = c.split.data_type if c.split is not None else "CUDNN_DATA_FLOAT"  # bf16 copies: bf16.py
     x_dims, y_dims = (c.n // c.chunks, cin, *c.size), (c.n // c.chunks, c.k, *c.out_size)
     # a transposed convolution is the backward-data of the convolution from its output to its input
     w_dims = (cin, c.k // c.groups, *c.kernel) if c.transposed else (c.k, cin // c.groups, *c.kernel)
@@ -436,13 +446,13 @@ def conv_setup(c: Conv, math: str) -> list[str]:
     if len(c.size) == 2:
         descriptors = [
             f"SC_CUDNN_CHECK(cudnnCreateTensorDescriptor(&{m}dnn_x{i}));",
-            f"SC_CUDNN_CHECK(cudnnSetTensor4dDescriptor({m}dnn_x{i}, {layout}, CUDNN_DATA_FLOAT, "
+            f"SC_CUDNN_CHECK(cudnnSetTensor4dDescriptor({m}dnn_x{i}, {layout}, {dtype}, "
             f"{', '.join(map(str, x_dims))}));",
             f"SC_CUDNN_CHECK(cudnnCreateTensorDescriptor(&{m}dnn_y{i}));",
-            f"SC_CUDNN_CHECK(cudnnSetTensor4dDescriptor({m}dnn_y{i}, {layout}, CUDNN_DATA_FLOAT, "
+            f"SC_CUDNN_CHECK(cudnnSetTensor4dDescriptor({m}dnn_y{i}, {layout}, {dtype}, "
             f"{', '.join(map(str, y_dims))}));",
             f"SC_CUDNN_CHECK(cudnnCreateFilterDescriptor(&{m}dnn_w{i}));",
-            f"SC_CUDNN_CHECK(cudnnSetFilter4dDescriptor({m}dnn_w{i}, CUDNN_DATA_FLOAT, {layout}, "
+            f"SC_CUDNN_CHECK(cudnnSetFilter4dDescriptor({m}dnn_w{i}, {dtype}, {layout}, "
             f"{', '.join(map(str, w_dims))}));",
             f"SC_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&{m}dnn_c{i}));",
             f"SC_CUDNN_CHECK(cudnnSetConvolution2dDescriptor({m}dnn_c{i}, {c.pad[0]}, {c.pad[1]}, {c.stride[0]}, "
@@ -463,13 +473,13 @@ def conv_setup(c: Conv, math: str) -> list[str]:
         descriptors = [
             f"SC_CUDNN_CHECK(cudnnCreateTensorDescriptor(&{m}dnn_x{i}));",
             f"{{ const int dims[{nd}] = {arr(x_dims)}, strides[{nd}] = {arr(strides(x_dims))};",
-            f"  SC_CUDNN_CHECK(cudnnSetTensorNdDescriptor({m}dnn_x{i}, CUDNN_DATA_FLOAT, {nd}, dims, strides)); }}",
+            f"  SC_CUDNN_CHECK(cudnnSetTensorNdDescriptor({m}dnn_x{i}, {dtype}, {nd}, dims, strides)); }}",
             f"SC_CUDNN_CHECK(cudnnCreateTensorDescriptor(&{m}dnn_y{i}));",
             f"{{ const int dims[{nd}] = {arr(y_dims)}, strides[{nd}] = {arr(strides(y_dims))};",
-            f"  SC_CUDNN_CHECK(cudnnSetTensorNdDescriptor({m}dnn_y{i}, CUDNN_DATA_FLOAT, {nd}, dims, strides)); }}",
+            f"  SC_CUDNN_CHECK(cudnnSetTensorNdDescriptor({m}dnn_y{i}, {dtype}, {nd}, dims, strides)); }}",
             f"SC_CUDNN_CHECK(cudnnCreateFilterDescriptor(&{m}dnn_w{i}));",
             f"{{ const int dims[{nd}] = {arr(w_dims)};",
-            f"  SC_CUDNN_CHECK(cudnnSetFilterNdDescriptor({m}dnn_w{i}, CUDNN_DATA_FLOAT, {layout}, {nd}, "
+            f"  SC_CUDNN_CHECK(cudnnSetFilterNdDescriptor({m}dnn_w{i}, {dtype}, {layout}, {nd}, "
             "dims)); }",
             f"SC_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&{m}dnn_c{i}));",
             f"{{ const int pad[{sp}] = {arr(c.pad)}, stride[{sp}] = {arr(c.stride)}, dilation[{sp}] = "

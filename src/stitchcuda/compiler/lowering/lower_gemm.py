@@ -20,6 +20,7 @@ from stitchcuda.compiler.ir.expr import (
     view_expr,
 )
 from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.lowering.bf16 import bf16_able, plan_bf16
 from stitchcuda.compiler.lowering.cost import Estimate, amplifies_error, choose, fixed_path, gemm_paths
 from stitchcuda.compiler.lowering.cutlass_gemm import H100_SMS, CutlassGemm
 from stitchcuda.compiler.lowering.gemm_calls import tiny
@@ -68,7 +69,7 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     epilogue = nodes[nodes.index(anchor) + 1:]
     value = anchor
     gemm.estimate = gemm_path(cx, gemm, anchor.name)
-    split = gemm.estimate.path == "split"
+    split = gemm.estimate.path in ("split", "bf16")
     if split:
         value, epilogue, bias = _lt_fold(cx, gemm, anchor, epilogue, bias)
     elif gemm.estimate.path == "cutlass":
@@ -81,7 +82,7 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     low, gemm.out = library_call(cx, g, "gemm", value, epilogue, bias, env, "")
     low.gemm = gemm
     if split:
-        assign_split(cx.out, gemm, cx.options.pack_weights)
+        assign_split(cx.out, gemm, cx.options.pack_weights, bf16=gemm.estimate.path == "bf16")
     elif gemm.cutlass is not None and gemm.cutlass.activation == "identity" and (slices := split_k_slices(gemm)) > 1:
         _slice_k(cx.out, gemm, slices)
     low.describe = describe_gemm(anchor, gemm) + low.describe  # after the split or split-K: it names them
@@ -94,19 +95,19 @@ def gemm_path(cx: LowerContext, gemm: Gemm, value: str | None = None) -> Estimat
     the options switch on. Under ``cost_model`` the fastest estimate, except where its output is
     summed straight away (:func:`cost.amplifies_error`: fp32 then); without, the variant's fixed
     order: the split where the model says it beats SGEMM, else CUTLASS, else cuBLAS."""
-    table = cx.out.machine.table
+    table, tf32 = cx.out.machine.table, cx.options.tf32
     if tiny(gemm):
         return choose(value or "", gemm_paths(gemm, table, ["simt"]))
     allowed = ["cublas"] + (["split"] if cx.options.split_tf32 and splittable(gemm) else []) \
-        + (["cutlass"] if cx.options.cutlass else [])
+        + (["cutlass"] if cx.options.cutlass else []) + (["bf16"] if cx.options.bf16 and bf16_able(gemm) else [])
     packs = [cx.options.pack_weights and parameter(cx.out, buf) is not None
              and fits(cx.out, 3 * gemm.k * (gemm.m if buf == gemm.a else gemm.n)) for buf in (gemm.a, gemm.b)]
-    paths = gemm_paths(gemm, table, allowed, *packs)
+    paths = gemm_paths(gemm, table, allowed, *packs, tf32=tf32)
     if cx.options.cost_model:
         why = amplifies_error(cx.graph, value, cx.nodes, cx.users) if value and len(allowed) > 1 else ""
-        return choose(value or "", {"cublas": paths["cublas"]} if why else paths, why)
+        return choose(value or "", {"cublas": paths["cublas"]} if why else paths, why, tf32)
     path = fixed_path(paths, split=True, cutlass=True)  # `allowed` already holds the variant's paths
-    return Estimate(op=value or "", path=path, ms=paths[path], paths=paths)
+    return Estimate(op=value or "", path=path, ms=paths[path], paths=paths, tf32=tf32)
 
 
 def _lt_fold(cx: LowerContext, gemm: Gemm, anchor: Node, epilogue: list[Node],
@@ -133,14 +134,16 @@ def _lt_fold(cx: LowerContext, gemm: Gemm, anchor: Node, epilogue: list[Node],
     return value, epilogue, None
 
 
-def assign_split(low: Lowering, gemm: Gemm, pack: bool = True) -> None:
+def assign_split(low: Lowering, gemm: Gemm, pack: bool = True, bf16: bool = False) -> None:
     """Run ``gemm`` as 3xTF32 by split operands (:mod:`split_tf32`): two cuBLASLt GEMMs on TF32
-    tensor cores over the operands' halves. An operand that is a parameter is split once and kept
-    in a buffer of its own where ``pack`` and the budget allow (:mod:`packing`); the others' halves
-    go to two scratch buffers every split GEMM of the program shares (its launches run in order on
-    one stream, each split read by its GEMMs before the next is written), sized for the largest."""
+    tensor cores over the operands' halves; ``bf16``: one cuBLASLt GEMM on bf16 copies of them
+    (:mod:`bf16`). An operand that is a parameter is split (converted) once and kept in a buffer of
+    its own where ``pack`` and the budget allow (:mod:`packing`); the others' copies go to two
+    scratch buffers every such GEMM of the program shares (its launches run in order on one
+    stream, each copy read by its GEMMs before the next is written), sized for the largest."""
+    planner = plan_bf16 if bf16 else plan_split
     names = list(SPLIT_SCRATCH[:2])
-    plan = plan_split(gemm, *names)
+    plan = planner(gemm, *names)
     packed = []
     for i, operand in enumerate((plan.a, plan.b) if pack else ()):
         param = parameter(low, operand.src)
@@ -152,7 +155,7 @@ def assign_split(low: Lowering, gemm: Gemm, pack: bool = True) -> None:
         else:
             low.pack_refused += 4 * operand.scratch
     if packed:
-        plan = plan_split(gemm, *names)
+        plan = planner(gemm, *names)
         operands = [replace(op, packed=True) if i in packed else op for i, op in enumerate((plan.a, plan.b))]
         low.pack_launches.extend(operands[i].launch() for i in packed)
         plan = replace(plan, a=operands[0], b=operands[1])
@@ -161,12 +164,13 @@ def assign_split(low: Lowering, gemm: Gemm, pack: bool = True) -> None:
             reserve_scratch(low, operand.dst, operand.scratch)
     for part in (plan.cross, plan.main):
         if part is not None:
-            part.lt, part.fast_tf32 = len(low.lt_gemms), True
+            part.lt, part.fast_tf32 = len(low.lt_gemms), not bf16
             low.lt_gemms.append(part)
     gemm.split = plan
 
 
 SPLIT_SCRATCH = ("x_split_a", "x_split_b", "x_split_c")
+BF16_WAY = "bf16 operands on cuBLASLt tensor cores (fp32 accumulate)"
 
 
 def reserve_scratch(low: Lowering, ident: str, floats: int) -> None:
@@ -312,8 +316,9 @@ def describe_gemm(anchor: Node, gemm: Gemm) -> str:
                 + (f", split-K: K = {gemm.k * gemm.split_k} as {gemm.split_k} slices, summed" if gemm.split_k > 1 else ""))
     if gemm.split is not None:
         fused = f" (epilogue {gemm.epilogue.lower().replace('_', ' + ')})" if gemm.epilogue else ""
+        way = (BF16_WAY if gemm.split.main.bf16 else "3xTF32 split operands on cuBLASLt TF32 tensor cores")
         return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . [{gemm.k} x "
-                f"{gemm.n}] via 3xTF32 split operands on cuBLASLt TF32 tensor cores{fused}")
+                f"{gemm.n}] via {way}{fused}")
     return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . "
             f"[{gemm.k} x {gemm.n}] via "
             + (f"cuBLASLt (epilogue {gemm.epilogue.lower().replace('_', ' + ')})" if gemm.lt is not None else

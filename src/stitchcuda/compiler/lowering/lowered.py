@@ -47,6 +47,9 @@ class CodegenOptions(BaseModel):
     cost_model: bool = Field(False, description="each GEMM and convolution takes the path (fp32, 3xTF32 split, "
                                                 "CUTLASS 3xTF32, among those switched on) the cost model estimates "
                                                 "fastest; off: split where it pays, else CUTLASS, else cuBLAS")
+    bf16: bool = Field(False, description="GEMMs and convolutions may run on bf16 copies of their operands with "
+                                          "fp32 accumulation and fp32 output (bf16.py) where the cost model "
+                                          "estimates it faster (only where the tolerance allows: --tolerance paper)")
     gpu: str = Field("", description="the cost model's GPU table (H100, H200, A100, ...); '' reads the GPU here, "
                                      "or the STITCHCUDA_GPU variable")
     vector_width: int = Field(4, description="elements per thread in pointwise kernels: 1 or 4 (float4)")
@@ -85,8 +88,9 @@ class Gemm:
     ld_c_src: int = 0
     stride_c_src: int = 0
     beta: float = 0.0
-    split: Any = None  # its SplitPlan, when it runs as 3xTF32 by split operands (split_tf32.py)
+    split: Any = None  # its SplitPlan: 3xTF32 by split operands (split_tf32.py), or bf16 copies (bf16.py)
     fast_tf32: bool = False  # a cuBLASLt GEMM on TF32 tensor cores: one of a split plan's two parts
+    bf16: bool = False  # a cuBLASLt GEMM on bf16 copies of its operands, fp32 accumulate and output (bf16.py)
     no_split: bool = False  # a 1x1 convolution's product: see lower_conv.pointwise
     split_k: int = 1  # CUTLASS over this many slices of K into scratch (``out``), summed into ``split_k_out``
     split_k_out: str = ""
@@ -117,7 +121,7 @@ class Conv:
     cutlass: Any = None  # its CutlassConv configuration, when it runs through CUTLASS (not cuDNN)
     slot: int = -1  # the launcher's slot; the workspace function's is the next one
     bias: str = ""  # the bias CUTLASS's path adds (+ offset)
-    split: Any = None  # its ConvSplit, when it runs as 3xTF32 by split channels on cuDNN TF32 (split_tf32.py)
+    split: Any = None  # its channels-last copies: ConvSplit (3xTF32 by split channels, split_tf32.py) or ConvBf16
     estimate: Any = None  # the cost model's cost.Estimate of its paths
 
     # the 2-d names of the last two spatial dims: input H x W, output P x Q, filter R x S

@@ -388,6 +388,8 @@ class ConvSplit:
     w_dims: tuple[int, int, int, int]  # the weight as a contiguous [d0, d1, d2, d3]
     w_strides: tuple[int, int, int, int, int]  # where each source index, and the copy j, go in w3
     w_packed: bool = False  # the weight's halves made once and kept (packing.py), not in the forward
+    copies: int = 3  # input channels cuDNN sees per channel: [big | small | big]
+    data_type: str = "CUDNN_DATA_FLOAT"
 
     @property
     def x_scratch(self) -> int:
