@@ -11,6 +11,7 @@ import torch
 
 from stitchcuda.task import load_candidate, load_task_file
 from stitchcuda.verify import PRESETS, Verifier
+from stitchcuda.verify.weights_trial import SAMPLE, sample_positions
 from tests.conftest import CPU
 
 
@@ -325,3 +326,12 @@ def test_the_trial_with_new_weights_is_skipped_where_the_keys_differ(verifier, t
     v = verifier.verify(task, renamed)
     trial = v.correctness.weights_follow
     assert v.correct and trial is not None and not trial.ran and "keys" in trial.skipped
+
+
+@pytest.mark.parametrize("numel", [SAMPLE + 1, 74_342_400, 2**33 + 12345])
+def test_sampled_positions_stay_inside_the_output(numel):
+    """A float32 linspace put the last position at numel for L1/50's 74M outputs (a device-side
+    assert in the weights trial); the int64 positions stay in [0, numel) and reach both ends."""
+    positions = sample_positions(numel)
+    assert positions.dtype == torch.int64 and len(positions) == SAMPLE
+    assert positions[0] == 0 and positions[-1] == numel - 1 and bool((positions[1:] > positions[:-1]).all())

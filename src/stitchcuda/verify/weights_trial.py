@@ -64,9 +64,16 @@ def _sampled(out: Any) -> list[torch.Tensor] | None:
     for x in tensors:
         flat = x.reshape(-1)
         if flat.numel() > SAMPLE:
-            flat = flat[torch.linspace(0, flat.numel() - 1, SAMPLE, device=flat.device).long()]
+            flat = flat[sample_positions(flat.numel(), flat.device)]
         picked.append(flat.double().clone())
     return picked
+
+
+def sample_positions(numel: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """:data:`SAMPLE` evenly spread positions in ``[0, numel)``, in int64 arithmetic: a float32
+    linspace rounds its last position up to ``numel`` past 2^24 elements (an out-of-bounds index:
+    a device-side assert on KernelBench's L1/50, 74M outputs)."""
+    return torch.arange(SAMPLE, device=device, dtype=torch.int64) * (numel - 1) // (SAMPLE - 1)
 
 
 def _gap(a: list[torch.Tensor] | None, b: list[torch.Tensor] | None) -> float | None:
