@@ -93,7 +93,7 @@ def test_each_operator_gets_its_own_path_and_the_program_says_so():
     assert "[cost model, H100 SXM: 3xTF32 split" in program and "ms est.; fp32 (cuBLAS/cuDNN)" in program
     # each variant's estimate: the model's own is the least, the forced paths as they would run
     opts = variants("strict")
-    totals = variant_estimates(low.estimates, opts)
+    totals = variant_estimates({(False, False): low.estimates}, opts)
     assert totals[0] == min(totals) and totals[0] < totals[4]  # vs plain cuBLAS
 
 

@@ -271,11 +271,18 @@ MIN_K = 16
 SMALL_K = 128  # between ONE_GEMM_MAX_K and this, the two-GEMM form's reductions are too short
 
 
+# Past this depth the big product's own accumulation on Hopper's tensor cores (fewer bits than
+# fp32's FMA, see the module's docstring) costs more than strict's 1e-4 allows: 3e-5 of the largest
+# output at K = 4096, growing with K. Deeper products take CUTLASS's 3xTF32 (mma.sync, SGEMM's
+# accuracy) or SGEMM.
+MAX_K = 8192
+
+
 def splittable(g: Gemm) -> bool:
-    """Whether ``g`` can run split: batch dimensions that fold into one, deep enough, within the
-    transposing split's grid (65535 blocks of 32 rows, 65535 matrices). Whether it pays is the
-    cost model's question (:func:`worth_splitting`)."""
-    deep_enough = g.k >= SMALL_K or MIN_K <= g.k <= ONE_GEMM_MAX_K
+    """Whether ``g`` can run split: batch dimensions that fold into one, deep enough but not too
+    deep (:data:`MAX_K`), within the transposing split's grid (65535 blocks of 32 rows, 65535
+    matrices). Whether it pays is the cost model's question (:func:`worth_splitting`)."""
+    deep_enough = (g.k >= SMALL_K and g.k <= MAX_K) or MIN_K <= g.k <= ONE_GEMM_MAX_K
     matrices = g.outer * g.batch
     return (not g.no_split and _folds(g) and deep_enough and matrices <= 65535
             and max(g.m, g.n, g.k) <= 32 * 65535)
@@ -421,6 +428,11 @@ class ConvSplit:
 
 
 MIN_CONV_CHANNELS = 16  # per group: depthwise and 3-channel stems stay fp32 (measured 1.3-3x slower split)
+# The split convolution's three products share ONE accumulator over 3 x its reduction (channels x
+# taps), and Hopper's tensor cores add into it with fewer bits than fp32's FMA: past this depth the
+# small halves' products are lost again. Measured on an H200: torchvision's VGG-16 (512-channel
+# 3x3 convolutions, a depth of 4608, no batch norm between them) missed strict's 1e-4 split.
+MAX_CONV_DEPTH = 2304
 
 
 def splittable_conv(c: Any) -> bool:
@@ -430,7 +442,7 @@ def splittable_conv(c: Any) -> bool:
     depth = per_group * math.prod(c.kernel)
     x = c.c * math.prod(c.size)
     fits = 3 * max(x, c.k * depth) <= 2 ** 31 - 1 and c.n <= 65535 and c.c <= 32 * 65535
-    return c.chunks == 1 and per_group >= MIN_CONV_CHANNELS and fits
+    return c.chunks == 1 and per_group >= MIN_CONV_CHANNELS and depth <= MAX_CONV_DEPTH and fits
 
 
 def worth_splitting_conv(c: Any, table: NominalPeaks = TABLES[DEFAULT]) -> bool:
