@@ -116,3 +116,14 @@ def test_bf16_programs_compile_for_sm90(tmp_path):
         task, compiled, _ = lowered(name, BF16)
         sources.append(cuda_source(generate(task, compiled.graph, compiled.groups, BF16)))
     _compile_together(sources, tmp_path)
+
+
+def test_the_search_tries_bf16_next_where_a_library_kernel_leads_and_the_model_favours_it():
+    from stitchcuda.agents.offline import Signals, choose_next
+
+    paper = variants("paper")
+    first_bf16 = next(i for i, o in enumerate(paper) if o["bf16"])
+    estimates = [0.5 if o["bf16"] else 1.0 for o in paper]
+    assert choose_next(paper, [0], Signals(top_origin="library"), base=0, estimates=estimates) == first_bf16
+    slower = [2.0 if o["bf16"] else 1.0 for o in paper]  # another TF32 path first where bf16 costs more
+    assert not paper[choose_next(paper, [0], Signals(top_origin="library"), base=0, estimates=slower)]["bf16"]
