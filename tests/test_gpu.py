@@ -259,7 +259,6 @@ def test_packed_weights_follow_every_change(tmp_path):
     """A program that splits its weights once (packing.py) gives the right output on the next call
     after load_state_dict, an optimizer step and copy_ into one parameter; with the weights
     unchanged a call splits only its activations."""
-    import importlib.util
 
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -271,16 +270,7 @@ def test_packed_weights_follow_every_change(tmp_path):
     compiled = compile_task(task)
     program = generate(task, compiled.graph, compiled.groups, CodegenOptions(split_tf32=True))
     assert "Weights split once: 3 packed" in program
-    (tmp_path / "packed_mlp.py").write_text(program)
-    spec = importlib.util.spec_from_file_location("packed_mlp", tmp_path / "packed_mlp.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    scope: dict = {}
-    exec(task.source, scope)
-    torch.manual_seed(0)
-    ref = scope["Model"](*scope["get_init_inputs"]()).cuda()
-    torch.manual_seed(0)
-    new = module.ModelNew(*scope["get_init_inputs"]()).cuda()
+    scope, ref, new = _reference_and_program(task, program, tmp_path / "packed_mlp.py")
     torch.backends.cuda.matmul.allow_tf32 = False
     x = scope["get_inputs"]()[0].cuda()
 
@@ -319,14 +309,23 @@ def test_packed_weights_follow_every_change(tmp_path):
     print(f"\npacked mlp: {steady} split launches a call with the weights unchanged")
 
 
-def _built(program: str, path) -> object:
+def _reference_and_program(task, program: str, path) -> tuple[dict, object, object]:
+    """The task's namespace, its Model and the program's ModelNew (built from ``path``), both on
+    the GPU under the same seed."""
     import importlib.util
+
+    import torch
 
     path.write_text(program)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    scope: dict = {}
+    exec(task.source, scope)
+    torch.manual_seed(0)
+    ref = scope["Model"](*scope["get_init_inputs"]()).cuda()
+    torch.manual_seed(0)
+    return scope, ref, module.ModelNew(*scope["get_init_inputs"]()).cuda()
 
 
 def _relative_error(new, ref, inputs) -> float:
@@ -365,13 +364,7 @@ def test_bf16_programs_stay_within_paper_and_follow_their_weights(tmp_path, gpu_
         compiled = compile_task(task)
         program = generate(task, compiled.graph, compiled.groups, options)
         assert "bf16" in program
-        module = _built(program, tmp_path / f"bf16_{len(errors)}.py")
-        scope: dict = {}
-        exec(task.source, scope)
-        torch.manual_seed(0)
-        ref = scope["Model"](*scope["get_init_inputs"]()).cuda()
-        torch.manual_seed(0)
-        new = module.ModelNew(*scope["get_init_inputs"]()).cuda()
+        scope, ref, new = _reference_and_program(task, program, tmp_path / f"bf16_{len(errors)}.py")
         torch.manual_seed(1)
         inputs = [t.cuda() if isinstance(t, torch.Tensor) else t for t in scope["get_inputs"]()]
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from stitchcuda.compiler.lowering.lowered import Gemm
-from stitchcuda.compiler.lowering.split_tf32 import SplitPlan, _folds, _one_batch
+from stitchcuda.compiler.lowering.split_tf32 import SplitPlan, batches_fold, one_batch
 
 KERNEL = r"""
 // One operand as bf16 (round to nearest even): element (b, r, c) of the stored matrix goes to
@@ -172,7 +172,7 @@ class Bf16Operand:
 def bf16_able(g: Gemm) -> bool:
     """Whether ``g`` can run on bf16 copies: batch dimensions that fold into one (as the split's),
     within the transposing kernel's grid."""
-    return _folds(g) and g.outer * g.batch <= 65535 and max(g.m, g.n, g.k) <= 32 * 65535
+    return batches_fold(g) and g.outer * g.batch <= 65535 and max(g.m, g.n, g.k) <= 32 * 65535
 
 
 def plan_bf16(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
@@ -186,7 +186,7 @@ def plan_bf16(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
     b = Bf16Operand(g.b, scratch_b, *((n, k) if g.b_trans else (k, n)), batch=g.batch if g.stride_b else 1,
                     s_batch=g.stride_b, s_row=g.ld_b or (k if g.b_trans else n), transpose=g.b_trans, d_row=ldb,
                     size=k * ldb, outer=g.outer if g.outer_b else 1, s_outer=g.outer_b)
-    main = replace(_one_batch(g), a=a.dst, b=b.dst, a_trans=False, b_trans=False, ld_a=lda, ld_b=ldb,
+    main = replace(one_batch(g), a=a.dst, b=b.dst, a_trans=False, b_trans=False, ld_a=lda, ld_b=ldb,
                    stride_a=a.d_batch, stride_b=b.d_batch, bf16=True)
     return SplitPlan(a, b, None, main)  # type: ignore[arg-type]
 

@@ -284,7 +284,7 @@ def splittable(g: Gemm) -> bool:
     matrices). Whether it pays is the cost model's question (:func:`worth_splitting`)."""
     deep_enough = (g.k >= SMALL_K and g.k <= MAX_K) or MIN_K <= g.k <= ONE_GEMM_MAX_K
     matrices = g.outer * g.batch
-    return (not g.no_split and _folds(g) and deep_enough and matrices <= 65535
+    return (not g.no_split and batches_fold(g) and deep_enough and matrices <= 65535
             and max(g.m, g.n, g.k) <= 32 * 65535)
 
 
@@ -297,7 +297,7 @@ def worth_splitting(g: Gemm, table: NominalPeaks = TABLES[DEFAULT]) -> bool:
     return paths["split"] < paths["cublas"]
 
 
-def _folds(g: Gemm) -> bool:
+def batches_fold(g: Gemm) -> bool:
     """Whether ``g``'s two batch dimensions (if two) become one in its split: the split writes each
     operand's matrices densely, so an operand must vary along both or neither, and the output
     must already be dense across them (attention's scores are; its P.V output, heads inside
@@ -308,8 +308,8 @@ def _folds(g: Gemm) -> bool:
         and g.outer_c == g.batch * g.stride_c
 
 
-def _one_batch(g: Gemm) -> Gemm:
-    """The split GEMMs' batch: the two dimensions as one (see :func:`_folds`)."""
+def one_batch(g: Gemm) -> Gemm:
+    """The split GEMMs' batch: the two dimensions as one (see :func:`batches_fold`)."""
     return replace(g, batch=g.outer * g.batch, outer=1, outer_a=0, outer_b=0, outer_c=0)
 
 
@@ -325,7 +325,7 @@ def plan_split(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
     # H100, with or without: the cause is not found).
     lda, ldb = _aligned(2 * k), _aligned(n)
     a, b = _operands(g, scratch_a, scratch_b, lda, ldb, (0, k, -1), (k * ldb, 0, -1), copies=2)
-    g = _one_batch(g)
+    g = one_batch(g)
     dense = {"a_trans": False, "b_trans": False, "ld_a": lda, "ld_b": ldb, "stride_a": a.d_batch,
              "stride_b": b.d_batch}
     # [A_big | A_small] . [B_small ; B_big] = A_big.B_small + A_small.B_big
@@ -340,7 +340,7 @@ def _plan_one_gemm(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
     k = g.k
     lda, ldb = _aligned(3 * k), _aligned(g.n)
     a, b = _operands(g, scratch_a, scratch_b, lda, ldb, (0, k, 2 * k), (0, 2 * k * ldb, k * ldb), copies=3)
-    g = _one_batch(g)
+    g = one_batch(g)
     main = replace(g, k=3 * k, a=a.dst, b=b.dst, a_trans=False, b_trans=False, ld_a=lda, ld_b=ldb,
                    stride_a=a.d_batch, stride_b=b.d_batch)
     return SplitPlan(a, b, None, main)
