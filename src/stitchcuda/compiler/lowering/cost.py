@@ -47,8 +47,8 @@ TABLES: dict[str, NominalPeaks] = dict(NOMINAL)
 SGEMM_EFF, CONV_EFF, CONV_TRANSPOSED_EFF = 0.75, 0.75, 0.18
 TF32_EFF, CUTLASS_3X_EFF, SIMT_EFF, HBM_EFF = 0.6, 0.42, 0.25, 0.75
 # bf16 tensor cores: cuBLASLt's bf16 GEMMs reach about TF32's share of their (twice as high) peak;
-# cuDNN's bf16 convolutions less (an assumption, not yet measured here)
-BF16_EFF, CONV_BF16_EFF = 0.6, 0.45
+# cuDNN's tensor-core convolutions (TF32 or bf16) less (an assumption, not yet measured here)
+BF16_EFF, CONV_TENSOR_EFF = 0.6, 0.45
 LAUNCH_MS = 0.003  # a kernel's start and drain inside a CUDA graph
 # A tile's prologue and epilogue (its first loads, its output's write) are paid once per tile
 # whatever K is: a product of depth K runs at K / (K + K_HALF) of the path's rate.
@@ -189,12 +189,12 @@ def conv_paths(c: Any, table: NominalPeaks, allowed: list[str], packed_w: bool =
     out: dict[str, float] = {}
     for path in allowed:
         if path == "cublas" and tf32:
-            out[path] = max(_ms(flops, table.tf32 * CONV_BF16_EFF), _copy_ms(4.0 * (x + y + w), table)) + LAUNCH_MS
+            out[path] = max(_ms(flops, table.tf32 * CONV_TENSOR_EFF), _copy_ms(4.0 * (x + y + w), table)) + LAUNCH_MS
         elif path == "cublas":
             eff = CONV_TRANSPOSED_EFF if c.transposed else CONV_EFF
             out[path] = max(_ms(flops, table.fp32 * eff), _copy_ms(4.0 * (x + y + w), table)) + LAUNCH_MS
         elif path == "bf16":
-            conv = max(_ms(flops, table.bf16 * CONV_BF16_EFF), _copy_ms(2.0 * (x + y + w), table))
+            conv = max(_ms(flops, table.bf16 * CONV_TENSOR_EFF), _copy_ms(2.0 * (x + y + w), table))
             copies = _copy_ms(6.0 * x + 6.0 * y + (0.0 if packed_w else 6.0 * w), table)
             out[path] = conv + copies + (3 if packed_w else 4) * LAUNCH_MS
         elif path == "split":
