@@ -15,6 +15,7 @@ from stitchcuda.compiler.emit.pymodule import REFERENCE_CLASS, reference_init_so
 from stitchcuda.compiler.ir.expr import Unsupported
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.lowering.bf16 import KERNEL as BF16_KERNEL
+from stitchcuda.compiler.lowering.bf16 import ConvBf16
 from stitchcuda.compiler.lowering.cutlass_conv import CONV_ABI, CutlassConv
 from stitchcuda.compiler.lowering.cutlass_conv import kernel_sources as conv_sources
 from stitchcuda.compiler.lowering.cutlass_gemm import ABI as GEMM_ABI
@@ -34,6 +35,7 @@ from stitchcuda.compiler.lowering.lower_conv import conv_launch, conv_members, c
 from stitchcuda.compiler.lowering.lowered import CodegenOptions, Lowering, to_ident
 from stitchcuda.compiler.lowering.packing import pack_note
 from stitchcuda.compiler.lowering.split_tf32 import KERNEL as SPLIT_KERNEL
+from stitchcuda.compiler.lowering.split_tf32 import ConvSplit
 from stitchcuda.task.record import Task
 from stitchcuda.verify.verdict import CostEstimate
 
@@ -148,8 +150,8 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     digest = hashlib.sha256((graph.model_dump_json() + options.model_dump_json()).encode()).hexdigest()[:12]
     prefix = f"sc{digest}"
     emitter = Emitter(low, options, prefix)
-    split = any(g.fast_tf32 for g in low.lt_gemms) or any(c.split is not None and c.split.copies == 3 for c in low.convs)
-    bf16 = any(g.bf16 for g in low.lt_gemms) or any(c.split is not None and c.split.copies == 1 for c in low.convs)
+    split = any(g.fast_tf32 for g in low.lt_gemms) or any(isinstance(c.split, ConvSplit) for c in low.convs)
+    bf16 = any(g.bf16 for g in low.lt_gemms) or any(isinstance(c.split, ConvBf16) for c in low.convs)
     kernels, launches = ([SPLIT_KERNEL] if split else []) + ([BF16_KERNEL] if bf16 else []), []
     gemms = [x.gemm for lg in low.groups for x in lg.launches() if x.gemm is not None]
     if any(g.split_k > 1 for g in gemms):
