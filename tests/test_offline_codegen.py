@@ -130,6 +130,9 @@ def _run_family_node(graph: OpGraph, low, lg, flat: dict) -> None:
     def value(a):
         if isinstance(a, str) and a.startswith("%"):
             name = a[1:]
+            if name not in low.storage:  # a view the kernel reads through strides: made from its source
+                view = graph.node(name)
+                return getattr(getattr(torch.ops.aten, view.op.split(".", 1)[1]), view.overload)(*value(view.args))
             return flat[low.storage[name]].reshape(graph.meta(name).shape)
         if isinstance(a, list):
             return [value(x) for x in a]
@@ -286,7 +289,10 @@ def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     for p in graph.placeholders:
         if p.name not in low.storage:
             continue  # read by no node: not an entry argument
-        t = inputs[int(p.target)] if p.kind == "input" else state[p.target]
+        if p.kind == "constant":  # a lifted or folded constant: its values at capture
+            t = torch.tensor(graph.constants[p.target], dtype=getattr(torch, p.meta.dtype))
+        else:
+            t = inputs[int(p.target)] if p.kind == "input" else state[p.target]
         flat[low.storage[p.name]] = t.detach().contiguous().reshape(-1).clone()
     for ident, shape in low.intermediates:
         flat[ident] = torch.full((numel(shape),), float("nan"))

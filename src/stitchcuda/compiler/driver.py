@@ -11,12 +11,13 @@ from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.lowering.lowered import SPLITS
 from stitchcuda.compiler.schedule.fusion import fuse
 from stitchcuda.compiler.schedule.rewrite import split_into_slices
+from stitchcuda.compiler.schedule.simplify import simplify
 from stitchcuda.task.record import Task
 
 # Kept operators whose decomposition the general lowerings take when a fused lowering refuses an
 # instance (a softmax over a non-trailing dim, a group norm with huge groups). Library operators
 # (convolutions, GEMMs) and pointwise formulas are never decomposed: that would only lose them.
-_DECOMPOSABLE = {"aten.softmax", "aten.log_softmax", "aten.layer_norm", "aten.group_norm", "aten.instance_norm",
+_DECOMPOSABLE = {"aten.softmax", "aten._safe_softmax", "aten.log_softmax", "aten.layer_norm", "aten.group_norm", "aten.instance_norm",
                  "aten.rms_norm", "aten.adaptive_avg_pool1d", "aten.adaptive_avg_pool2d",
                  "aten.adaptive_avg_pool3d", "aten.matmul", "aten.embedding"}
 _KEPT = {f"aten.{name.split('.')[0]}" for name in KEEP} & _DECOMPOSABLE
@@ -49,7 +50,7 @@ def compile_task(task: Task, max_rounds: int = 3) -> Compiled:
     (naming every problem)."""
     decompose: frozenset[str] = frozenset()
     while True:
-        captured = capture(task, decompose)
+        captured = simplify(capture(task, decompose))
         isolate: frozenset[str] = frozenset()
         while True:
             graph = split_into_slices(captured, isolate)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import math
 from collections import Counter
+from typing import Any
 
 from stitchcuda.compiler.capture.graph import OpGraph
 from stitchcuda.compiler.emit.emit import Emitter
@@ -94,6 +96,29 @@ def _estimate_text(low: Lowering) -> str:
     what = "its product or convolution" if count == 1 else f"its {count} products and convolutions"
     return (f"Cost model, {low.machine.label}: {what} "
             f"{total:.3f} ms estimated, {fp32:.3f} ms if all ran in fp32 on cuBLAS and cuDNN." + (f"\n{packs}" if packs else ""))
+
+
+def _python_literal(value: Any) -> str:
+    """A nested list of numbers as Python source (``repr`` writes inf and nan as bare names)."""
+    if isinstance(value, list):
+        return "[" + ", ".join(_python_literal(v) for v in value) + "]"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"float('{value}')"
+    return repr(value)
+
+
+def _tensor_source(values: Any, shape: list[int], dtype: str) -> str:
+    """Python source making a constant tensor: ``torch.full`` where every element is one value."""
+    flat, todo = [], [values]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, list):
+            todo.extend(v)
+        else:
+            flat.append(v)
+    if len(flat) > 1 and all(repr(v) == repr(flat[0]) for v in flat):
+        return f"torch.full({shape}, {_python_literal(flat[0])}, dtype=torch.{dtype})"
+    return f"torch.tensor({_python_literal(values)}, dtype=torch.{dtype})"
 
 
 def _constant_name(target: str) -> str:
@@ -246,7 +271,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         blas=low.uses_blas, lt=bool(low.lt_gemms), dnn=bool(low.convs) or low.uses_dnn,
         reference_init=reference_init_source(task), reference_class=REFERENCE_CLASS,
         fwd_args=", ".join(["self", *fwd_names]), call_args=call_args, state_reads=reads.lines, state=_state_owners(graph.state),
-        constants=[(_constant_name(p.target), p.meta.dtype, repr(graph.constants[p.target]))
+        constants=[(_constant_name(p.target), _tensor_source(graph.constants[p.target], p.meta.shape, p.meta.dtype))
                    for p in graph.placeholders if p.kind == "constant" and p.name in entry and p.meta is not None],
         cutlass=bool(low.cutlass), cutlass_sources=cutlass_sources, cutlass_flags=repr(CUDA_CFLAGS),
         cutlass_describe=[c.describe for c in low.cutlass],

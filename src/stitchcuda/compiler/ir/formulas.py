@@ -43,7 +43,7 @@ ACTIVATIONS = {"aten.elu", "aten.selu", "aten.celu", "aten.softplus", "aten.mish
                "aten.hardsigmoid", "aten.logsigmoid"}
 MASK_OPS = {"aten.bitwise_not", "aten.logical_not", "aten.masked_fill", "aten.where"}
 """Operators that may read a bool operand (a mask); nothing else reads a non-float32 value."""
-ROW_OPS = {"aten.softmax", "aten._softmax", "aten.log_softmax", "aten._log_softmax", "aten.layer_norm",
+ROW_OPS = {"aten.softmax", "aten._softmax", "aten._safe_softmax", "aten.log_softmax", "aten._log_softmax", "aten.layer_norm",
            "aten.mean", "aten.sum", "aten.amax", "aten.rms_norm"}
 
 
@@ -240,7 +240,7 @@ def row_steps(node: Any, arg: Operand, full_shape: tuple[int, ...]) -> list[Step
         raise Unsupported(f"{where}: input of shape {list(x.shape)} is not the group's row shape {list(full_shape)}")
     p = node.name
     row_scalar = tuple(full_shape[:-1]) + (1,)
-    if name in ("aten.softmax", "aten._softmax", "aten.log_softmax", "aten._log_softmax"):
+    if name in ("aten.softmax", "aten._softmax", "aten._safe_softmax", "aten.log_softmax", "aten._log_softmax"):
         _last_dim(a[1], rank, where)
         m = ref(f"{p}__max", row_scalar)
         e = op("exp", op("sub", x, m))
@@ -250,8 +250,11 @@ def row_steps(node: Any, arg: Operand, full_shape: tuple[int, ...]) -> list[Step
             steps += [Step(f"{p}__sum", "reduce", e, "sum"),
                       Step(p, "full", op("sub", op("sub", x, m), op("log", s)))]
         else:
+            y = op("div", ref(f"{p}__exp", full_shape), s)
+            if name == "aten._safe_softmax":  # a row of -inf only (a fully masked query) is 0, not NaN
+                y = op("where", op("eq", m, const(float("-inf"))), const(0.0), y)
             steps += [Step(f"{p}__exp", "full", e), Step(f"{p}__sum", "reduce", ref(f"{p}__exp", full_shape), "sum"),
-                      Step(p, "full", op("div", ref(f"{p}__exp", full_shape), s))]
+                      Step(p, "full", y)]
         return steps
     if name == "aten.layer_norm":
         if list(a[1]) != [n]:

@@ -20,7 +20,7 @@ RECURRENT_OPS = {"aten.lstm_cell", "aten.gru_cell", "aten.rnn_tanh_cell", "aten.
 RECURRENT_SEQUENCE_OPS = {"aten.lstm", "aten.gru", "aten.rnn_tanh", "aten.rnn_relu"}  # whole nn.LSTM/GRU/RNN
 SDPA_OPS = {"aten.scaled_dot_product_attention", "aten._scaled_dot_product_flash_attention",
             "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_cudnn_attention"}
-SOFTMAX_OPS = {"aten.softmax", "aten._softmax", "aten.log_softmax", "aten._log_softmax"}
+SOFTMAX_OPS = {"aten.softmax", "aten._softmax", "aten._safe_softmax", "aten.log_softmax", "aten._log_softmax"}
 NORM_OPS = {"aten.layer_norm", "aten.rms_norm", "aten.group_norm", "aten.batch_norm"}
 SUM_OPS = {"aten.mean", "aten.sum", "aten.amax", "aten.amin", "aten.logsumexp", "aten.var", "aten.std",
            "aten.prod", "aten.linalg_vector_norm", "aten.norm"}

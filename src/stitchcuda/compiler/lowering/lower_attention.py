@@ -33,6 +33,17 @@ def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
     iq, ip = names.index(roles["qk"]), names.index(roles["pv"])
     qk, pv = nodes[iq], nodes[ip]
     before, middle, after = nodes[:iq], nodes[iq + 1:ip], nodes[ip + 1:]
+    # the mask's preparation (a where over a bool mask) joined the group ahead of Q.K^T: the row
+    # kernel computes it where it reads it
+    def sources(n: Node) -> set[str]:  # a split's piece is read from the split node
+        return {cx.graph.getitems.get(v, (v, 0))[0] for v in n.inputs()}
+
+    operands = sources(qk) | sources(pv)
+    for n in reversed(before):
+        if n.name in operands:
+            operands |= sources(n)
+    middle = [n for n in before if n.name not in operands] + middle
+    before = [n for n in before if n.name in operands]
     env: dict[str, Expr] = {}
     scale: dict[str, float] = {}  # values that are a view of a buffer times a constant
     for n in before:

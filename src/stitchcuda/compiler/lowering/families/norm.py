@@ -244,7 +244,7 @@ def instance_norm(ctx: FamilyContext, node: Node) -> KernelCall:
     return emit(ctx, p, f"instance_norm over {shape}")
 
 
-@lowering("aten.softmax", "aten._softmax", "aten.log_softmax", "aten._log_softmax")
+@lowering("aten.softmax", "aten._softmax", "aten._safe_softmax", "aten.log_softmax", "aten._log_softmax")
 def softmax(ctx: FamilyContext, node: Node) -> KernelCall:
     x = _float_input(ctx, node, node.args[0])
     shape = list(x.shape)
@@ -253,14 +253,14 @@ def softmax(ctx: FamilyContext, node: Node) -> KernelCall:
     if not -rank <= dim < rank:
         raise Unsupported(f"{_where(node)}: dim {dim} of a rank-{len(shape)} input")
     dim %= rank
-    if node.op in ("aten.softmax", "aten.log_softmax"):
+    if node.op in ("aten.softmax", "aten._safe_softmax", "aten.log_softmax"):
         dtype = _arg(node, 2, "dtype")
         if dtype not in (None, "torch.float32"):
             raise Unsupported(f"{_where(node)}: softmax to dtype {dtype}")
     if node.out and node.out[0].dtype != "float32":
         raise Unsupported(f"{_where(node)}: output of dtype {node.out[0].dtype}")
     sizes, xs = (shape, list(x.strides)) if shape else ([1], [0])
-    kind: Kind = "log_softmax" if "log" in node.op else "softmax"
+    kind: Kind = "log_softmax" if "log" in node.op else "safe_softmax" if "safe" in node.op else "softmax"
     red = [d == dim for d in range(len(sizes))]
     p = _plan(ctx, node, kind, x, sizes, red, xs, 0.0, {}, ctx.outputs(node)[0])
     return emit(ctx, p, f"{kind} over dim {dim} of {shape}")

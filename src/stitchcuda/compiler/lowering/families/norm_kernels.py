@@ -31,7 +31,7 @@ from typing import Any, Literal
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided
 
-Kind = Literal["moments", "softmax", "log_softmax", "running"]
+Kind = Literal["moments", "softmax", "safe_softmax", "log_softmax", "running"]
 
 _TARGET_BLOCKS = 2048  # statistics blocks worth launching: an H100 (132 SMs) runs ~1000 at once
 _MIN_CHUNK = 8192  # elements a block-per-group statistics block reduces at least before splitting a group
@@ -201,7 +201,7 @@ def _stats_kernel(ctx: FamilyContext, p: Plan) -> tuple[str, str, str]:
             merged.append((n, s))
     red = merged or [(1, 0)]
     G, M = p.groups, p.reduced
-    acc = "ScSoftmax" if p.kind in ("softmax", "log_softmax") else "ScMoments"
+    acc = "ScSoftmax" if p.kind in ("softmax", "safe_softmax", "log_softmax") else "ScMoments"
     wide = max(G, M) >= 2**32 - 1
     inner_kept = kept[-1][1]["x"] if kept else 0
     lanes = bool(red) and red[-1][1] != 1 and inner_kept == 1 and G > 1  # a lane per group
@@ -354,6 +354,8 @@ def _apply_kernel(ctx: FamilyContext, p: Plan, stats: str) -> tuple[str, str, st
         loop.append(f"const float2 st = {stats}[e_g + i * {in_st['g']}LL];")
         loop.append({"moments": "float y = (v_x[i] - st.x) * st.y;",
                      "softmax": "float y = expf(v_x[i] - st.x) * st.y;",
+                     # a row of -inf only (a fully masked query) is 0, not NaN; a NaN row stays NaN
+                     "safe_softmax": "float y = st.x == -INFINITY ? 0.0f : expf(v_x[i] - st.x) * st.y;",
                      "log_softmax": "float y = (v_x[i] - st.x) - st.y;"}[p.kind])
     for k, op in (("w", "*"), ("b", "+")):
         if k in p.params:

@@ -1,0 +1,178 @@
+"""Graph simplifications made once after capture, before fusion: work a CUDA engineer would not
+launch a kernel for.
+
+- ``drop_identity_clones``: views to their input's own shape (``expand(x, x.shape)``), and core
+  ATen's ``clone`` of a dense value (eval-mode dropout leaves one
+  after every residual branch of a transformer) is the value itself in a functional graph; its
+  readers read the source. A clone that is returned, written back to a buffer, or of a view (whose
+  clone is a real layout copy) stays.
+- ``fold_constants``: values that depend on no input, parameter or buffer (``arange`` ->
+  ``unsqueeze`` -> ``ge`` index math of a mask, ``full``, ``scalar_tensor``) are computed here
+  once with torch on the CPU and become lifted constants, which the program recreates once at
+  construction (``MAX_CONSTANT`` elements at most): kernels no call needs to run again. It is
+  constant folding (what torch.compile's freezing does); nothing that depends on data is folded.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stitchcuda.compiler.capture.graph import MAX_CONSTANT, RANDOM_OPS, Node, OpGraph, Placeholder
+from stitchcuda.compiler.ir.ops import RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, VIEW_OPS
+from stitchcuda.compiler.lowering.families import C_TYPES
+
+# operators whose values are undefined (an empty tensor's) or that read tensors only for their shape
+_NOT_FOLDED = {"aten.empty", "aten.empty_like", "aten.new_empty", "aten.new_empty_strided", "aten.empty_strided",
+               "aten.empty_permuted"}
+
+
+def simplify(graph: OpGraph) -> OpGraph:
+    return fold_constants(drop_identity_clones(graph))
+
+
+def _rename(value: Any, alias: dict[str, str]) -> Any:
+    if isinstance(value, str) and value.startswith("%") and value[1:] in alias:
+        return "%" + alias[value[1:]]
+    if isinstance(value, list):
+        return [_rename(v, alias) for v in value]
+    return value
+
+
+# views that are their input when they keep its shape
+_SAME_SHAPE_VIEWS = {"aten.view", "aten._unsafe_view", "aten.reshape", "aten.expand", "aten.alias"}
+# views that keep a dense value dense, element order unchanged (expand only to its own shape)
+_DENSE_VIEWS = {"aten.view", "aten._unsafe_view", "aten.reshape", "aten.flatten", "aten.unsqueeze", "aten.squeeze",
+                "aten.alias", "aten.expand"}
+
+
+def _dense(name: str, produced: dict[str, Node], placeholders: set[str], graph: OpGraph) -> bool:
+    """Whether value ``name`` is laid out densely in its shape's order: a placeholder, a computed
+    value, or a reshape of one."""
+    if name in placeholders:
+        return True
+    n = produced.get(name)
+    if n is None or len(n.out) != 1 or name in graph.getitems:
+        return False
+    if n.op not in VIEW_OPS:
+        return True
+    src = n.inputs()[0] if n.inputs() else None
+    if n.op not in _DENSE_VIEWS or src is None or graph.meta(src) is None:
+        return False
+    if n.op == "aten.expand" and graph.meta(src).shape != n.out[0].shape:  # type: ignore[union-attr]
+        return False
+    return _dense(src, produced, placeholders, graph)
+
+
+def drop_identity_clones(graph: OpGraph) -> OpGraph:
+    """``graph`` without same-shape views and clones of dense values: their readers read the source."""
+    produced = {n.name: n for n in graph.nodes}
+    placeholders = {p.name for p in graph.placeholders}
+    kept = set(graph.outputs) | set(graph.mutations) | set(graph.mutations.values())
+    alias: dict[str, str] = {}
+    for n in graph.nodes:
+        if n.op in _SAME_SHAPE_VIEWS and n.name not in kept and len(n.inputs()) == 1 and len(n.out) == 1 \
+                and graph.meta(n.inputs()[0]) is not None \
+                and graph.meta(n.inputs()[0]).shape == n.out[0].shape:  # type: ignore[union-attr]
+            alias[n.name] = alias.get(n.inputs()[0], n.inputs()[0])  # a view to its own shape: the value
+            continue
+        if n.op != "aten.clone" or n.name in kept or len(n.inputs()) != 1 or n.name in graph.getitems.values():
+            continue
+        if n.kwargs.get("memory_format") not in (None, "torch.preserve_format", "torch.contiguous_format"):
+            continue
+        src = alias.get(n.inputs()[0], n.inputs()[0])
+        if src in graph.getitems or src in kept:
+            continue  # a piece of a split (a view), or a value the forward returns: the copy is real
+        if not _dense(src, produced, placeholders, graph):
+            continue  # a clone of a strided view lays it out: a real copy
+        alias[n.name] = src
+    if not alias:
+        return graph
+    out = graph.model_copy(deep=True)
+    out.nodes = [n.model_copy(update={"args": _rename(n.args, alias),
+                                      "kwargs": {k: _rename(v, alias) for k, v in n.kwargs.items()}})
+                 for n in out.nodes if n.name not in alias]
+    return out
+
+
+# -- constant folding ---------------------------------------------------------------------------------
+
+def _torch_value(text: Any) -> Any:
+    """An argument as torch takes it back: dtypes, layouts and memory formats kept as text at capture;
+    a device is the CPU."""
+    import torch
+
+    if isinstance(text, list):
+        return [_torch_value(v) for v in text]
+    if isinstance(text, str):
+        if text.startswith("device("):
+            return torch.device("cpu")
+        if text.startswith("torch.") and hasattr(torch, text[6:]):
+            return getattr(torch, text[6:])
+    return text
+
+
+def _evaluate(n: Node, values: dict[str, Any]) -> Any:
+    import torch
+
+    def arg(a: Any) -> Any:
+        if isinstance(a, str) and a.startswith("%"):
+            return values[a[1:]]
+        if isinstance(a, list):
+            return [arg(v) for v in a]
+        return _torch_value(a)
+
+    args, kwargs = arg(n.args), {k: arg(v) for k, v in n.kwargs.items()}
+    if n.op == "stitchcuda.int_add":
+        return args[0] + args[1]
+    packet, name = n.op.split(".", 1)
+    if packet != "aten":
+        raise LookupError(n.op)
+    return getattr(getattr(torch.ops.aten, name), n.overload)(*args, **kwargs)
+
+
+def fold_constants(graph: OpGraph) -> OpGraph:
+    """``graph`` with the small values that depend on nothing the forward is given as lifted
+    constants (computed here with torch), and the nodes only they read dropped."""
+    import torch
+
+    values: dict[str, Any] = {}
+    for p in graph.placeholders:
+        if p.kind == "constant" and p.target in graph.constants and p.meta is not None:
+            values[p.name] = torch.tensor(graph.constants[p.target], dtype=getattr(torch, p.meta.dtype))
+    folded: dict[str, Node] = {}
+    for n in graph.nodes:
+        if n.op in RANDOM_OPS or n.op in _NOT_FOLDED or len(n.out) != 1 or n.name in graph.outputs \
+                or n.out[0].dtype not in C_TYPES or n.out[0].numel > MAX_CONSTANT \
+                or any(v not in values for v in n.inputs()):
+            continue
+        try:
+            value = _evaluate(n, values)
+        except Exception:  # noqa: BLE001 - not folded: the program computes it as before
+            continue
+        if not isinstance(value, torch.Tensor) or list(value.shape) != n.out[0].shape \
+                or str(value.dtype).replace("torch.", "") != n.out[0].dtype:
+            continue
+        values[n.name] = value
+        folded[n.name] = n
+    if not folded:
+        return graph
+    readers = graph.users()
+    live = {name for name in folded
+            if any(r not in folded for r in readers.get(name, []))}  # read by work that stays
+    recurrent = {n.name for n in graph.nodes if n.op in RECURRENT_OPS | RECURRENT_SEQUENCE_OPS}
+    # a recurrent cell's zero state is folded into its kernel already: leave those fills to it
+    keep = {name for name in live if any(r in recurrent for r in readers.get(name, []))}
+    while True:  # ... and everything they read
+        more = {v for name in keep for v in folded[name].inputs() if v in folded} - keep
+        if not more:
+            break
+        keep |= more
+    out = graph.model_copy(deep=True)
+    dropped = set(folded) - keep
+    for name in [n.name for n in graph.nodes if n.name in live and n.name not in keep]:  # graph order
+        target = f"_folded_{name}"
+        out.placeholders.append(Placeholder(name=name, kind="constant", target=target,
+                                            meta=folded[name].out[0].model_copy()))
+        out.constants[target] = values[name].tolist()
+    out.nodes = [n for n in out.nodes if n.name not in dropped]
+    return out

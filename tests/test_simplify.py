@@ -1,0 +1,137 @@
+"""The graph simplifications made after capture (schedule/simplify.py) and the safe softmax kept
+whole: each program still computes its reference (run on the CPU through the IR evaluator and an
+emulation of the library calls), with fewer nodes left to launch."""
+
+from __future__ import annotations
+
+import torch
+
+from stitchcuda.compiler.capture.graph import MAX_CONSTANT, capture
+from stitchcuda.compiler.emit.program import _tensor_source
+from stitchcuda.compiler.schedule.fusion import fuse
+from stitchcuda.compiler.schedule.simplify import drop_identity_clones, fold_constants, simplify
+from tests.test_offline_codegen import simulate, task_from
+
+MASKED_ATTENTION = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+        self.out = nn.Linear(32, 32)
+        self.drop = nn.Dropout(0.1)
+        self.eval()  # as a user runs it for inference: the dropout is a clone
+
+    def forward(self, x, keep):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        # the key mask built as transformers builds it: index math over aranges, then a bool mask
+        cols = torch.arange(s, device=x.device)
+        mask = keep[:, None, None, :] & (cols[None, None, :, None] >= 0)
+        mask[1, :, 3] = False  # one query sees no key at all: its row must be 0, not NaN
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out(self.drop(y.transpose(1, 2).reshape(b, s, 32)))
+
+def get_inputs():
+    keep = torch.ones(2, 8, dtype=torch.bool)
+    keep[1, 5:] = False
+    return [torch.randn(2, 8, 32), keep]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def _ops(graph):
+    return [n.op for n in graph.nodes]
+
+
+def test_a_masked_attention_keeps_its_safe_softmax_whole_and_a_fully_masked_query_gives_zeros():
+    task = task_from("masked_attention", MASKED_ATTENTION)
+    graph = capture(task)
+    assert "aten._safe_softmax" in _ops(graph)
+    assert "aten.any" not in _ops(graph) and "aten.full_like" not in _ops(graph)
+    simple = simplify(graph)
+    assert "aten.arange" not in _ops(simple), "input-independent index math is folded into constants"
+    assert any(p.kind == "constant" for p in simple.placeholders)
+    got, expected = simulate(task, simple, fuse(simple))
+    assert not torch.isnan(expected[0]).any()
+    torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
+
+
+DROPOUT_AND_COPIES = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.drop = nn.Dropout(0.1)
+        self.eval()  # as a user runs it for inference: the dropout is a clone
+
+    def forward(self, x):
+        y = self.drop(self.fc(x))          # eval-mode dropout: a clone of a dense value
+        z = y.transpose(0, 1).contiguous()  # a clone of a view: a real copy
+        w = y.expand(4, 16) * 2.0           # expand to its own shape: the value itself
+        return z, w + 1.0, y.clone()        # a returned clone stays
+
+def get_inputs():
+    return [torch.randn(4, 16)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_clones_of_dense_values_and_same_shape_views_go_and_real_copies_stay():
+    task = task_from("copies", DROPOUT_AND_COPIES)
+    model = task_from("copies", DROPOUT_AND_COPIES)
+    graph = capture(model)
+    clones = [n for n in graph.nodes if n.op == "aten.clone"]
+    simple = drop_identity_clones(graph)
+    left = [n for n in simple.nodes if n.op == "aten.clone"]
+    assert len(left) == 2 < len(clones), "the transposed copy and the returned clone stay, the dropout goes"
+    assert "aten.expand" not in _ops(simple)
+    assert set(simple.outputs) == set(graph.outputs)
+    got, expected = simulate(task, simple, fuse(simple))
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
+
+
+CONSTANTS = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        n = x.shape[-1]
+        small = (torch.arange(n, device=x.device) % 3 == 0).float() * float("-inf")
+        big = torch.ones(200, 200, device=x.device).triu()
+        return x + torch.nan_to_num(small, neginf=-1.0), big.sum() + x.sum()
+
+def get_inputs():
+    return [torch.randn(4, 64)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_values_of_no_input_are_folded_up_to_the_constant_size_and_rendered_as_python():
+    task = task_from("constants", CONSTANTS)
+    graph = capture(task)
+    folded = fold_constants(graph)
+    made = [p for p in folded.placeholders if p.kind == "constant" and p.target.startswith("_folded_")]
+    assert made and all(p.meta.numel <= MAX_CONSTANT for p in made)
+    assert any(n.op in ("aten.ones", "aten.full", "aten.triu") for n in folded.nodes), \
+        "a 40000-element constant is computed by the program, not written into it"
+    got, expected = simulate(task, folded, fuse(folded))
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-5)
+    assert _tensor_source([[1.0, 1.0], [1.0, 1.0]], [2, 2], "float32") == "torch.full([2, 2], 1.0, dtype=torch.float32)"
+    assert _tensor_source([float("-inf"), 0.0], [2], "float32") == \
+        "torch.tensor([float('-inf'), 0.0], dtype=torch.float32)"
