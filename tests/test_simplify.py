@@ -4,6 +4,8 @@ emulation of the library calls), with fewer nodes left to launch."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from stitchcuda.compiler.capture.graph import MAX_CONSTANT, capture
@@ -12,37 +14,7 @@ from stitchcuda.compiler.schedule.fusion import fuse
 from stitchcuda.compiler.schedule.simplify import drop_identity_clones, fold_constants, simplify
 from tests.test_offline_codegen import simulate, task_from
 
-MASKED_ATTENTION = '''
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.qkv = nn.Linear(32, 96)
-        self.out = nn.Linear(32, 32)
-        self.drop = nn.Dropout(0.1)
-        self.eval()  # as a user runs it for inference: the dropout is a clone
-
-    def forward(self, x, keep):
-        b, s, _ = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, 2, 16).permute(2, 0, 3, 1, 4)
-        # the key mask built as transformers builds it: index math over aranges, then a bool mask
-        cols = torch.arange(s, device=x.device)
-        mask = keep[:, None, None, :] & (cols[None, None, :, None] >= 0)
-        mask[1, :, 3] = False  # one query sees no key at all: its row must be 0, not NaN
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.out(self.drop(y.transpose(1, 2).reshape(b, s, 32)))
-
-def get_inputs():
-    keep = torch.ones(2, 8, dtype=torch.bool)
-    keep[1, 5:] = False
-    return [torch.randn(2, 8, 32), keep]
-
-def get_init_inputs():
-    return []
-'''
+MASKED_ATTENTION = (Path(__file__).parent / "fixtures" / "compiler_classes" / "masked_rows_attention.py").read_text()
 
 
 def _ops(graph):

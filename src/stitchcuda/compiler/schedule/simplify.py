@@ -17,13 +17,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from stitchcuda.compiler.capture.graph import MAX_CONSTANT, RANDOM_OPS, Node, OpGraph, Placeholder
+from stitchcuda.compiler.capture.graph import MAX_CONSTANT, Node, OpGraph, Placeholder
 from stitchcuda.compiler.ir.ops import RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, VIEW_OPS
 from stitchcuda.compiler.lowering.families import C_TYPES
 
-# operators whose values are undefined (an empty tensor's) or that read tensors only for their shape
-_NOT_FOLDED = {"aten.empty", "aten.empty_like", "aten.new_empty", "aten.new_empty_strided", "aten.empty_strided",
-               "aten.empty_permuted"}
+# Operators folded: those whose result is the same bits on the CPU as on the GPU (views, fills,
+# index math, comparisons, casts, correctly rounded arithmetic). Transcendentals (log, exp, ...) and
+# float reductions, whose last bit depends on the device's library or summation order, are left to
+# the program: a bucket index computed from a log (T5's relative positions) must round as the
+# reference's does on its GPU.
+_EXACT = {f"aten.{op}" for op in (
+    "arange", "full", "full_like", "zeros", "zeros_like", "ones", "ones_like", "scalar_tensor", "new_full",
+    "new_zeros", "new_ones", "lift_fresh_copy", "clone", "alias", "detach", "contiguous", "_to_copy", "view",
+    "_unsafe_view", "reshape", "expand", "unsqueeze", "squeeze", "permute", "transpose", "t", "slice", "select",
+    "flatten", "cat", "stack", "repeat", "index", "gather", "index_select", "where", "masked_fill",
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_and",
+    "bitwise_or", "bitwise_xor", "bitwise_not", "add", "sub", "rsub", "mul", "div", "neg", "abs", "minimum",
+    "maximum", "clamp", "clamp_min", "clamp_max", "remainder", "fmod", "floor_divide", "floor", "ceil", "round",
+    "sign", "triu", "tril", "flip", "roll")} | {"stitchcuda.int_add"}
+# ... and reductions, of integers and bools only
+_INTEGER_REDUCTIONS = {"aten.any", "aten.all", "aten.sum", "aten.amax", "aten.amin", "aten.cumsum", "aten.max",
+                       "aten.min"}
 
 
 def simplify(graph: OpGraph) -> OpGraph:
@@ -141,7 +155,9 @@ def fold_constants(graph: OpGraph) -> OpGraph:
             values[p.name] = torch.tensor(graph.constants[p.target], dtype=getattr(torch, p.meta.dtype))
     folded: dict[str, Node] = {}
     for n in graph.nodes:
-        if n.op in RANDOM_OPS or n.op in _NOT_FOLDED or len(n.out) != 1 or n.name in graph.outputs \
+        exact = n.op in _EXACT or (n.op in _INTEGER_REDUCTIONS and all(
+            values[v].dtype in (torch.bool, torch.int32, torch.int64) for v in n.inputs() if v in values))
+        if not exact or len(n.out) != 1 or n.name in graph.outputs \
                 or n.out[0].dtype not in C_TYPES or n.out[0].numel > MAX_CONSTANT \
                 or any(v not in values for v in n.inputs()):
             continue
