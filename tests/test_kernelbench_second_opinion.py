@@ -335,3 +335,24 @@ def test_integer_inputs_are_cast_back_for_kernelbench_whose_harness_makes_every_
     ids = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])
     out = model(ids.float(), torch.ones(2, 5))  # what KernelBench's harness hands it
     assert torch.equal(out, model.table(ids))
+
+
+def test_an_incorrect_at_its_fp32_tolerance_is_asked_again_at_its_v01_tolerance(tmp_path):
+    """Its harness now judges fp32 at 1e-4, which TF32 arithmetic (tolerance paper) misses by design;
+    v0/v0.1 took 1e-2, the tolerance of published results. Asked there, the program is timed apart."""
+    top = "def get_tolerance_for_precision(precision):\n    return 1e-4\n"
+    before = ("if 'TF32ARITH' in custom_model_src and get_tolerance_for_precision(precision) < 1e-2:\n"
+              "        return KernelExecResult(True, False, -1.0, {'max_difference': '0.002'})")
+    checkout = fake_checkout(tmp_path / "kb", top=top, before=before)
+    opinion = _judge(checkout, tmp_path, candidate=CANDIDATE + "\n# TF32ARITH\n")
+    assert opinion.correct is False and opinion.correct_true_fp32 is False and opinion.correct_v01 is True
+    assert opinion.timed_apart and opinion.speedup == pytest.approx(1.5) and opinion.agrees is False
+    wrong = _judge(checkout, tmp_path, candidate=CANDIDATE + "\n# WRONG\n")
+    assert wrong.correct_v01 is False and wrong.speedup is None
+    assert _judge(checkout, tmp_path).correct_v01 is None  # correct: not asked again
+
+    from stitchcuda.console import second_opinion_view
+    from stitchcuda.verify.verdict import Verdict
+
+    lines = [t.plain for t in second_opinion_view(Verdict.model_construct(correct=True, second_opinion=opinion))]
+    assert any("v0/v0.1 fp32 tolerance 1e-2" in t and t.endswith("correct") for t in lines)

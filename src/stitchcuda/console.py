@@ -175,6 +175,10 @@ def second_opinion_view(v: Verdict) -> list[Text]:
         parts.append(Text("  against a true-fp32 reference (its own runs cuDNN convolutions in TF32): "
                           + ("correct" if o.correct_true_fp32 else "incorrect too"),
                           style="yellow" if o.correct_true_fp32 else "red"))
+    if o.correct_v01 is not None:
+        parts.append(Text("  at its v0/v0.1 fp32 tolerance 1e-2 (published results; it now takes 1e-4, which TF32 "
+                          "and bf16 miss): " + ("correct" if o.correct_v01 else "incorrect too"),
+                          style="yellow" if o.correct_v01 else "red"))
     if o.speedup is not None:
         ours = v.speedup.get("eager")
         parts.append(Text(f"  KernelBench's speedup {o.speedup:.2f}x (its reference {o.ref_runtime_ms:.4f} ms under "
@@ -430,7 +434,8 @@ def _opinion_cell(o) -> Text:
         return Text("-")
     if o.error is not None:
         return Text("error", style="yellow")
-    text = "correct" if o.correct else "INCORRECT" + (" (fp32 ref: correct)" if o.correct_true_fp32 else "")
+    text = "correct" if o.correct else "INCORRECT" + (" (fp32 ref: correct)" if o.correct_true_fp32 else
+                                                      " (v0.1 1e-2: correct)" if o.correct_v01 else "")
     return Text(text + (" DISAGREES" if o.agrees is False else ""),
                 style="bold red" if o.agrees is False else "green" if o.correct else "red")
 

@@ -265,6 +265,8 @@ def _opinion_cell(task: TaskResult) -> str:
     text = "correct" if o.correct else "INCORRECT" if o.compiled else "INCORRECT (did not compile)"
     if o.correct_true_fp32:
         text += " (correct against a true-fp32 reference: its own runs cuDNN in TF32)"
+    elif o.correct_v01 is not None:
+        text += f" at its fp32 1e-4 ({'correct' if o.correct_v01 else 'incorrect too'} at its v0.1 tolerance 1e-2)"
     if o.speedup is not None:
         text += f"; its speedup {o.speedup:.2f}x" + (" (timed apart)" if o.timed_apart else "")
     return text + (" – DISAGREES" if o.agrees is False else "")

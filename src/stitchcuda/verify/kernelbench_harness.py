@@ -42,6 +42,7 @@ class HarnessVerdict(BaseModel):
     runtime_ms: float | None = None
     detail: str = ""
     correct_true_fp32: bool | None = None  # asked again, TF32 off, when it said incorrect (see main)
+    correct_v01: bool | None = None  # asked again at its v0/v0.1 fp32 tolerance, 1e-2, when both said incorrect
     ref_runtime_ms: float | None = None  # its reference's mean time under torch's default flags
     timed_apart: bool = False  # it judged the program wrong, so both were timed by time_both, not in its eval
 
@@ -83,9 +84,15 @@ def load_eval(checkout: str | Path) -> Any:
         raise HarnessError(f"KernelBench's harness in {root} did not load: {type(exc).__name__}: {exc}") from exc
 
 
+# KernelBench v0 and v0.1 judged fp32 programs at atol = rtol = 1e-2 (the level 1-3 results papers
+# publish); its harness now takes 1e-4 for fp32 (torchbench's), which TF32 arithmetic misses.
+V01_TOLERANCE = 1e-2
+
+
 def run_harness(checkout: str | Path, reference: str, candidate: str, *, trials: int = 5,
                 perf_trials: int = 20, build_dir: str | None = None,
-                measure_performance: bool = True, tf32: bool | None = None) -> HarnessVerdict:
+                measure_performance: bool = True, tf32: bool | None = None,
+                tolerance: float | None = None) -> HarnessVerdict:
     """KernelBench's verdict on ``candidate`` against ``reference`` with its defaults (seed 42, fp32,
     its tolerance), ``trials`` correctness trials and, with ``measure_performance``, its CUDA-event
     timing.
@@ -93,13 +100,19 @@ def run_harness(checkout: str | Path, reference: str, candidate: str, *, trials:
     ``tf32=None`` leaves torch's global flags as KernelBench leaves them: cuDNN convolutions then
     run in TF32 (``torch.backends.cudnn.allow_tf32`` is on by default), so the reference itself
     is off by about 1e-3 from fp32 and an fp32-exact convolution can miss KernelBench's 1e-4.
-    ``tf32=False`` judges against a true-fp32 reference, as our Verifier does."""
+    ``tf32=False`` judges against a true-fp32 reference, as our Verifier does. ``tolerance``
+    replaces its fp32 tolerance (``V01_TOLERANCE``: the one its v0/v0.1 used)."""
     import torch
 
     if tf32 is not None:
         torch.backends.cudnn.allow_tf32 = tf32
         torch.backends.cuda.matmul.allow_tf32 = tf32
     harness = load_eval(checkout)
+    if tolerance is not None:
+        if not hasattr(harness, "get_tolerance_for_precision"):
+            raise HarnessError("this KernelBench harness has no get_tolerance_for_precision to judge at another "
+                               "tolerance")
+        harness.get_tolerance_for_precision = lambda precision: tolerance
     restored = integer_inputs(reference)
     if restored:
         reference, candidate = _restore_inputs(reference, "Model", restored), _restore_inputs(candidate, "ModelNew", restored)
@@ -215,7 +228,14 @@ def main(argv: list[str] | None = None) -> int:
             again = run_harness(request.checkout, reference, candidate, trials=request.trials,
                                 build_dir=request.build_dir, measure_performance=False, tf32=False)
             verdict.correct_true_fp32 = None if again.detail == NO_RESULT else again.correct
-            if verdict.correct_true_fp32 and request.measure_performance:
+            if verdict.correct_true_fp32 is False and hasattr(load_eval(request.checkout), "get_tolerance_for_precision"):
+                # TF32 or bf16 arithmetic (tolerance paper) misses its fp32 1e-4 by design: asked at the
+                # tolerance of its v0/v0.1, the one published results used, under its default flags (a
+                # harness without the function is such a version: 1e-2 already)
+                loose = run_harness(request.checkout, reference, candidate, trials=request.trials,
+                                    build_dir=request.build_dir, measure_performance=False, tolerance=V01_TOLERANCE)
+                verdict.correct_v01 = None if loose.detail == NO_RESULT else loose.correct
+            if (verdict.correct_true_fp32 or verdict.correct_v01) and request.measure_performance:
                 try:
                     verdict.ref_runtime_ms, verdict.runtime_ms = time_both(
                         request.checkout, reference, candidate, perf_trials=request.perf_trials,

@@ -92,7 +92,8 @@ def _judge(checkout: str, reference: str, candidate: str, cache: Path, env: dict
         return SecondOpinion(error=reply.error or "KernelBench's harness gave no verdict")
     v = reply.verdict
     return SecondOpinion(compiled=v.compiled, correct=v.correct, runtime_ms=v.runtime_ms, detail=v.detail,
-                         correct_true_fp32=v.correct_true_fp32, ref_runtime_ms=v.ref_runtime_ms,
+                         correct_true_fp32=v.correct_true_fp32, correct_v01=v.correct_v01,
+                         ref_runtime_ms=v.ref_runtime_ms,
                          timed_apart=v.timed_apart)
 
 

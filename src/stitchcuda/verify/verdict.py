@@ -383,13 +383,18 @@ class SecondOpinion(BaseModel):
     runtime_ms: float | None = Field(None, description="the harness's own mean time of the candidate")
     ref_runtime_ms: float | None = Field(None, description="the harness's mean time of its reference, under torch's "
                                                            "default flags (cuDNN convolutions in TF32)")
-    timed_apart: bool = Field(False, description="it judged the program wrong through its TF32 reference and timed "
-                                                 "nothing: both were timed by its own timing function afterwards, "
-                                                 "in the same process, under torch's default flags")
+    timed_apart: bool = Field(False, description="it judged the program wrong (through its TF32 reference, or at its "
+                                                 "fp32 1e-4 while within its v0.1 1e-2) and timed nothing: both "
+                                                 "were timed by its own timing function afterwards, in the same "
+                                                 "process, under torch's default flags")
     detail: str = Field("", description="what the harness reported beside its verdict")
     correct_true_fp32: bool | None = Field(None, description="where it said incorrect: its verdict again against a "
                                                              "reference run in true fp32 (its own runs cuDNN "
                                                              "convolutions in TF32, torch's default)")
+    correct_v01: bool | None = Field(None, description="where it said incorrect against both references: its verdict "
+                                                       "again at the fp32 tolerance of its v0/v0.1 (atol = rtol = "
+                                                       "1e-2), which published results used; its harness now takes "
+                                                       "1e-4, which TF32 and bf16 arithmetic miss by design")
     error: str | None = Field(None, description="why the harness could not judge: not found, did not load, "
                                                 "timed out, crashed, no CUDA GPU")
     seconds: float = 0.0
