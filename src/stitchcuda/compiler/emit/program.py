@@ -259,8 +259,6 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
                 call_args.append(graph.draws[p.name].python(device))
             else:
                 call_args.append(f"{by_name[p.name]}.contiguous()" if p.kind == "input" else reads.read(p.target, p.kind))
-    if low.cutlass:
-        call_args = [f"_aligned({a})" for a in call_args]
     estimate = program_estimate(low)
     cutlass_sources = [(c.extension_name, *(conv_sources(c) if isinstance(c, CutlassConv) else gemm_sources(c)))
                        for c in low.cutlass]
