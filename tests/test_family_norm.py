@@ -55,6 +55,8 @@ MODELS: dict[str, tuple[str, str, set[str]]] = {
         return self.inorm(x)""", "[torch.rand(4, 8, 33, 17)]", {"aten.instance_norm"}),
     "softmax_dim1": ("""    def forward(self, x):
         return torch.softmax(x, dim=1)""", "[torch.rand(4, 10, 16, 16)]", {"aten.softmax"}),
+    "safe_softmax_dim1": ("""    def forward(self, x):
+        return torch.ops.aten._safe_softmax(x, 1)""", "[torch.rand(4, 10, 16, 16)]", {"aten._safe_softmax"}),
     "log_softmax_long": ("""    def forward(self, x):
         return torch.log_softmax(x, dim=-1)""", "[torch.rand(3, 100000)]", {"aten.log_softmax"}),
     "layer_norm_long": ("""    def __init__(self):
@@ -147,6 +149,13 @@ def test_softmax_over_a_transposed_read_walks_lanes_across_groups():
     assert "tx = threadIdx.x % " in stats  # a lane per row: the rows are adjacent in memory
     assert "ScSoftmax" in stats and "float4" not in stats
     assert "k_sm_stats<<<" in call.launch and "k_sm_apply<<<" in call.launch
+
+
+def test_a_safe_softmax_gives_a_row_of_minus_inf_zeros_and_keeps_nan():
+    ctx = FakeContext({"x": ((8, 4, 32), (128, 32, 1), 0)}, shapes={"ss": (8, 4, 32)})
+    call = OPERATORS["aten._safe_softmax"](ctx, _node("ss", "aten._safe_softmax", ["%x", 1], [(8, 4, 32)]))
+    assert "ScSoftmax" in call.kernels["k_ss_stats"]  # NaN makes the statistics NaN, so NaN rows stay NaN
+    assert "st.x == -INFINITY ? 0.0f : expf(v_x[i] - st.x) * st.y" in call.kernels["k_ss_apply"]
 
 
 def test_log_softmax_long_rows_split_over_blocks_and_combine():

@@ -89,7 +89,7 @@ def drop_identity_clones(graph: OpGraph) -> OpGraph:
                 and graph.meta(n.inputs()[0]).shape == n.out[0].shape:  # type: ignore[union-attr]
             alias[n.name] = alias.get(n.inputs()[0], n.inputs()[0])  # a view to its own shape: the value
             continue
-        if n.op != "aten.clone" or n.name in kept or len(n.inputs()) != 1 or n.name in graph.getitems.values():
+        if n.op != "aten.clone" or n.name in kept or len(n.inputs()) != 1:
             continue
         if n.kwargs.get("memory_format") not in (None, "torch.preserve_format", "torch.contiguous_format"):
             continue
