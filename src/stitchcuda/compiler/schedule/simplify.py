@@ -1,11 +1,11 @@
 """Graph simplifications made once after capture, before fusion: work a CUDA engineer would not
 launch a kernel for.
 
-- ``drop_identity_clones``: views to their input's own shape (``expand(x, x.shape)``), and core
-  ATen's ``clone`` of a dense value (eval-mode dropout leaves one
-  after every residual branch of a transformer) is the value itself in a functional graph; its
-  readers read the source. A clone that is returned, written back to a buffer, or of a view (whose
-  clone is a real layout copy) stays.
+- ``drop_identity_clones``: a view to its input's own shape (``expand(x, x.shape)``) and core
+  ATen's ``clone`` of a dense value (eval-mode dropout leaves one after every residual branch of
+  a transformer) are the value itself in a functional graph: their readers read the source. A
+  clone that is returned, written back to a buffer, or of a strided view (a real layout copy)
+  stays.
 - ``fold_constants``: values that depend on no input, parameter or buffer (``arange`` ->
   ``unsqueeze`` -> ``ge`` index math of a mask, ``full``, ``scalar_tensor``) are computed here
   once with torch on the CPU and become lifted constants, which the program recreates once at
