@@ -59,34 +59,45 @@ _DENSE_VIEWS = {"aten.view", "aten._unsafe_view", "aten.reshape", "aten.flatten"
                 "aten.alias", "aten.expand"}
 
 
-def _dense(name: str, produced: dict[str, Node], placeholders: set[str], graph: OpGraph) -> bool:
+def _shapes(graph: OpGraph) -> dict[str, list[int]]:
+    """Every tensor value's shape (graph.meta searches the graph on each call)."""
+    shapes = {p.name: p.meta.shape for p in graph.placeholders if p.meta is not None}
+    shapes |= {n.name: n.out[0].shape for n in graph.nodes if n.out}
+    producers = {n.name: n for n in graph.nodes}
+    for item, (src, index) in graph.getitems.items():
+        outs = producers[src].out if src in producers else []
+        if index < len(outs):
+            shapes[item] = outs[index].shape
+    return shapes
+
+
+def _dense(name: str, produced: dict[str, Node], shapes: dict[str, list[int]], graph: OpGraph) -> bool:
     """Whether value ``name`` is laid out densely in its shape's order: a placeholder, a computed
     value, or a reshape of one."""
-    if name in placeholders:
-        return True
-    n = produced.get(name)
-    if n is None or len(n.out) != 1 or name in graph.getitems:
+    if name not in produced:
+        return name in shapes and name not in graph.getitems  # a placeholder
+    n = produced[name]
+    if len(n.out) != 1:
         return False
     if n.op not in VIEW_OPS:
         return True
     src = n.inputs()[0] if n.inputs() else None
-    if n.op not in _DENSE_VIEWS or src is None or graph.meta(src) is None:
+    if n.op not in _DENSE_VIEWS or src is None or src not in shapes:
         return False
-    if n.op == "aten.expand" and graph.meta(src).shape != n.out[0].shape:  # type: ignore[union-attr]
+    if n.op == "aten.expand" and shapes[src] != n.out[0].shape:
         return False
-    return _dense(src, produced, placeholders, graph)
+    return _dense(src, produced, shapes, graph)
 
 
 def drop_identity_clones(graph: OpGraph) -> OpGraph:
     """``graph`` without same-shape views and clones of dense values: their readers read the source."""
     produced = {n.name: n for n in graph.nodes}
-    placeholders = {p.name for p in graph.placeholders}
+    shapes = _shapes(graph)
     kept = set(graph.outputs) | set(graph.mutations) | set(graph.mutations.values())
     alias: dict[str, str] = {}
     for n in graph.nodes:
         if n.op in _SAME_SHAPE_VIEWS and n.name not in kept and len(n.inputs()) == 1 and len(n.out) == 1 \
-                and graph.meta(n.inputs()[0]) is not None \
-                and graph.meta(n.inputs()[0]).shape == n.out[0].shape:  # type: ignore[union-attr]
+                and shapes.get(n.inputs()[0]) == n.out[0].shape:
             alias[n.name] = alias.get(n.inputs()[0], n.inputs()[0])  # a view to its own shape: the value
             continue
         if n.op != "aten.clone" or n.name in kept or len(n.inputs()) != 1:
@@ -96,7 +107,7 @@ def drop_identity_clones(graph: OpGraph) -> OpGraph:
         src = alias.get(n.inputs()[0], n.inputs()[0])
         if src in graph.getitems or src in kept:
             continue  # a piece of a split (a view), or a value the forward returns: the copy is real
-        if not _dense(src, produced, placeholders, graph):
+        if not _dense(src, produced, shapes, graph):
             continue  # a clone of a strided view lays it out: a real copy
         alias[n.name] = src
     if not alias:
