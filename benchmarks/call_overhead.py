@@ -15,20 +15,13 @@ whole call and the graph replay is what the prologue costs a user either way.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import time
 from collections.abc import Callable
 
 import torch
 
-
-def _load(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from stitchcuda.verify.worker import import_from_path
 
 
 def latency_ms(fn: Callable[[], object], calls: int = 200) -> float:
@@ -63,7 +56,7 @@ class _Recorder:
 
 
 def main(task: str, program: str) -> None:
-    reference, generated = _load(task, "stitchcuda_task"), _load(program, "stitchcuda_program")
+    reference, generated = import_from_path(task, "stitchcuda_task"), import_from_path(program, "stitchcuda_program")
     torch.manual_seed(0)
     model = generated.ModelNew(*reference.get_init_inputs()).cuda()
     eager = reference.Model(*reference.get_init_inputs()).cuda()

@@ -61,8 +61,7 @@ def get_init_inputs():
 
 def test_clones_of_dense_values_and_same_shape_views_go_and_real_copies_stay():
     task = task_from("copies", DROPOUT_AND_COPIES)
-    model = task_from("copies", DROPOUT_AND_COPIES)
-    graph = capture(model)
+    graph = capture(task)
     clones = [n for n in graph.nodes if n.op == "aten.clone"]
     simple = drop_identity_clones(graph)
     left = [n for n in simple.nodes if n.op == "aten.clone"]

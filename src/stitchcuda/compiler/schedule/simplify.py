@@ -59,13 +59,12 @@ _DENSE_VIEWS = {"aten.view", "aten._unsafe_view", "aten.reshape", "aten.flatten"
                 "aten.alias", "aten.expand"}
 
 
-def _shapes(graph: OpGraph) -> dict[str, list[int]]:
+def _shapes(graph: OpGraph, produced: dict[str, Node]) -> dict[str, list[int]]:
     """Every tensor value's shape (graph.meta searches the graph on each call)."""
     shapes = {p.name: p.meta.shape for p in graph.placeholders if p.meta is not None}
     shapes |= {n.name: n.out[0].shape for n in graph.nodes if n.out}
-    producers = {n.name: n for n in graph.nodes}
     for item, (src, index) in graph.getitems.items():
-        outs = producers[src].out if src in producers else []
+        outs = produced[src].out if src in produced else []
         if index < len(outs):
             shapes[item] = outs[index].shape
     return shapes
@@ -92,7 +91,7 @@ def _dense(name: str, produced: dict[str, Node], shapes: dict[str, list[int]], g
 def drop_identity_clones(graph: OpGraph) -> OpGraph:
     """``graph`` without same-shape views and clones of dense values: their readers read the source."""
     produced = {n.name: n for n in graph.nodes}
-    shapes = _shapes(graph)
+    shapes = _shapes(graph, produced)
     kept = set(graph.outputs) | set(graph.mutations) | set(graph.mutations.values())
     alias: dict[str, str] = {}
     for n in graph.nodes:
@@ -166,11 +165,11 @@ def fold_constants(graph: OpGraph) -> OpGraph:
             values[p.name] = torch.tensor(graph.constants[p.target], dtype=getattr(torch, p.meta.dtype))
     folded: dict[str, Node] = {}
     for n in graph.nodes:
-        exact = n.op in _EXACT or (n.op in _INTEGER_REDUCTIONS and all(
-            values[v].dtype in (torch.bool, torch.int32, torch.int64) for v in n.inputs() if v in values))
-        if not exact or len(n.out) != 1 or n.name in graph.outputs \
-                or n.out[0].dtype not in C_TYPES or n.out[0].numel > MAX_CONSTANT \
-                or any(v not in values for v in n.inputs()):
+        if len(n.out) != 1 or n.name in graph.outputs or n.out[0].dtype not in C_TYPES \
+                or n.out[0].numel > MAX_CONSTANT or any(v not in values for v in n.inputs()):
+            continue
+        if n.op not in _EXACT and not (n.op in _INTEGER_REDUCTIONS and all(
+                values[v].dtype in (torch.bool, torch.int32, torch.int64) for v in n.inputs())):
             continue
         try:
             value = _evaluate(n, values)
