@@ -185,12 +185,12 @@ def lt_launch(g: Gemm, accumulate: bool = False) -> str:
 
 def split_launch(g: Gemm) -> str:
     """3xTF32 by split operands: both operands' TF32 halves, the cross products, then the big one
-    on top of them (C = the output) with the epilogue. bf16 copies: both copies, then one GEMM."""
+    on top of them (C = the output) with the epilogue. bf16 copies: both copies, then one GEMM.
+    Then the staged output's copy, if any (split_tf32.StagedOutput)."""
     plan = g.split
     splits = [op.launch() for op in (plan.a, plan.b) if not op.packed]  # a packed weight's halves are kept
-    if plan.cross is None:  # a shallow product: all three products in one GEMM
-        return "\n".join(["{", *splits, lt_launch(plan.main), "}"])
-    return "\n".join(["{", *splits, lt_launch(plan.cross), lt_launch(plan.main, True), "}"])
+    gemms = [lt_launch(plan.main)] if plan.cross is None else [lt_launch(plan.cross), lt_launch(plan.main, True)]
+    return "\n".join(["{", *splits, *gemms, *([plan.staged.launch()] if plan.staged else []), "}"])
 
 
 def cutlass_launch(g: Gemm) -> str:

@@ -29,7 +29,7 @@ from stitchcuda.compiler.lowering.lower_pointwise import library_call
 from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS, SPLITS, Gemm, Lowered, Lowering
 from stitchcuda.compiler.lowering.packing import fits, pack_buffer, parameter
 from stitchcuda.compiler.lowering.registry import group_lowering
-from stitchcuda.compiler.lowering.split_tf32 import plan_split, splittable
+from stitchcuda.compiler.lowering.split_tf32 import plan_split, splittable, stage_output
 
 
 @group_lowering("matrix product", 50, lambda g, nodes: any(n.op in PLAIN_GEMM_OPS for n in nodes))
@@ -159,9 +159,12 @@ def assign_split(low: Lowering, gemm: Gemm, pack: bool = True, bf16: bool = Fals
         operands = [replace(op, packed=True) if i in packed else op for i, op in enumerate((plan.a, plan.b))]
         low.pack_launches.extend(operands[i].launch() for i in packed)
         plan = replace(plan, a=operands[0], b=operands[1])
+    plan = stage_output(plan, SPLIT_SCRATCH[2])
     for operand in (plan.a, plan.b):
         if not operand.packed:
             reserve_scratch(low, operand.dst, operand.scratch)
+    if plan.staged is not None:
+        reserve_scratch(low, plan.staged.scratch, plan.scratch_c)
     for part in (plan.cross, plan.main):
         if part is not None:
             part.lt, part.fast_tf32 = len(low.lt_gemms), not bf16
