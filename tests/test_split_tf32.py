@@ -14,7 +14,6 @@ from stitchcuda.compiler.lowering.lowered import Conv, Gemm
 from stitchcuda.compiler.lowering.split_tf32 import (
     plan_conv_split,
     plan_split,
-    stage_output,
     worth_splitting,
     worth_splitting_conv,
 )
@@ -91,67 +90,6 @@ def test_rows_are_padded_so_every_pointer_and_leading_dimension_is_16_byte_align
         offsets = [int(p.split(" + ")[1]) if " + " in p else 0 for p in (part.a, part.b)]
         assert part.ld_a % 4 == part.ld_b % 4 == 0 and all(o % 4 == 0 for o in offsets)
     assert plan.b.scratch == 2 * 2949 * 5924 and plan.a.scratch == 8205 * 5900
-
-
-@pytest.mark.parametrize("batch", [1, 3])
-def test_an_output_with_unaligned_rows_is_written_to_aligned_scratch_and_copied(batch):
-    """cuBLASLt's Hopper kernels need D's rows 16-byte aligned too: the GEMMs write [M, 5924]
-    rows in scratch, one 2-d copy puts [M, 5921] into the output."""
-    g = Gemm(batch, 8205, 5921, 2949, "x", "y", a_trans=False, b_trans=False, out="o",
-             stride_a=8205 * 2949 if batch > 1 else 0, stride_c=8205 * 5921 if batch > 1 else 0)
-    plan = stage_output(plan_split(g, "xa", "xb"), "xc")
-    for part in (plan.cross, plan.main):
-        assert (part.out, part.ld_c, part.stride_c) == ("xc", 5924, 8205 * 5924 if batch > 1 else 0)
-    assert plan.scratch_c == batch * 8205 * 5924
-    assert plan.staged.launch() == ("SC_CUDA_CHECK(cudaMemcpy2DAsync(a.o, 23684, a.xc, 23696, 23684, "
-                                    f"{batch * 8205}, cudaMemcpyDeviceToDevice, stream));")
-    aligned = plan_split(Gemm(1, 64, 256, 300, "x", "y", False, False, out="o"), "xa", "xb")
-    assert stage_output(aligned, "xc") is aligned  # rows already aligned: nothing staged
-    # an output at an unaligned offset inside its buffer is staged too
-    assert stage_output(plan_split(Gemm(1, 64, 256, 300, "x", "y", False, False, out="o + 3"), "xa", "xb"),
-                        "xc").staged is not None
-    # matrices that are not one dense run of rows: left as they are (one 2-d copy cannot place them)
-    sparse = plan_split(Gemm(2, 64, 255, 300, "x", "y", False, False, out="o", stride_a=64 * 300,
-                             stride_c=64 * 256), "xa", "xb")
-    assert stage_output(sparse, "xc").staged is None
-
-
-ODD_MATMUL_TASK = '''
-import torch
-import torch.nn as nn
-
-
-class Model(nn.Module):
-    def forward(self, a, b):
-        return torch.matmul(a, b)
-
-
-def get_inputs():
-    return [torch.randn(2050, 1030), torch.randn(1030, 2049)]
-
-
-def get_init_inputs():
-    return []
-'''
-
-
-def _odd_matmul_program(tmp_path):
-    from stitchcuda.compiler import compile_task
-    from stitchcuda.task import resolve_tasks
-
-    path = tmp_path / "odd_matmul.py"
-    path.write_text(ODD_MATMUL_TASK)
-    (task,) = resolve_tasks(str(path))
-    compiled = compile_task(task)
-    return path, generate(task, compiled.graph, compiled.groups, SPLIT)
-
-
-def test_the_staged_program_copies_its_output_after_both_gemms(tmp_path):
-    _, program = _odd_matmul_program(tmp_path)
-    src = cuda_source(program)
-    body = src[src.index("cublasLtMatmul(P.lt, P.lt_desc0"):]
-    assert body.index("P.lt_desc1") < body.index("cudaMemcpy2DAsync(") < body.index("return")
-    assert "CUDA_R_32F, 2049, 2050, 2052)" in src  # D's layout: rows of 2052 floats in scratch
 
 
 @pytest.mark.parametrize("a_trans,b_trans", [(False, False), (False, True), (True, False), (True, True)])
@@ -446,23 +384,3 @@ def test_split_convolutions_keep_fp32_accuracy_on_the_gpu(tmp_path, monkeypatch)
     for g, e in zip(got, exact, strict=True):
         assert ((g.double() - e).abs().max() / e.abs().max()).item() < 2e-5
 
-
-@pytest.mark.gpu
-def test_a_staged_output_gives_the_product_on_the_gpu(tmp_path):
-    """[2050 x 1030] . [1030 x 2049] split, its output staged through aligned rows: within 3xTF32's
-    accuracy of the float64 product, every column in place."""
-    import importlib.util
-
-    import torch
-
-    path, program = _odd_matmul_program(tmp_path)
-    assert "cudaMemcpy2DAsync(" in program
-    (tmp_path / "program.py").write_text(program)
-    spec = importlib.util.spec_from_file_location("odd_matmul_program", tmp_path / "program.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    a, b = torch.randn(2050, 1030, device="cuda"), torch.randn(1030, 2049, device="cuda")
-    with torch.no_grad():
-        got = module.ModelNew().cuda()(a, b)
-    exact = a.double() @ b.double()
-    assert ((got.double() - exact).abs().max() / exact.abs().max()).item() < 2e-6

@@ -4,6 +4,8 @@ arrays over two batch dimensions), cuBLASLt (descriptors once per Program, a cal
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from stitchcuda.compiler.ir.expr import c_float
 from stitchcuda.compiler.lowering.lowered import Gemm
 
@@ -186,11 +188,11 @@ def lt_launch(g: Gemm, accumulate: bool = False) -> str:
 def split_launch(g: Gemm) -> str:
     """3xTF32 by split operands: both operands' TF32 halves, the cross products, then the big one
     on top of them (C = the output) with the epilogue. bf16 copies: both copies, then one GEMM.
-    Then the staged output's copy, if any (split_tf32.StagedOutput)."""
+    Then the staged output's copy, if any (aligned_rows.py)."""
     plan = g.split
     splits = [op.launch() for op in (plan.a, plan.b) if not op.packed]  # a packed weight's halves are kept
     gemms = [lt_launch(plan.main)] if plan.cross is None else [lt_launch(plan.cross), lt_launch(plan.main, True)]
-    return "\n".join(["{", *splits, *gemms, *([plan.staged.launch()] if plan.staged else []), "}"])
+    return "\n".join(["{", *splits, *gemms, *(plan.staged.after() if plan.staged else []), "}"])
 
 
 def cutlass_launch(g: Gemm) -> str:
@@ -225,6 +227,9 @@ def gemm_launch(g: Gemm) -> str:
         return lt_launch(g)
     if tiny(g):
         return tiny_launch(g)
+    if g.staged is not None:  # through aligned scratch rows (aligned_rows.py)
+        return "\n".join(["{", *g.staged.before(), gemm_launch(replace(g.staged.apply(g), staged=None)),
+                          *g.staged.after(), "}"])
     # Row-major C[M,N] = A[M,K] B[K,N] is column-major C^T = B^T A^T: cuBLAS's first operand
     # is B (as B^T, [N x K]), its second A (as A^T, [K x M]), ldc = N.
     # Strided views pass their row stride as the leading dimension. Two batch dimensions that fold

@@ -20,6 +20,7 @@ from stitchcuda.compiler.ir.expr import (
     view_expr,
 )
 from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.lowering.aligned_rows import staging
 from stitchcuda.compiler.lowering.bf16 import bf16_able, plan_bf16
 from stitchcuda.compiler.lowering.cost import Estimate, amplifies_error, choose, fixed_path, gemm_paths
 from stitchcuda.compiler.lowering.cutlass_gemm import H100_SMS, CutlassGemm
@@ -29,7 +30,7 @@ from stitchcuda.compiler.lowering.lower_pointwise import library_call
 from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS, SPLITS, Gemm, Lowered, Lowering
 from stitchcuda.compiler.lowering.packing import fits, pack_buffer, parameter
 from stitchcuda.compiler.lowering.registry import group_lowering
-from stitchcuda.compiler.lowering.split_tf32 import plan_split, splittable, stage_output
+from stitchcuda.compiler.lowering.split_tf32 import plan_split, splittable
 
 
 @group_lowering("matrix product", 50, lambda g, nodes: any(n.op in PLAIN_GEMM_OPS for n in nodes))
@@ -83,6 +84,11 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     low.gemm = gemm
     if split:
         assign_split(cx.out, gemm, cx.options.pack_weights, bf16=gemm.estimate.path == "bf16")
+    elif cx.options.tf32 and gemm.cutlass is None and gemm.lt is None and not tiny(gemm) \
+            and (staged := staging(gemm, SPLIT_SCRATCH)) is not None:
+        gemm.staged = staged  # cuBLAS's TF32 Hopper kernels need every matrix's rows aligned
+        for matrix in staged.matrices():
+            reserve_scratch(cx.out, matrix.scratch, matrix.floats)
     elif gemm.cutlass is not None and gemm.cutlass.activation == "identity" and (slices := split_k_slices(gemm)) > 1:
         _slice_k(cx.out, gemm, slices)
     low.describe = describe_gemm(anchor, gemm) + low.describe  # after the split or split-K: it names them
@@ -159,12 +165,15 @@ def assign_split(low: Lowering, gemm: Gemm, pack: bool = True, bf16: bool = Fals
         operands = [replace(op, packed=True) if i in packed else op for i, op in enumerate((plan.a, plan.b))]
         low.pack_launches.extend(operands[i].launch() for i in packed)
         plan = replace(plan, a=operands[0], b=operands[1])
-    plan = stage_output(plan, SPLIT_SCRATCH[2])
     for operand in (plan.a, plan.b):
         if not operand.packed:
             reserve_scratch(low, operand.dst, operand.scratch)
-    if plan.staged is not None:
-        reserve_scratch(low, plan.staged.scratch, plan.scratch_c)
+    # the halves' rows are aligned already; an unaligned output is written to scratch and copied out
+    staged = staging(plan.main, SPLIT_SCRATCH, operands=False)
+    if staged is not None:
+        plan = replace(plan, cross=staged.apply(plan.cross) if plan.cross else None, main=staged.apply(plan.main),
+                       staged=staged)
+        reserve_scratch(low, staged.out.scratch, staged.out.floats)
     for part in (plan.cross, plan.main):
         if part is not None:
             part.lt, part.fast_tf32 = len(low.lt_gemms), not bf16

@@ -255,54 +255,12 @@ class SplitOperand:
 
 
 @dataclass(frozen=True)
-class StagedOutput:
-    """The GEMMs write rows padded to 16 bytes in scratch, copied into the output afterwards.
-
-    cuBLASLt's Hopper kernels (TMA, wgmma) need every matrix's rows 16-byte aligned, D's included:
-    with D's rows unaligned the heuristic falls back to Ampere's kernels at about a third of the
-    rate (measured on an H200: L1/8, [8205 x 2949] . [2949 x 5921], ran 3xTF32 at 36 TFLOP/s of
-    fp32 work with only A and B padded). The copy reads and writes the output once more."""
-
-    scratch: str
-    out: str
-    rows: int  # every matrix's rows, the batch folded in
-    cols: int
-    ld_scratch: int
-    ld_out: int
-
-    def launch(self) -> str:
-        return (f"SC_CUDA_CHECK(cudaMemcpy2DAsync(a.{self.out}, {4 * self.ld_out}, a.{self.scratch}, "
-                f"{4 * self.ld_scratch}, {4 * self.cols}, {self.rows}, cudaMemcpyDeviceToDevice, stream));")
-
-
-@dataclass(frozen=True)
 class SplitPlan:
     a: SplitOperand
     b: SplitOperand
     cross: Gemm | None  # [A_big | A_small] . [B_small ; B_big], depth 2K, into the output
     main: Gemm  # A_big . B_big + the output (C), with the epilogue; alone: all three products, depth 3K
-    staged: StagedOutput | None = None  # the output's rows unaligned: the GEMMs write scratch first
-
-    @property
-    def scratch_c(self) -> int:  # floats of output scratch it needs
-        return self.staged.rows * self.staged.ld_scratch if self.staged else 0
-
-
-def stage_output(plan: SplitPlan, scratch: str) -> SplitPlan:
-    """``plan`` with its GEMMs writing ``scratch`` in 16-byte rows where the output's rows are not
-    (:class:`StagedOutput`); as it is otherwise, or where the output's matrices are not one dense
-    run of rows (the copy is one 2-d copy)."""
-    g = plan.main
-    ld = g.ld_c or g.n
-    if ld % 4 == 0 and _offset(g.out) % 4 == 0:
-        return plan
-    if g.batch > 1 and g.stride_c != g.m * ld:
-        return plan
-    ld_scratch = _aligned(g.n)
-    at = {"out": scratch, "ld_c": ld_scratch, "stride_c": g.m * ld_scratch if g.batch > 1 else 0}
-    staged = StagedOutput(scratch, g.out, g.batch * g.m, g.n, ld_scratch, ld)
-    cross = replace(plan.cross, **at) if plan.cross is not None else None
-    return replace(plan, cross=cross, main=replace(g, **at), staged=staged)
+    staged: Any = None  # aligned_rows.Staged: the output's rows unaligned, the GEMMs write scratch first
 
 
 # Up to this depth the three products run as ONE GEMM of depth 3K, [A_big | A_small | A_big] .
@@ -364,7 +322,7 @@ def plan_split(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
         return _plan_one_gemm(g, scratch_a, scratch_b)
     # Rows padded to 16 bytes and the big halves first (A_big at column 0, B_big at an aligned
     # row): every pointer and leading dimension the two GEMMs see is 16-byte aligned, as
-    # cuBLASLt's fast TF32 kernels ask (the output's rows too: :class:`StagedOutput`).
+    # cuBLASLt's fast TF32 kernels ask (the output's rows too: aligned_rows.py).
     lda, ldb = _aligned(2 * k), _aligned(n)
     a, b = _operands(g, scratch_a, scratch_b, lda, ldb, (0, k, -1), (k * ldb, 0, -1), copies=2)
     g = one_batch(g)
