@@ -51,6 +51,24 @@ def test_small_products_stay_on_sgemm():
     assert worth_splitting(Gemm(1, 32768, 32768, 32, "a", "b", False, False, out="c"))  # shallow: one GEMM of 3K
 
 
+def test_a_product_with_odd_dimensions_keeps_to_sgemm_or_runs_tf32_padded():
+    """L1/8, 8205 x 5921 x 2949: tensor cores at a third of their rate on it (H200), so its split
+    3xTF32 (8.2 ms) lost to eager's SGEMM (6.5 ms); the model now keeps it on SGEMM, and a TF32
+    variant runs it on copies padded to multiples of 4."""
+    odd, even = Gemm(1, 8205, 5921, 2949, "a", "b", False, False, out="c"), Gemm(1, 8208, 5924, 2952, "a", "b", False,
+                                                                                  False, out="c")
+    h200 = TABLES["H200"]
+    strict = gemm_paths(odd, h200, ["cublas", "split", "cutlass"])
+    assert choose("mm", strict).path == "cublas" and strict["split"] > strict["cublas"]
+    assert choose("mm", gemm_paths(even, h200, ["cublas", "split", "cutlass"])).path == "split"
+    padded = gemm_paths(odd, h200, ["cublas"], tf32=True)["cublas"]
+    assert gemm_paths(even, h200, ["cublas"], tf32=True)["cublas"] < padded < 1.3 * gemm_paths(
+        even, h200, ["cublas"], tf32=True)["cublas"]  # the copies cost a little
+    small = Gemm(1, 1021, 1021, 509, "a", "b", False, False, out="c")  # too small to pad: the slow rate
+    assert gemm_paths(small, h200, ["cublas"], tf32=True)["cublas"] > 2 * gemm_paths(
+        Gemm(1, 1024, 1024, 512, "a", "b", False, False, out="c"), h200, ["cublas"], tf32=True)["cublas"]
+
+
 def test_the_table_comes_from_the_gpu_or_says_it_was_assumed(monkeypatch):
     monkeypatch.delenv("STITCHCUDA_GPU", raising=False)
     monkeypatch.setattr("stitchcuda.compiler.lowering.cost.physical_gpu", lambda device: None)

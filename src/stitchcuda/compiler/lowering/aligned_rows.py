@@ -1,14 +1,14 @@
-"""Matrices copied through rows of 16 bytes around a big product on tensor cores.
+"""A big TF32 product on cuBLAS, its dimensions padded to multiples of 4 in scratch.
 
-cuBLAS's and cuBLASLt's Hopper kernels (TMA loads and stores, wgmma) need every matrix's rows to
-start 16 bytes apart, the output's included; with one of them unaligned the heuristics fall back
-to Ampere's kernels at about a third of the rate. Measured on an H200 (2026-11): KernelBench's
-L1/8, [8205 x 2949] . [2949 x 5921], ran its 3xTF32 split at 36 TFLOP/s of fp32 work with only
-A and B padded (the split writes its halves in aligned rows), below eager's SGEMM at 44; its
-plain TF32 ran at eager TF32's 118. Here an unaligned operand is copied into aligned rows of
-scratch first, and an unaligned output is written to scratch and copied out afterwards, each by
-one ``cudaMemcpy2DAsync`` (a pitched copy, capturable in a CUDA graph): one more read and write of
-that matrix, small beside a product of at least :data:`STAGE_MIN_MACS`.
+cuBLAS's tensor-core kernels ran a product whose M, N or K is not a multiple of 4 at about a third
+of their rate, whether or not every matrix's rows were 16-byte aligned. Measured on an H200
+(2026-11): KernelBench's L1/8, [8205 x 2949] . [2949 x 5921], in TF32 at 118 TFLOP/s (2.4 ms,
+with its operands and output copied into aligned rows first: 2.8 ms), where L1/1 (4096^3) and L1/2
+(2048 x 4096 x 8192) reached 343 and 386. Here such a product runs on copies padded to multiples of
+4: each operand copied into scratch by one pitched ``cudaMemcpy2DAsync`` (capturable in a CUDA
+graph), the padding of K zeroed (its products add nothing), the padding of M and N left as it is
+(its rows and columns of the output are never copied out), and the output copied back. That reads
+and writes each matrix once more: small beside a product of at least :data:`STAGE_MIN_MACS`.
 """
 
 from __future__ import annotations
@@ -17,36 +17,49 @@ from dataclasses import dataclass, replace
 
 from stitchcuda.compiler.lowering.lowered import Gemm
 
-# Below this many multiply-adds the product takes microseconds whatever its kernel: a copy's
-# launch would cost more than the faster kernel saves.
+# Below this many multiply-adds the product takes microseconds whatever its kernel: the copies'
+# launches would cost more than the faster kernel saves.
 STAGE_MIN_MACS = 1 << 30
 
 
 @dataclass(frozen=True)
 class StagedMatrix:
-    """``rows`` rows of ``cols`` floats, ``ld`` apart at ``buf``, and ``ld_scratch`` apart in ``scratch``."""
+    """``rows`` x ``cols`` floats, ``ld`` apart at ``buf``, ``ld_scratch`` apart in ``scratch``; the
+    scratch copy has ``zero_rows`` more rows and ``zero_cols`` more columns of zeros (K's padding)."""
 
     scratch: str
     buf: str
-    rows: int  # every matrix's rows, the batch folded in
+    rows: int
     cols: int
     ld_scratch: int
     ld: int
+    zero_rows: int = 0
+    zero_cols: int = 0
 
     @property
-    def floats(self) -> int:  # scratch it needs
-        return self.rows * self.ld_scratch
+    def floats(self) -> int:  # scratch it needs, rounded up to whole rows of 4 (M's or N's padding)
+        return -(-(self.rows + self.zero_rows) // 4) * 4 * self.ld_scratch
 
-    def copy(self, into_scratch: bool) -> str:
+    def copy(self, into_scratch: bool) -> list[str]:
         (dst, dpitch), (src, spitch) = ((self.scratch, self.ld_scratch), (self.buf, self.ld))[:: 1 if into_scratch else -1]
-        return (f"SC_CUDA_CHECK(cudaMemcpy2DAsync(a.{dst}, {4 * dpitch}, a.{src}, {4 * spitch}, {4 * self.cols}, "
-                f"{self.rows}, cudaMemcpyDeviceToDevice, stream));")
+        lines = [f"SC_CUDA_CHECK(cudaMemcpy2DAsync(a.{dst}, {4 * dpitch}, a.{src}, {4 * spitch}, {4 * self.cols}, "
+                 f"{self.rows}, cudaMemcpyDeviceToDevice, stream));"]
+        if into_scratch and self.zero_cols:
+            lines.append(f"SC_CUDA_CHECK(cudaMemset2DAsync(a.{self.scratch} + {self.cols}, {4 * self.ld_scratch}, 0, "
+                         f"{4 * self.zero_cols}, {self.rows + self.zero_rows}, stream));")
+        if into_scratch and self.zero_rows:
+            lines.append(f"SC_CUDA_CHECK(cudaMemsetAsync(a.{self.scratch} + {self.rows * self.ld_scratch}, 0, "
+                         f"{4 * self.zero_rows * self.ld_scratch}, stream));")
+        return lines
 
 
 @dataclass(frozen=True)
 class Staged:
-    """What of a product goes through aligned scratch: operands copied in before, the output copied out after."""
+    """A product on padded copies: operands copied in before, the output copied out after."""
 
+    m: int  # the padded dimensions the GEMM runs on
+    n: int
+    k: int
     a: StagedMatrix | None = None
     b: StagedMatrix | None = None
     out: StagedMatrix | None = None
@@ -55,50 +68,54 @@ class Staged:
         return [x for x in (self.a, self.b, self.out) if x is not None]
 
     def before(self) -> list[str]:
-        return [x.copy(True) for x in (self.a, self.b) if x is not None]
+        return [line for x in (self.a, self.b) if x is not None for line in x.copy(True)]
 
     def after(self) -> list[str]:
-        return [self.out.copy(False)] if self.out is not None else []
+        return self.out.copy(False) if self.out is not None else []
 
     def apply(self, g: Gemm) -> Gemm:
-        """``g`` reading and writing the scratch copies."""
-        at: dict = {}
-        for side, staged, stride in (("a", self.a, g.stride_a), ("b", self.b, g.stride_b), ("c", self.out, g.stride_c)):
-            if staged is not None:
-                rows = staged.rows // g.batch if stride else staged.rows
-                at.update({("out" if side == "c" else side): staged.scratch, f"ld_{side}": staged.ld_scratch,
-                           f"stride_{side}": rows * staged.ld_scratch if stride else 0})
+        """``g`` on the padded copies."""
+        at: dict = {"m": self.m, "n": self.n, "k": self.k}
+        if self.a is not None:
+            at.update(a=self.a.scratch, ld_a=self.a.ld_scratch)
+        if self.b is not None:
+            at.update(b=self.b.scratch, ld_b=self.b.ld_scratch)
+        if self.out is not None:
+            at.update(out=self.out.scratch, ld_c=self.out.ld_scratch)
         return replace(g, **at)
 
 
-def _aligned(floats: int) -> int:
-    return -(-floats // 4) * 4
+def _aligned(n: int) -> int:
+    return -(-n // 4) * 4
 
 
 def _offset(buf: str) -> int:
     return int(buf.split(" + ")[1]) if " + " in buf else 0
 
 
-def _matrix(buf: str, rows: int, cols: int, ld: int, batch: int, stride: int, scratch: str) -> StagedMatrix | None:
-    """``buf``'s matrix (``batch`` of them ``stride`` apart, 0: one shared) through ``scratch``,
-    where its rows are unaligned and its matrices one dense run of rows."""
-    if ld % 4 == 0 and _offset(buf) % 4 == 0:
+def staging(g: Gemm, scratch: tuple[str, str, str]) -> Staged | None:
+    """How ``g`` (one product, no batch) runs on copies padded to multiples of 4 in ``scratch`` (for
+    A, B and the output): every matrix whose rows are unaligned or whose padded dimension it holds;
+    None where nothing needs padding, the product is small, or it is batched."""
+    if g.batch > 1 or g.outer > 1 or g.m * g.n * g.k < STAGE_MIN_MACS:
         return None
-    if stride and batch > 1 and stride != rows * ld:
-        return None
-    return StagedMatrix(scratch, buf, rows * (batch if stride else 1), cols, _aligned(cols), ld)
+    m, n, k = _aligned(g.m), _aligned(g.n), _aligned(g.k)
+    zero_k = k - g.k
 
+    def unaligned(buf: str, ld: int) -> bool:
+        return ld % 4 != 0 or _offset(buf) % 4 != 0
 
-def staging(g: Gemm, scratch: tuple[str, str, str], operands: bool = True) -> Staged | None:
-    """What of ``g`` to stage through ``scratch`` (for A, B and the output): every unaligned matrix
-    (only the output where not ``operands``); None where all are aligned, the product is small, or
-    it spans two batch dimensions."""
-    if g.outer > 1 or g.batch * g.m * g.n * g.k < STAGE_MIN_MACS:
-        return None
     a_rows, a_cols = (g.k, g.m) if g.a_trans else (g.m, g.k)
     b_rows, b_cols = (g.n, g.k) if g.b_trans else (g.k, g.n)
-    found = Staged(
-        a=_matrix(g.a, a_rows, a_cols, g.ld_a or a_cols, g.batch, g.stride_a, scratch[0]) if operands else None,
-        b=_matrix(g.b, b_rows, b_cols, g.ld_b or b_cols, g.batch, g.stride_b, scratch[1]) if operands else None,
-        out=_matrix(g.out, g.m, g.n, g.ld_c or g.n, g.batch, g.stride_c or (g.m * (g.ld_c or g.n)), scratch[2]))
+    lda, ldb, ldc = g.ld_a or a_cols, g.ld_b or b_cols, g.ld_c or g.n
+    a = b = out = None
+    if unaligned(g.a, lda) or (m, k) != (g.m, g.k):
+        zero = (zero_k, 0) if g.a_trans else (0, zero_k)  # K's padding: rows of A^T, columns of A
+        a = StagedMatrix(scratch[0], g.a, a_rows, a_cols, _aligned(a_cols + zero[1]), lda, *zero)
+    if unaligned(g.b, ldb) or (n, k) != (g.n, g.k):
+        zero = (0, zero_k) if g.b_trans else (zero_k, 0)
+        b = StagedMatrix(scratch[1], g.b, b_rows, b_cols, _aligned(b_cols + zero[1]), ldb, *zero)
+    if unaligned(g.out, ldc) or (m, n) != (g.m, g.n):
+        out = StagedMatrix(scratch[2], g.out, g.m, g.n, n, ldc)
+    found = Staged(m, n, k, a, b, out)
     return found if found.matrices() else None

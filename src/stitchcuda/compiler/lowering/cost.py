@@ -37,6 +37,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from stitchcuda.compiler.capture.graph import Node, OpGraph
+from stitchcuda.compiler.lowering.aligned_rows import staging
 from stitchcuda.gpu_specs import DEFAULT, NOMINAL, NominalPeaks, nominal_peaks
 from stitchcuda.machine import physical_gpu
 
@@ -55,6 +56,11 @@ LAUNCH_MS = 0.003  # a kernel's start and drain inside a CUDA graph
 K_HALF = 64
 # Smallest tile sides: a product narrower than the tile pays for the whole tile.
 SIMT_TILE, TENSOR_TILE = 32, 64
+# Tensor-core kernels on a product whose M, N or K is not a multiple of 4 (8 for bf16) reach about
+# a third of their rate, whatever the rows' alignment (H200, 2026-11: L1/8, 8205 x 5921 x 2949, in
+# TF32 at 118 TFLOP/s and split 3xTF32 at 106 of TF32 work, where 4096-wide products reached
+# 343-386). A TF32 product on cuBLAS big enough runs on padded copies instead (aligned_rows.py).
+UNALIGNED_EFF = 0.35
 
 
 class Machine(BaseModel):
@@ -140,23 +146,28 @@ def gemm_paths(g: Any, table: NominalPeaks, allowed: list[str], packed_a: bool =
     b = g.k * g.n * (matrices if g.stride_b or g.outer_b else 1)
     c = g.m * g.n * matrices
     io = _copy_ms(4.0 * (a + b + c), table)
+    odd = UNALIGNED_EFF if g.m % 4 or g.n % 4 or g.k % 4 else 1.0
     out: dict[str, float] = {}
     for path in allowed:
         if path == "cublas" and tf32:
             rate = table.tf32 * TF32_EFF * _ramp(g.k) / _waste(g, TENSOR_TILE)
-            out[path] = max(_ms(flops, rate), io) + LAUNCH_MS
+            if odd < 1 and staging(g, ("", "", "")) is not None:  # on padded copies: each matrix moved once more
+                out[path] = max(_ms(flops, rate), io) + _copy_ms(8.0 * (a + b + c), table) + 4 * LAUNCH_MS
+            else:
+                out[path] = max(_ms(flops, rate * odd), io) + LAUNCH_MS
         elif path == "cublas":
             rate = table.fp32 * SGEMM_EFF * _ramp(g.k) / _waste(g, SIMT_TILE)
             out[path] = max(_ms(flops, rate), io) + LAUNCH_MS
         elif path == "simt":
             out[path] = max(_ms(flops, table.fp32 * SIMT_EFF), io) + LAUNCH_MS
         elif path == "cutlass":
-            rate = table.tf32 * CUTLASS_3X_EFF * _ramp(g.k) / _waste(g, TENSOR_TILE)
+            rate = table.tf32 * CUTLASS_3X_EFF * odd * _ramp(g.k) / _waste(g, TENSOR_TILE)
             out[path] = max(_ms((1 if tf32 else 3) * flops, rate), io) + LAUNCH_MS
         elif path == "bf16":  # each operand read and written as bf16 (not a packed weight), the GEMM reads the copies
             copy_a = 0.0 if packed_a else 6.0 * a
             copy_b = 0.0 if packed_b else 6.0 * b
-            rate = table.bf16 * BF16_EFF * _ramp(g.k) / _waste(g, TENSOR_TILE)
+            rate = table.bf16 * BF16_EFF * (UNALIGNED_EFF if g.m % 8 or g.n % 8 or g.k % 8 else 1.0) \
+                * _ramp(g.k) / _waste(g, TENSOR_TILE)
             gemm = max(_ms(flops, rate), _copy_ms(2.0 * (a + b) + 4.0 * c, table))
             out[path] = gemm + _copy_ms(copy_a + copy_b, table) + (3 - packed_a - packed_b) * LAUNCH_MS
         elif path == "split":
@@ -166,7 +177,7 @@ def gemm_paths(g: Any, table: NominalPeaks, allowed: list[str], packed_a: bool =
             split_b = 0.0 if packed_b else 4.0 * b * (1 + copies)
             reads = 4.0 * copies * (a + b)
             writes = 4.0 * c * (1 if copies == 3 else 3)  # two GEMMs: the second reads and rewrites C
-            rate = table.tf32 * TF32_EFF * _ramp(3 * g.k if copies == 3 else g.k) / _waste(g, TENSOR_TILE)
+            rate = table.tf32 * TF32_EFF * odd * _ramp(3 * g.k if copies == 3 else g.k) / _waste(g, TENSOR_TILE)
             gemm = max(_ms(3 * flops, rate), _copy_ms(reads + writes, table))
             launches = 2 - packed_a - packed_b + (1 if copies == 3 else 2)
             out[path] = gemm + _copy_ms(split_a + split_b, table) + launches * LAUNCH_MS

@@ -187,12 +187,11 @@ def lt_launch(g: Gemm, accumulate: bool = False) -> str:
 
 def split_launch(g: Gemm) -> str:
     """3xTF32 by split operands: both operands' TF32 halves, the cross products, then the big one
-    on top of them (C = the output) with the epilogue. bf16 copies: both copies, then one GEMM.
-    Then the staged output's copy, if any (aligned_rows.py)."""
+    on top of them (C = the output) with the epilogue. bf16 copies: both copies, then one GEMM."""
     plan = g.split
     splits = [op.launch() for op in (plan.a, plan.b) if not op.packed]  # a packed weight's halves are kept
     gemms = [lt_launch(plan.main)] if plan.cross is None else [lt_launch(plan.cross), lt_launch(plan.main, True)]
-    return "\n".join(["{", *splits, *gemms, *(plan.staged.after() if plan.staged else []), "}"])
+    return "\n".join(["{", *splits, *gemms, "}"])
 
 
 def cutlass_launch(g: Gemm) -> str:
@@ -227,7 +226,7 @@ def gemm_launch(g: Gemm) -> str:
         return lt_launch(g)
     if tiny(g):
         return tiny_launch(g)
-    if g.staged is not None:  # through aligned scratch rows (aligned_rows.py)
+    if g.staged is not None:  # on copies padded to multiples of 4 (aligned_rows.py)
         return "\n".join(["{", *g.staged.before(), gemm_launch(replace(g.staged.apply(g), staged=None)),
                           *g.staged.after(), "}"])
     # Row-major C[M,N] = A[M,K] B[K,N] is column-major C^T = B^T A^T: cuBLAS's first operand

@@ -86,7 +86,7 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
         assign_split(cx.out, gemm, cx.options.pack_weights, bf16=gemm.estimate.path == "bf16")
     elif cx.options.tf32 and gemm.cutlass is None and gemm.lt is None and not tiny(gemm) \
             and (staged := staging(gemm, SPLIT_SCRATCH)) is not None:
-        gemm.staged = staged  # cuBLAS's TF32 Hopper kernels need every matrix's rows aligned
+        gemm.staged = staged  # padded to multiples of 4: cuBLAS's TF32 kernels run 3x faster
         for matrix in staged.matrices():
             reserve_scratch(cx.out, matrix.scratch, matrix.floats)
     elif gemm.cutlass is not None and gemm.cutlass.activation == "identity" and (slices := split_k_slices(gemm)) > 1:
@@ -168,12 +168,6 @@ def assign_split(low: Lowering, gemm: Gemm, pack: bool = True, bf16: bool = Fals
     for operand in (plan.a, plan.b):
         if not operand.packed:
             reserve_scratch(low, operand.dst, operand.scratch)
-    # the halves' rows are aligned already; an unaligned output is written to scratch and copied out
-    staged = staging(plan.main, SPLIT_SCRATCH, operands=False)
-    if staged is not None:
-        plan = replace(plan, cross=staged.apply(plan.cross) if plan.cross else None, main=staged.apply(plan.main),
-                       staged=staged)
-        reserve_scratch(low, staged.out.scratch, staged.out.floats)
     for part in (plan.cross, plan.main):
         if part is not None:
             part.lt, part.fast_tf32 = len(low.lt_gemms), not bf16

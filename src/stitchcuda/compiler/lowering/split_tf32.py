@@ -260,7 +260,6 @@ class SplitPlan:
     b: SplitOperand
     cross: Gemm | None  # [A_big | A_small] . [B_small ; B_big], depth 2K, into the output
     main: Gemm  # A_big . B_big + the output (C), with the epilogue; alone: all three products, depth 3K
-    staged: Any = None  # aligned_rows.Staged: the output's rows unaligned, the GEMMs write scratch first
 
 
 # Up to this depth the three products run as ONE GEMM of depth 3K, [A_big | A_small | A_big] .
@@ -322,7 +321,8 @@ def plan_split(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
         return _plan_one_gemm(g, scratch_a, scratch_b)
     # Rows padded to 16 bytes and the big halves first (A_big at column 0, B_big at an aligned
     # row): every pointer and leading dimension the two GEMMs see is 16-byte aligned, as
-    # cuBLASLt's fast TF32 kernels ask (the output's rows too: aligned_rows.py).
+    # cuBLASLt's fast TF32 kernels ask (L1/8's 8205 x 2949 x 5921 still runs slowly split: its
+    # dimensions, not multiples of 4, cost two thirds of the rate: aligned_rows.py, cost.py).
     lda, ldb = _aligned(2 * k), _aligned(n)
     a, b = _operands(g, scratch_a, scratch_b, lda, ldb, (0, k, -1), (k * ldb, 0, -1), copies=2)
     g = one_batch(g)
