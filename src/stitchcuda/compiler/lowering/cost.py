@@ -37,7 +37,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from stitchcuda.compiler.capture.graph import Node, OpGraph
-from stitchcuda.compiler.lowering.aligned_rows import staging
+from stitchcuda.compiler.lowering.padded_gemm import staging
 from stitchcuda.gpu_specs import DEFAULT, NOMINAL, NominalPeaks, nominal_peaks
 from stitchcuda.machine import physical_gpu
 
@@ -59,7 +59,7 @@ SIMT_TILE, TENSOR_TILE = 32, 64
 # Tensor-core kernels on a product whose M, N or K is not a multiple of 4 (8 for bf16) reach about
 # a third of their rate, whatever the rows' alignment (H200, 2026-11: L1/8, 8205 x 5921 x 2949, in
 # TF32 at 118 TFLOP/s and split 3xTF32 at 106 of TF32 work, where 4096-wide products reached
-# 343-386). A TF32 product on cuBLAS big enough runs on padded copies instead (aligned_rows.py).
+# 343-386). A TF32 product on cuBLAS big enough runs on padded copies instead (padded_gemm.py).
 UNALIGNED_EFF = 0.35
 
 

@@ -226,7 +226,7 @@ def gemm_launch(g: Gemm) -> str:
         return lt_launch(g)
     if tiny(g):
         return tiny_launch(g)
-    if g.staged is not None:  # on copies padded to multiples of 4 (aligned_rows.py)
+    if g.staged is not None:  # on copies padded to multiples of 4 (padded_gemm.py)
         return "\n".join(["{", *g.staged.before(), gemm_launch(replace(g.staged.apply(g), staged=None)),
                           *g.staged.after(), "}"])
     # Row-major C[M,N] = A[M,K] B[K,N] is column-major C^T = B^T A^T: cuBLAS's first operand

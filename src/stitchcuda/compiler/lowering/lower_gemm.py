@@ -20,7 +20,6 @@ from stitchcuda.compiler.ir.expr import (
     view_expr,
 )
 from stitchcuda.compiler.ir.group import FusionGroup
-from stitchcuda.compiler.lowering.aligned_rows import staging
 from stitchcuda.compiler.lowering.bf16 import bf16_able, plan_bf16
 from stitchcuda.compiler.lowering.cost import Estimate, amplifies_error, choose, fixed_path, gemm_paths
 from stitchcuda.compiler.lowering.cutlass_gemm import H100_SMS, CutlassGemm
@@ -29,6 +28,7 @@ from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_pointwise import library_call
 from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS, SPLITS, Gemm, Lowered, Lowering
 from stitchcuda.compiler.lowering.packing import fits, pack_buffer, parameter
+from stitchcuda.compiler.lowering.padded_gemm import staging
 from stitchcuda.compiler.lowering.registry import group_lowering
 from stitchcuda.compiler.lowering.split_tf32 import plan_split, splittable
 

@@ -94,7 +94,7 @@ class Gemm:
     no_split: bool = False  # a 1x1 convolution's product: see lower_conv.pointwise
     split_k: int = 1  # CUTLASS over this many slices of K into scratch (``out``), summed into ``split_k_out``
     split_k_out: str = ""
-    staged: Any = None  # aligned_rows.Staged: a TF32 cuBLAS call on copies padded to multiples of 4
+    staged: Any = None  # padded_gemm.Staged: a TF32 cuBLAS call on copies padded to multiples of 4
 
 
 @dataclass

@@ -322,7 +322,7 @@ def plan_split(g: Gemm, scratch_a: str, scratch_b: str) -> SplitPlan:
     # Rows padded to 16 bytes and the big halves first (A_big at column 0, B_big at an aligned
     # row): every pointer and leading dimension the two GEMMs see is 16-byte aligned, as
     # cuBLASLt's fast TF32 kernels ask (L1/8's 8205 x 2949 x 5921 still runs slowly split: its
-    # dimensions, not multiples of 4, cost two thirds of the rate: aligned_rows.py, cost.py).
+    # dimensions, not multiples of 4, cost two thirds of the rate: padded_gemm.py, cost.py).
     lda, ldb = _aligned(2 * k), _aligned(n)
     a, b = _operands(g, scratch_a, scratch_b, lda, ldb, (0, k, -1), (k * ldb, 0, -1), copies=2)
     g = one_batch(g)

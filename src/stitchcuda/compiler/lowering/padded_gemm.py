@@ -94,12 +94,15 @@ def _offset(buf: str) -> int:
 
 
 def staging(g: Gemm, scratch: tuple[str, str, str]) -> Staged | None:
-    """How ``g`` (one product, no batch) runs on copies padded to multiples of 4 in ``scratch`` (for
-    A, B and the output): every matrix whose rows are unaligned or whose padded dimension it holds;
-    None where nothing needs padding, the product is small, or it is batched."""
+    """How ``g`` (one product, no batch), where M, N or K is not a multiple of 4, runs on copies
+    padded to multiples of 4 in ``scratch`` (for A, B and the output): every matrix that holds a
+    padded dimension or whose rows are unaligned; None where no dimension needs padding, the
+    product is small, or it is batched."""
     if g.batch > 1 or g.outer > 1 or g.m * g.n * g.k < STAGE_MIN_MACS:
         return None
     m, n, k = _aligned(g.m), _aligned(g.n), _aligned(g.k)
+    if (m, n, k) == (g.m, g.n, g.k):  # rows merely unaligned: copying them in did not pay (the docstring)
+        return None
     zero_k = k - g.k
 
     def unaligned(buf: str, ld: int) -> bool:
