@@ -304,8 +304,10 @@ def test_strict_tries_plain_tf32_second_where_a_library_kernel_leads_and_drops_i
     wrong = Signals(failure="incorrect in 3 of 5 trials: max abs diff 2e-4")
     after = choose_next(opts, [0, nxt], wrong, base=0, estimates=estimates)
     assert not opts[after]["tf32"]
-    own = Signals(top_origin="own")  # our own kernel on top: another block size or width first
+    own = Signals(top_origin="own", library_share=0.2)  # our own kernel on top: another block size or width first
     assert not opts[choose_next(opts, [0], own, base=0, estimates=estimates)]["tf32"]
+    shared = Signals(top_origin="own", library_share=0.45)  # ours on top, but much of the time in the library
+    assert opts[choose_next(opts, [0], shared, base=0, estimates=estimates)]["tf32"]
 
 
 def test_offline_coder_searches_from_the_fastest_verified_variant():
