@@ -383,4 +383,3 @@ def test_split_convolutions_keep_fp32_accuracy_on_the_gpu(tmp_path, monkeypatch)
         exact = reference.double()(*[t.double() for t in inputs])
     for g, e in zip(got, exact, strict=True):
         assert ((g.double() - e).abs().max() / e.abs().max()).item() < 2e-5
-

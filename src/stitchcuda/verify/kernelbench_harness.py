@@ -97,16 +97,14 @@ def run_harness(checkout: str | Path, reference: str, candidate: str, *, trials:
     its tolerance), ``trials`` correctness trials and, with ``measure_performance``, its CUDA-event
     timing.
 
-    ``tf32=None`` leaves torch's global flags as KernelBench leaves them: cuDNN convolutions then
+    ``tf32=None`` sets torch's default flags, as KernelBench leaves them: cuDNN convolutions then
     run in TF32 (``torch.backends.cudnn.allow_tf32`` is on by default), so the reference itself
     is off by about 1e-3 from fp32 and an fp32-exact convolution can miss KernelBench's 1e-4.
     ``tf32=False`` judges against a true-fp32 reference, as our Verifier does. ``tolerance``
     replaces its fp32 tolerance (``V01_TOLERANCE``: the one its v0/v0.1 used)."""
     import torch
 
-    if tf32 is not None:
-        torch.backends.cudnn.allow_tf32 = tf32
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+    _set_tf32(tf32)
     harness = load_eval(checkout)
     if tolerance is not None:
         if not hasattr(harness, "get_tolerance_for_precision"):
@@ -135,6 +133,15 @@ def run_harness(checkout: str | Path, reference: str, candidate: str, *, trials:
                           detail=detail[:600])
 
 
+def _set_tf32(tf32: bool | None) -> None:
+    """TF32 on or off for both cuDNN and cuBLAS; None: torch's defaults (cuDNN in TF32, cuBLAS not),
+    as KernelBench's eval runs under."""
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = True if tf32 is None else tf32
+    torch.backends.cuda.matmul.allow_tf32 = False if tf32 is None else tf32
+
+
 def time_both(checkout: str | Path, reference: str, candidate: str, *, perf_trials: int = 100,
               build_dir: str | None = None) -> tuple[float, float]:
     """(reference ms, candidate ms), both by KernelBench's own timing code in this process under
@@ -144,8 +151,7 @@ def time_both(checkout: str | Path, reference: str, candidate: str, *, perf_tria
     reference ran in TF32: its eval then times nothing."""
     import torch
 
-    torch.backends.cudnn.allow_tf32 = True  # torch's defaults, as KernelBench leaves them
-    torch.backends.cuda.matmul.allow_tf32 = False
+    _set_tf32(None)
     harness = load_eval(checkout)
     timing = importlib.import_module("kernelbench.timing")
     restored = integer_inputs(reference)
@@ -232,10 +238,6 @@ def main(argv: list[str] | None = None) -> int:
                 # TF32 or bf16 arithmetic (tolerance paper) misses its fp32 1e-4 by design: asked at the
                 # tolerance of its v0/v0.1, the one published results used, under its default flags (a
                 # harness without the function is such a version: 1e-2 already)
-                import torch
-
-                torch.backends.cudnn.allow_tf32 = True  # torch's defaults again, as its eval leaves them
-                torch.backends.cuda.matmul.allow_tf32 = False
                 loose = run_harness(request.checkout, reference, candidate, trials=request.trials,
                                     build_dir=request.build_dir, measure_performance=False, tolerance=V01_TOLERANCE)
                 verdict.correct_v01 = None if loose.detail == NO_RESULT else loose.correct

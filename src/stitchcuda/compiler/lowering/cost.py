@@ -37,7 +37,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from stitchcuda.compiler.capture.graph import Node, OpGraph
-from stitchcuda.compiler.lowering.padded_gemm import staging
+from stitchcuda.compiler.lowering.padded_gemm import padded
 from stitchcuda.gpu_specs import DEFAULT, NOMINAL, NominalPeaks, nominal_peaks
 from stitchcuda.machine import physical_gpu
 
@@ -151,7 +151,7 @@ def gemm_paths(g: Any, table: NominalPeaks, allowed: list[str], packed_a: bool =
     for path in allowed:
         if path == "cublas" and tf32:
             rate = table.tf32 * TF32_EFF * _ramp(g.k) / _waste(g, TENSOR_TILE)
-            if odd < 1 and staging(g, ("", "", "")) is not None:  # on padded copies: each matrix moved once more
+            if padded(g):  # on padded copies (where its lowering runs it on cuBLAS): each matrix moved once more
                 out[path] = max(_ms(flops, rate), io) + _copy_ms(8.0 * (a + b + c), table) + 4 * LAUNCH_MS
             else:
                 out[path] = max(_ms(flops, rate * odd), io) + LAUNCH_MS

@@ -28,7 +28,7 @@ from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_pointwise import library_call
 from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS, SPLITS, Gemm, Lowered, Lowering
 from stitchcuda.compiler.lowering.packing import fits, pack_buffer, parameter
-from stitchcuda.compiler.lowering.padded_gemm import staging
+from stitchcuda.compiler.lowering.padded_gemm import padded, staging
 from stitchcuda.compiler.lowering.registry import group_lowering
 from stitchcuda.compiler.lowering.split_tf32 import plan_split, splittable
 
@@ -75,7 +75,8 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
         value, epilogue, bias = _lt_fold(cx, gemm, anchor, epilogue, bias)
     elif gemm.estimate.path == "cutlass":
         value, epilogue, bias = _cutlass_epilogue(cx, gemm, anchor, epilogue, bias, env)
-    elif bias is not None and cx.options.cublaslt:
+    # a TF32 product run padded (padded_gemm.py, as its estimate assumed) adds its bias in a kernel
+    elif bias is not None and cx.options.cublaslt and not (cx.options.tf32 and padded(gemm)):
         value, epilogue, bias = _lt_fold(cx, gemm, anchor, epilogue, bias)
         if gemm.epilogue:
             gemm.lt = len(cx.out.lt_gemms)
@@ -84,7 +85,7 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     low.gemm = gemm
     if split:
         assign_split(cx.out, gemm, cx.options.pack_weights, bf16=gemm.estimate.path == "bf16")
-    elif cx.options.tf32 and gemm.cutlass is None and gemm.lt is None and not tiny(gemm) \
+    elif cx.options.tf32 and gemm.cutlass is None and gemm.lt is None \
             and (staged := staging(gemm, SPLIT_SCRATCH)) is not None:
         gemm.staged = staged  # padded to multiples of 4: cuBLAS's TF32 kernels run 3x faster
         for matrix in staged.matrices():

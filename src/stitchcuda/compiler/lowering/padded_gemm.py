@@ -93,16 +93,21 @@ def _offset(buf: str) -> int:
     return int(buf.split(" + ")[1]) if " + " in buf else 0
 
 
+def padded(g: Gemm) -> bool:
+    """Whether ``g`` runs on padded copies in a TF32 variant: one product, big, with M, N or K not a
+    multiple of 4 (rows merely unaligned: copying them in did not pay, the module's docstring)."""
+    return g.batch == 1 and g.outer == 1 and g.m * g.n * g.k >= STAGE_MIN_MACS \
+        and (g.m % 4 != 0 or g.n % 4 != 0 or g.k % 4 != 0)
+
+
 def staging(g: Gemm, scratch: tuple[str, str, str]) -> Staged | None:
     """How ``g`` (one product, no batch), where M, N or K is not a multiple of 4, runs on copies
     padded to multiples of 4 in ``scratch`` (for A, B and the output): every matrix that holds a
     padded dimension or whose rows are unaligned; None where no dimension needs padding, the
     product is small, or it is batched."""
-    if g.batch > 1 or g.outer > 1 or g.m * g.n * g.k < STAGE_MIN_MACS:
+    if not padded(g):
         return None
     m, n, k = _aligned(g.m), _aligned(g.n), _aligned(g.k)
-    if (m, n, k) == (g.m, g.n, g.k):  # rows merely unaligned: copying them in did not pay (the docstring)
-        return None
     zero_k = k - g.k
 
     def unaligned(buf: str, ld: int) -> bool:
@@ -120,5 +125,4 @@ def staging(g: Gemm, scratch: tuple[str, str, str]) -> Staged | None:
         b = StagedMatrix(scratch[1], g.b, b_rows, b_cols, _aligned(b_cols + zero[1]), ldb, *zero)
     if unaligned(g.out, ldc) or (m, n) != (g.m, g.n):
         out = StagedMatrix(scratch[2], g.out, g.m, g.n, n, ldc)
-    found = Staged(m, n, k, a, b, out)
-    return found if found.matrices() else None
+    return Staged(m, n, k, a, b, out)  # a padded dimension: one of them at least
