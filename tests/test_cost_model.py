@@ -51,6 +51,23 @@ def test_small_products_stay_on_sgemm():
     assert worth_splitting(Gemm(1, 32768, 32768, 32, "a", "b", False, False, out="c"))  # shallow: one GEMM of 3K
 
 
+def test_a_grid_smaller_than_the_gpu_costs_cutlass_its_idle_sms():
+    """hf_bert's 1024 x 256 products are 64 of CUTLASS's 64 x 64 tiles: half an H100's 132 SMs
+    (on an H200 they ran no faster in its 3xTF32 than eager's SGEMM), so SGEMM keeps them; a deep
+    narrow one (small_cnn's fc1, 256 x 512 x 16384: 32 tiles, 0.31 ms measured in CUTLASS) is
+    estimated as the slices of K it would run as, and a big one fills the machine."""
+    from stitchcuda.compiler.lowering.cutlass_gemm import grid_fill, split_k_slices
+
+    bert, fc1, big = _linear(1024, 256, 256), _linear(256, 512, 16384), _linear(4096, 4096, 4096)
+    assert grid_fill(bert, 132) == pytest.approx(64 / 132)
+    assert split_k_slices(fc1) == 16 and grid_fill(fc1, 132) == pytest.approx(512 / 528)
+    assert grid_fill(big, 132) > 0.95
+    assert choose("x", gemm_paths(bert, H100, ["cublas", "split", "cutlass"])).path == "cublas"
+    alone = gemm_paths(bert, H100, ["cutlass"])["cutlass"]
+    assert alone > gemm_paths(_linear(1024, 1024, 256), H100, ["cutlass"])["cutlass"] * 0.5  # a quarter of the work
+    assert choose("x", gemm_paths(fc1, H100, ["cublas", "cutlass"])).path == "cutlass"
+
+
 def test_a_product_with_odd_dimensions_keeps_to_sgemm_or_runs_tf32_padded():
     """L1/8, 8205 x 5921 x 2949: tensor cores at a third of their rate on it (H200), so its split
     3xTF32 (8.2 ms) lost to eager's SGEMM (6.5 ms); the model now keeps it on SGEMM, and a TF32

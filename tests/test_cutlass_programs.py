@@ -132,7 +132,9 @@ def test_a_deep_small_product_runs_as_slices_of_k_summed_after():
     assert (g.ld_a, g.stride_a, g.ld_b, g.stride_b, g.stride_c) == (524288, 16384, 256, 16384 * 256, 256 * 256)
     assert ("x_split_k", [32 * 256 * 256]) in low.intermediates
     program = generate(task, compiled.graph, compiled.groups, CUTLASS)
-    assert "sc_sum_slices<<<256, 256, 0, stream>>>(a.x_split_k, a.o_matmul, 65536LL, 32);" in cuda_source(program)
+    # no C, no activation: the summing pass only sums
+    assert ("sc_sum_slices<<<256, 256, 0, stream>>>(a.x_split_k, a.o_matmul, 65536LL, 32, nullptr, 0LL, 256LL, "
+            "0.0f, 0);") in cuda_source(program)
     assert "split-K: K = 524288 as 32 slices" in program
     # the slices, read through the record's strides as CUTLASS reads them, sum to the product
     from stitchcuda.compiler.lowering.lower_gemm import _slice_k

@@ -95,13 +95,15 @@ def test_out_of_memory(verifier):
     assert not v.passed
 
 
-def test_baselines_are_cached_per_task_and_gpu(gpu_cache, config):
+def test_only_torch_compile_is_reused_per_task_and_gpu(gpu_cache, config):
     verifier = Verifier(config.model_copy(update={"compile_baseline": True, "timeout_s": 400}), cache=gpu_cache)
     first = check(verifier, "mlp_honest")
     second = check(verifier, "mlp_honest")
     assert "torch_compile" in first.speedup, first.timing.baselines["torch_compile"]
     assert not first.timing.baselines["eager"].cached  # eager is always measured beside the candidate
-    assert all(second.timing.baselines[n].cached for n in ("eager_tf32", "cuda_graph", "torch_compile"))
+    assert second.timing.baselines["torch_compile"].cached
+    # the cheap baselines are timed again beside every candidate, under the same load as it
+    assert not any(second.timing.baselines[n].cached for n in ("eager", "eager_tf32", "cuda_graph"))
 
 
 def test_profile_attributes_gpu_time(verifier):

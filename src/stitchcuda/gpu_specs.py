@@ -20,6 +20,7 @@ class NominalPeaks(NamedTuple):
     fp16: float
     fp8: float | None
     hbm_tbps: float
+    sms: int = 132  # streaming multiprocessors: how many tiles of a GEMM run at once
 
 
 # name fragment (matched in order, case-insensitive) -> figures; H200's compute equals H100 SXM's
@@ -27,11 +28,11 @@ NOMINAL: list[tuple[str, NominalPeaks]] = [
     ("H200 NVL", NominalPeaks("H200 NVL", 60.0, 418.0, 835.0, 835.0, 1671.0, 4.8)),
     ("H200", NominalPeaks("H200 SXM", 67.0, 495.0, 989.0, 989.0, 1979.0, 4.8)),
     ("H100 NVL", NominalPeaks("H100 NVL", 60.0, 418.0, 835.0, 835.0, 1671.0, 3.9)),
-    ("H100 PCIe", NominalPeaks("H100 PCIe", 51.0, 378.0, 756.0, 756.0, 1513.0, 2.0)),
+    ("H100 PCIe", NominalPeaks("H100 PCIe", 51.0, 378.0, 756.0, 756.0, 1513.0, 2.0, 114)),
     ("H100", NominalPeaks("H100 SXM", 67.0, 495.0, 989.0, 989.0, 1979.0, 3.35)),
-    ("A100", NominalPeaks("A100", 19.5, 156.0, 312.0, 312.0, None, 2.04)),
-    ("L40S", NominalPeaks("L40S", 91.6, 183.0, 362.0, 362.0, 733.0, 0.864)),
-    ("RTX 4090", NominalPeaks("RTX 4090", 82.6, 82.6, 165.2, 165.2, 330.3, 1.008)),
+    ("A100", NominalPeaks("A100", 19.5, 156.0, 312.0, 312.0, None, 2.04, 108)),
+    ("L40S", NominalPeaks("L40S", 91.6, 183.0, 362.0, 362.0, 733.0, 0.864, 142)),
+    ("RTX 4090", NominalPeaks("RTX 4090", 82.6, 82.6, 165.2, 165.2, 330.3, 1.008, 128)),
 ]
 # compute capability -> the table entry assumed for an unnamed GPU of that architecture
 BY_CAPABILITY = {"9.0": "H100", "8.0": "A100"}

@@ -8,7 +8,8 @@ copies of its operands, read and written) and a few microseconds a launch. The p
 - ``cublas``: cuBLAS's fp32 SGEMM (cuDNN's fp32 kernels for a convolution);
 - ``split``: 3xTF32 by split operands on TF32 tensor cores (:mod:`split_tf32`); a weight's split is
   paid on every call unless it is packed once (``packed``: the program keeps it between calls);
-- ``cutlass``: CUTLASS's 3xTF32, the split inside the kernel, so no extra traffic;
+- ``cutlass``: CUTLASS's 3xTF32, the split inside the kernel, so no extra traffic; its own tiles,
+  so a grid of fewer tiles than the GPU has SMs runs at that share (split along K where deep);
 - ``simt``: our own one-block-a-matrix fp32 kernel for many tiny products (``gemm_calls.tiny``);
 - ``bf16``: bf16 copies of the operands on bf16 tensor cores, fp32 accumulate (:mod:`bf16`, ``paper``
   only): the copies' traffic (a weight's paid once where it is packed), half the bytes in the product.
@@ -37,6 +38,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from stitchcuda.compiler.capture.graph import Node, OpGraph
+from stitchcuda.compiler.lowering.cutlass_gemm import grid_fill, split_k_slices
 from stitchcuda.compiler.lowering.padded_gemm import padded
 from stitchcuda.gpu_specs import DEFAULT, NOMINAL, NominalPeaks, nominal_peaks
 from stitchcuda.machine import physical_gpu
@@ -160,9 +162,13 @@ def gemm_paths(g: Any, table: NominalPeaks, allowed: list[str], packed_a: bool =
             out[path] = max(_ms(flops, rate), io) + LAUNCH_MS
         elif path == "simt":
             out[path] = max(_ms(flops, table.fp32 * SIMT_EFF), io) + LAUNCH_MS
-        elif path == "cutlass":
-            rate = table.tf32 * CUTLASS_3X_EFF * odd * _ramp(g.k) / _waste(g, TENSOR_TILE)
-            out[path] = max(_ms((1 if tf32 else 3) * flops, rate), io) + LAUNCH_MS
+        elif path == "cutlass":  # our own tiles: a grid smaller than the GPU leaves SMs idle (cuBLAS's heuristics
+            # split K themselves); a deep one runs as slices of K, summed in one more pass
+            slices = split_k_slices(g)
+            rate = (table.tf32 * CUTLASS_3X_EFF * odd * _ramp(g.k // slices) * grid_fill(g, table.sms)
+                    / _waste(g, TENSOR_TILE))
+            summing = _copy_ms(4.0 * c * (slices + 1), table) + LAUNCH_MS if slices > 1 else 0.0
+            out[path] = max(_ms((1 if tf32 else 3) * flops, rate), io) + LAUNCH_MS + summing
         elif path == "bf16":  # each operand read and written as bf16 (not a packed weight), the GEMM reads the copies
             copy_a = 0.0 if packed_a else 6.0 * a
             copy_b = 0.0 if packed_b else 6.0 * b

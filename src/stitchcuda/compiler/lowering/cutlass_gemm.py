@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import jinja2
 from pydantic import BaseModel
@@ -120,6 +120,32 @@ class CutlassGemm(ExtensionConfig, frozen=True):
         del k  # the K extent does not change how well the grid fills the machine
         tiles = -(-m // BIG[0][0]) * -(-n // BIG[0][1]) * max(batch, 1)
         return SMALL if tiles < 2 * H100_SMS else BIG
+
+
+def split_k_slices(gemm: Any) -> int:
+    """How many slices of K a deep, small product runs as (1: none). M = N = 256, K = 524288 (L1/6)
+    fills 16 of an H100's 132 SMs as one GEMM; as 32 batched slices of K it fills them all, and
+    one pass sums the slices, adding the bias or residual and applying the activation the
+    product's epilogue held. Only a single product with a dense output."""
+    if gemm.batch != 1 or gemm.outer != 1 or gemm.ld_c not in (0, gemm.n) \
+            or (gemm.c and gemm.ld_c_src not in (0, gemm.n)):
+        return 1
+    tiles = -(-gemm.m // 64) * -(-gemm.n // 64)
+    if gemm.k < 16 * max(gemm.m, gemm.n) or tiles >= H100_SMS:
+        return 1
+    slices = 1
+    while tiles * slices < 2 * H100_SMS and slices < 64 and gemm.k % (8 * slices) == 0 and gemm.k // (2 * slices) >= 512:
+        slices *= 2
+    return slices
+
+
+def grid_fill(gemm: Any, sms: int) -> float:
+    """The share of the SMs a CUTLASS product's tiles keep busy over its waves (its slices of K
+    included): 1024 x 256 in 64 x 64 tiles is 64 tiles, half of an H100's 132 SMs for the whole
+    kernel, as measured (hf_bert's products ran no faster in CUTLASS's 3xTF32 than in SGEMM)."""
+    tile = CutlassGemm.tiles_for(gemm.m, gemm.n, gemm.k, gemm.batch)[0]
+    tiles = -(-gemm.m // tile[0]) * -(-gemm.n // tile[1]) * max(gemm.batch, 1) * split_k_slices(gemm)
+    return tiles / (-(-tiles // sms) * sms)
 
 
 def _epilogue(cfg: CutlassGemm) -> tuple[str, str]:

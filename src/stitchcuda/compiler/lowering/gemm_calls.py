@@ -10,19 +10,33 @@ from stitchcuda.compiler.ir.expr import c_float
 from stitchcuda.compiler.lowering.lowered import Gemm
 
 SPLIT_K_KERNEL = r"""
-// Split-K: the slices' partial products [slices, n] summed into the output, pairwise in fp32.
-__global__ void sc_sum_slices(const float* __restrict__ src, float* __restrict__ dst, long long n, int slices) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+// Split-K: the slices' partial products [slices, count] summed pairwise in fp32, then the product's
+// own epilogue: act(sum + beta * C), C a bias over the columns (ld_c 0) or a residual (ld_c = cols).
+__global__ void sc_sum_slices(const float* __restrict__ src, float* __restrict__ dst, long long count, int slices,
+                              const float* __restrict__ c, long long ld_c, long long cols, float beta, int act) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count; i += (long long)gridDim.x * blockDim.x) {
     float part[64];  // slices <= 64
-    for (int s = 0; s < slices; ++s) part[s] = src[s * n + i];
+    for (int s = 0; s < slices; ++s) part[s] = src[s * count + i];
     for (int width = slices; width > 1; width = (width + 1) / 2) {
       for (int s = 0; s < width / 2; ++s) part[s] = part[2 * s] + part[2 * s + 1];
       if (width & 1) part[width / 2] = part[width - 1];
     }
-    dst[i] = part[0];
+    float v = part[0];
+    if (c != nullptr) v += beta * c[(i / cols) * ld_c + i % cols];
+    switch (act) {  // the same for every thread: no divergence
+      case 1: v = fmaxf(v, 0.0f); break;                                                       // relu
+      case 2: v = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); break;                   // gelu
+      case 3: v = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))); break;  // gelu_tanh
+      case 4: v = v / (1.0f + expf(-v)); break;                                                // silu
+      case 5: v = 1.0f / (1.0f + expf(-v)); break;                                             // sigmoid
+      default: break;
+    }
+    dst[i] = v;
   }
 }
 """
+# the summing pass's activation codes (SPLIT_K_KERNEL's switch)
+SPLIT_K_ACTIVATIONS = {"identity": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5}
 
 
 # Scratch for the pointer arrays of a product over two batch dimensions: A's, B's and C's, eight
@@ -212,8 +226,10 @@ def cutlass_launch(g: Gemm) -> str:
         return f"for (int o = 0; o < {g.outer}; ++o) {{\n{call}\n}}"
     if g.split_k > 1:
         mn = g.m * g.n
+        c = f"a.{g.split_k_c}" if g.split_k_c else "nullptr"
         call += (f"\nsc_sum_slices<<<{min((mn + 255) // 256, 1 << 20)}, 256, 0, stream>>>(a.{g.out}, "
-                 f"a.{g.split_k_out}, {mn}LL, {g.split_k});")
+                 f"a.{g.split_k_out}, {mn}LL, {g.split_k}, {c}, {g.split_k_ld_c}LL, {g.n}LL, "
+                 f"{c_float(g.split_k_beta)}, {SPLIT_K_ACTIVATIONS[g.split_k_act]});")
     return f"{{\n{call}\n}}"
 
 

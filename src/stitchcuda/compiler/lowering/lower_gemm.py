@@ -22,7 +22,7 @@ from stitchcuda.compiler.ir.expr import (
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.lowering.bf16 import bf16_able, plan_bf16
 from stitchcuda.compiler.lowering.cost import Estimate, amplifies_error, choose, fixed_path, gemm_paths
-from stitchcuda.compiler.lowering.cutlass_gemm import H100_SMS, CutlassGemm
+from stitchcuda.compiler.lowering.cutlass_gemm import CutlassGemm, split_k_slices
 from stitchcuda.compiler.lowering.gemm_calls import tiny
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_pointwise import library_call
@@ -90,8 +90,8 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
         gemm.staged = staged  # padded to multiples of 4: cuBLAS's TF32 kernels run 3x faster
         for matrix in staged.matrices():
             reserve_scratch(cx.out, matrix.scratch, matrix.floats)
-    elif gemm.cutlass is not None and gemm.cutlass.activation == "identity" and (slices := split_k_slices(gemm)) > 1:
-        _slice_k(cx.out, gemm, slices)
+    elif gemm.cutlass is not None and gemm.split_k > 1:  # assign_cutlass chose the slices
+        _slice_k(cx.out, gemm, gemm.split_k)
     low.describe = describe_gemm(anchor, gemm) + low.describe  # after the split or split-K: it names them
     low.describe += gemm.estimate.note(cx.out.machine.table.label)
     return low
@@ -266,23 +266,9 @@ def _widest(*extents: int) -> int:
 SPLIT_K_SCRATCH = "x_split_k"
 
 
-def split_k_slices(gemm: Gemm) -> int:
-    """How many slices of K a deep, small product runs as (1: none). M = N = 256, K = 524288 (L1/6)
-    fills 16 of an H100's 132 SMs as one GEMM; as 32 batched slices of K it fills them all, and
-    one pass sums the slices. Only a plain product: no C, no activation, a dense output."""
-    if gemm.batch != 1 or gemm.outer != 1 or gemm.c or gemm.beta != 0.0 or gemm.ld_c not in (0, gemm.n):
-        return 1
-    tiles = -(-gemm.m // 64) * -(-gemm.n // 64)
-    if gemm.k < 16 * max(gemm.m, gemm.n) or tiles >= H100_SMS:
-        return 1
-    slices = 1
-    while tiles * slices < 2 * H100_SMS and slices < 64 and gemm.k % (8 * slices) == 0 and gemm.k // (2 * slices) >= 512:
-        slices *= 2
-    return slices
-
-
 def _slice_k(low: Lowering, gemm: Gemm, slices: int) -> None:
-    """``gemm`` as ``slices`` batched GEMMs over consecutive slices of K into scratch."""
+    """``gemm`` as ``slices`` batched GEMMs over consecutive slices of K into scratch (their
+    epilogue moved to the summing pass by :func:`assign_cutlass`)."""
     kc = gemm.k // slices
     lda = gemm.ld_a or (gemm.m if gemm.a_trans else gemm.k)
     ldb = gemm.ld_b or (gemm.k if gemm.b_trans else gemm.n)
@@ -296,7 +282,13 @@ def _slice_k(low: Lowering, gemm: Gemm, slices: int) -> None:
 
 def assign_cutlass(low: Lowering, gemm: Gemm, math: str, activation: str = "identity") -> None:
     """Run ``gemm`` through a CUTLASS kernel extension: its configuration (layouts, the widest
-    accesses its extents, strides and offsets allow, a tile for its size) and launcher slot."""
+    accesses its extents, strides and offsets allow, a tile for its size) and launcher slot. A
+    deep, small product is split along K (:func:`split_k_slices`): its slices' kernel computes
+    the bare product, and C and ``activation`` go to the pass that sums them."""
+    if (slices := split_k_slices(gemm)) > 1:
+        gemm.split_k, gemm.split_k_act, activation = slices, activation, "identity"
+        gemm.split_k_c, gemm.split_k_ld_c, gemm.split_k_beta = gemm.c, gemm.ld_c_src, gemm.beta
+        gemm.c, gemm.ld_c_src, gemm.stride_c_src, gemm.beta = "", 0, 0, 0.0
     lda = gemm.ld_a or (gemm.m if gemm.a_trans else gemm.k)
     ldb = gemm.ld_b or (gemm.k if gemm.b_trans else gemm.n)
     ldd = gemm.ld_c or gemm.n
@@ -314,9 +306,13 @@ def assign_cutlass(low: Lowering, gemm: Gemm, math: str, activation: str = "iden
 def describe_gemm(anchor: Node, gemm: Gemm) -> str:
     if gemm.cutlass is not None:
         c = gemm.cutlass
-        fused = [*(["bias" if gemm.ld_c_src == 0 else "residual"] if gemm.c else []),
-                 *(["scale"] if gemm.beta not in (0.0, 1.0) or gemm.alpha != 1.0 else []),
-                 *([c.activation] if c.activation != "identity" else [])]
+        sliced = gemm.split_k > 1  # its epilogue is the summing pass's
+        source, ld_src, beta = (gemm.split_k_c, gemm.split_k_ld_c, gemm.split_k_beta) if sliced \
+            else (gemm.c, gemm.ld_c_src, gemm.beta)
+        activation = gemm.split_k_act if sliced else c.activation
+        fused = [*(["bias" if ld_src == 0 else "residual"] if source else []),
+                 *(["scale"] if beta not in (0.0, 1.0) or gemm.alpha != 1.0 else []),
+                 *([activation] if activation != "identity" else [])]
         return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . "
                 f"[{gemm.k} x {gemm.n}] via CUTLASS {'3xTF32' if c.math == '3xtf32' else 'TF32'} "
                 f"{'x'.join(map(str, c.tile))} tile" + (f" (epilogue {' + '.join(fused)})" if fused else "")

@@ -94,6 +94,12 @@ class Gemm:
     no_split: bool = False  # a 1x1 convolution's product: see lower_conv.pointwise
     split_k: int = 1  # CUTLASS over this many slices of K into scratch (``out``), summed into ``split_k_out``
     split_k_out: str = ""
+    # the epilogue the summing pass applies when split (the slices' own epilogue is the bare product):
+    # act(sum + beta * C), C a bias over the columns (ld 0) or a residual of the output's layout (ld n)
+    split_k_c: str = ""
+    split_k_ld_c: int = 0
+    split_k_beta: float = 0.0
+    split_k_act: str = "identity"
     staged: Any = None  # padded_gemm.Staged: a TF32 cuBLAS call on copies padded to multiples of 4
 
 
