@@ -24,7 +24,7 @@ from stitchcuda.compiler.ir.formulas import COMPARISONS, MASK_OPS, ROW_OPS, is_p
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import CONV_OPS
 from stitchcuda.compiler.lowering.families import Strided
-from stitchcuda.compiler.lowering.families.state import write_back
+from stitchcuda.compiler.lowering.families.state import BufferUpdate, write_backs
 from stitchcuda.compiler.lowering.gemm_calls import BATCH_PTRS, tiny, uses_batch_ptrs
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_gemm import (
@@ -101,6 +101,7 @@ class _Lowerer:
         self.failing_ops: set[str] = set()
         self.failed: list[tuple[str, ...]] = []  # the nodes of each group that did not lower
         self.order, self.owner = _group_order(graph, groups)
+        self.counters = self._counters()
         self._check_placeholders()
 
     def _check_placeholders(self) -> None:
@@ -173,26 +174,45 @@ class _Lowerer:
         self._write_back()
         return cx.out
 
-    def _write_back(self) -> None:
-        """Buffers the forward mutates (BatchNorm's running statistics) get their new values last."""
+    def _counters(self) -> dict[str, tuple[str, int]]:
+        """The ``stitchcuda.int_add`` nodes that only step a buffer for its write-back (BatchNorm's
+        ``num_batches_tracked += 1``): node -> (buffer, step). The state update adds the step in
+        place at the end, so they launch nothing of their own."""
         cx = self.cx
+        found = {}
         for value, buffer in cx.graph.mutations.items():
-            if buffer not in cx.out.storage or value not in cx.out.storage:
+            node = cx.nodes.get(value)
+            if node is not None and node.op == "stitchcuda.int_add" and node.args[0] == "%" + buffer \
+                    and value not in cx.graph.outputs and set(cx.users.get(value, [])) == {"<buffer write-back>"}:
+                found[value] = (buffer, int(node.args[1]))
+        return found
+
+    def _write_back(self) -> None:
+        """Buffers the forward mutates (BatchNorm's running statistics) get their new values last,
+        all of them in one launch per element type."""
+        cx = self.cx
+        updates = []
+        for value, buffer in cx.graph.mutations.items():
+            if buffer not in cx.out.storage or (value not in cx.out.storage and value not in self.counters):
                 self.problems.append(f"buffer {buffer}: its new value {value} is not computed")
                 continue
             meta, bmeta = cx.graph.meta(value), cx.graph.meta(buffer)
             if meta is None or bmeta is None:
                 self.problems.append(f"buffer {buffer}: no tensor metadata")
                 continue
-            ctype, shape = C_TYPES.get(meta.dtype, "?"), tuple(meta.shape)
-            src = Strided(f"a.{cx.out.storage[value]}", ctype, shape, contiguous_strides(shape))
-            dst = Strided(f"a.{cx.out.storage[buffer]}", C_TYPES.get(bmeta.dtype, "?"), tuple(bmeta.shape),
-                          contiguous_strides(tuple(bmeta.shape)))
-            try:
-                call = write_back(src, dst, buffer)
-            except Unsupported as exc:
-                self.problems.append(str(exc))
-                continue
+            shape, bshape = tuple(meta.shape), tuple(bmeta.shape)
+            dst = Strided(f"a.{cx.out.storage[buffer]}", C_TYPES.get(bmeta.dtype, "?"), bshape, contiguous_strides(bshape))
+            if value in self.counters:
+                updates.append(BufferUpdate(dst, buffer, step=self.counters[value][1]))
+            else:
+                src = Strided(f"a.{cx.out.storage[value]}", C_TYPES.get(meta.dtype, "?"), shape, contiguous_strides(shape))
+                updates.append(BufferUpdate(dst, buffer, value=src))
+        try:
+            calls = write_backs(updates)
+        except Unsupported as exc:
+            self.problems.append(str(exc))
+            return
+        for call in calls:
             cx.out.groups.append(Lowered(FusionGroup(id=-1, kind="other", nodes=[]), "kernel", call=call,
                                          describe=call.describe))
 
@@ -200,6 +220,9 @@ class _Lowerer:
         cx = self.cx
         nodes = [cx.nodes[n] for n in g.nodes]
         family = self._family_node(g)
+        if family is not None and family.name in self.counters:
+            buffer, step = self.counters[family.name]
+            return Lowered(g, "alias", describe=f"{family.name}: {buffer} += {step}, in the state update at the end")
         if family is not None:
             return self._lower_family(g, nodes, family)
         if all(n.op in VIEWS | SPLITS | IDENTITY for n in nodes) and any(

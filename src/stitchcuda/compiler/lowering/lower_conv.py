@@ -117,9 +117,9 @@ def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     param = parameter(cx.out, conv.weight) if cx.options.pack_weights else None
     table, tf32 = cx.out.machine.table, cx.options.tf32
     paths = conv_paths(conv, table, allowed, packed_w=param is not None, tf32=tf32)
-    if "bf16" in allowed:  # bf16 (paper) only in the cost model's variants
+    if cx.options.cost_model or "bf16" in allowed:  # another path than cuDNN's only where it saves choose()'s margin
         conv.estimate = choose(anchor.name, paths, tf32=tf32)
-    else:
+    else:  # the variant's fixed path: the split wherever the model says it beats cuDNN at all
         path = "split" if "split" in allowed and worth_splitting_conv(conv, table) else "cublas"
         conv.estimate = Estimate(op=anchor.name, path=path, ms=paths[path], paths=paths, tf32=tf32)
     path = conv.estimate.path

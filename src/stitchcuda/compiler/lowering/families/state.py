@@ -3,6 +3,8 @@ every buffer the forward mutates (running statistics in training mode), as PyTor
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported
 from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided
@@ -28,15 +30,58 @@ def int_add(ctx: FamilyContext, node: Node) -> KernelCall:
     return KernelCall({name: source}, launch, describe=f"{node.name} = x + {node.args[1]}")
 
 
-def write_back(value: Strided, buffer: Strided, name: str) -> KernelCall:
-    """Copy a computed value into the module buffer it replaces (the argument's memory)."""
-    if value.numel != buffer.numel or value.ctype != buffer.ctype or not buffer.contiguous:
-        raise Unsupported(f"buffer write-back {name}: {value.ctype}{list(value.shape)} into "
-                          f"{buffer.ctype}{list(buffer.shape)}")
-    kernel = f"k_write_back_{value.ctype.replace('_t', '')}"
-    source = (f"__global__ void {kernel}(const {value.ctype}* __restrict__ src, {value.ctype}* __restrict__ dst, "
-              "long long n) {\n  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
-              "  if (i < n) dst[i] = src[i];\n}\n")
-    launch = (f"{kernel}<<<{max(1, -(-value.numel // 256))}, 256, 0, stream>>>({value.ptr}, "
-              f"const_cast<{buffer.ctype}*>({buffer.ptr}), {value.numel}LL);\nSC_CUDA_CHECK(cudaGetLastError());")
-    return KernelCall({kernel: source}, launch, describe=f"write {name} back into its buffer")
+# segments one launch of the state update carries in its parameter (64 x 32 bytes, within the 4 KB
+# every architecture accepts)
+STATE_SEGMENTS = 64
+
+
+@dataclass(frozen=True)
+class BufferUpdate:
+    """One buffer the forward mutates: given its new ``value`` (copied in), or, for a counter the
+    forward only steps (``num_batches_tracked += 1``), ``step`` added in place."""
+
+    buffer: Strided
+    name: str
+    value: Strided | None = None
+    step: int = 0
+
+
+def write_backs(updates: list[BufferUpdate]) -> list[KernelCall]:
+    """Every buffer update of the forward in one launch per element type (per 64 buffers): a
+    ResNet-18 in training mode wrote its 20 BatchNorms' running statistics and counters back in
+    80 launches of a few bytes each, half of its program's launches."""
+    for u in updates:
+        v = u.value
+        if not u.buffer.contiguous or (v is not None and (v.numel != u.buffer.numel or v.ctype != u.buffer.ctype)):
+            raise Unsupported(f"buffer write-back {u.name}: {v.ctype if v else '?'}{list(v.shape) if v else []} into "
+                              f"{u.buffer.ctype}{list(u.buffer.shape)}")
+    calls = []
+    for ctype in sorted({u.buffer.ctype for u in updates}):
+        same = [u for u in updates if u.buffer.ctype == ctype]
+        for first in range(0, len(same), STATE_SEGMENTS):
+            calls.append(_update_call(ctype, same[first:first + STATE_SEGMENTS]))
+    return calls
+
+
+def _update_call(ctype: str, updates: list[BufferUpdate]) -> KernelCall:
+    short = ctype.replace("_t", "")
+    kernel, table = f"k_state_update_{short}", f"ScStateUpdate_{short}"
+    source = (f"struct {table} {{ const {ctype}* src[{STATE_SEGMENTS}]; {ctype}* dst[{STATE_SEGMENTS}]; "
+              f"long long n[{STATE_SEGMENTS}]; long long step[{STATE_SEGMENTS}]; }};\n"
+              f"// one buffer per blockIdx.y: its new value copied in, or its step added in place\n"
+              f"__global__ void {kernel}({table} t) {{\n"
+              "  const int j = blockIdx.y;\n"
+              "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < t.n[j];\n"
+              "       i += (long long)gridDim.x * blockDim.x)\n"
+              f"    t.dst[j][i] = t.step[j] ? ({ctype})(t.dst[j][i] + t.step[j]) : t.src[j][i];\n}}\n")
+    lines = [f"{table} t{{}};"]
+    for j, u in enumerate(updates):
+        dst = f"const_cast<{ctype}*>({u.buffer.ptr})"
+        lines.append(f"t.src[{j}] = {u.value.ptr if u.value is not None else u.buffer.ptr}; t.dst[{j}] = {dst}; "
+                     f"t.n[{j}] = {u.buffer.numel}LL; t.step[{j}] = {u.step}LL;  // {u.name}")
+    blocks = min(max(1, -(-max(u.buffer.numel for u in updates) // 256)), 1024)
+    lines += [f"{kernel}<<<dim3({blocks}, {len(updates)}), 256, 0, stream>>>(t);", "SC_CUDA_CHECK(cudaGetLastError());"]
+    steps = sum(1 for u in updates if u.value is None)
+    describe = (f"write {len(updates) - steps} buffers back" + (f" and step {steps} counters" if steps else "")
+                + f" ({ctype}) in one launch")
+    return KernelCall({kernel: source}, "{\n" + "\n".join(lines) + "\n}", describe=describe)
