@@ -106,6 +106,8 @@ def baseline_accuracy(ref_model: Any, inputs: list[Any], contenders: list[Conten
     The contenders' calls are bound to ``inputs``, so each trial's values are copied into them
     (their originals restored after). Unlike a candidate's, a baseline's trial is not re-judged
     against a float64 reference where the fp32 reference itself is ill-conditioned."""
+    if not contenders:
+        return {}
     set_tf32(False)
     start = ModelState.capture(ref_model)  # each call from one state, under one seed
 
