@@ -250,7 +250,7 @@ def _cutlass_epilogue(cx: LowerContext, gemm: Gemm, anchor: Node, epilogue: list
         act = activation_of(epilogue[0])
         if act is not None:
             activation, value, epilogue = act, epilogue[0], epilogue[1:]
-    assign_cutlass(cx.out, gemm, "tf32" if cx.options.tf32 else "3xtf32", activation)
+    assign_cutlass(cx.out, gemm, "tf32" if cx.options.tf32 else "3xtf32", activation, split_k=True)
     return value, epilogue, bias
 
 
@@ -280,12 +280,13 @@ def _slice_k(low: Lowering, gemm: Gemm, slices: int) -> None:
     reserve_scratch(low, SPLIT_K_SCRATCH, slices * gemm.m * gemm.n)
 
 
-def assign_cutlass(low: Lowering, gemm: Gemm, math: str, activation: str = "identity") -> None:
+def assign_cutlass(low: Lowering, gemm: Gemm, math: str, activation: str = "identity", split_k: bool = False) -> None:
     """Run ``gemm`` through a CUTLASS kernel extension: its configuration (layouts, the widest
-    accesses its extents, strides and offsets allow, a tile for its size) and launcher slot. A
-    deep, small product is split along K (:func:`split_k_slices`): its slices' kernel computes
-    the bare product, and C and ``activation`` go to the pass that sums them."""
-    if (slices := split_k_slices(gemm)) > 1:
+    accesses its extents, strides and offsets allow, a tile for its size) and launcher slot. With
+    ``split_k`` (a caller that then slices it: :func:`lower_gemm`), a deep, small product is split
+    along K (:func:`split_k_slices`): its slices' kernel computes the bare product, and C and
+    ``activation`` go to the pass that sums them."""
+    if split_k and (slices := split_k_slices(gemm)) > 1:
         gemm.split_k, gemm.split_k_act, activation = slices, activation, "identity"
         gemm.split_k_c, gemm.split_k_ld_c, gemm.split_k_beta = gemm.c, gemm.ld_c_src, gemm.beta
         gemm.c, gemm.ld_c_src, gemm.stride_c_src, gemm.beta = "", 0, 0, 0.0
