@@ -54,6 +54,9 @@ from stitchcuda.verify.verdict import (
 )
 
 _TAIL_CHARS = 4000
+# how cached baselines were judged: 2, on every correctness trial's inputs (baselines.baseline_accuracy);
+# an entry of another version is not reused
+BASELINE_RULES = 2
 _POLL_S = 0.05
 
 
@@ -442,8 +445,10 @@ class Verifier:
     def _baseline_path(self, task: Task) -> Path | None:
         if not self.config.baseline_cache or self.gpu is None:
             return None
+        # the rule's version and the trial count: a cached baseline's pass/fail was judged on the trials' inputs
         key = hashlib.sha256(json.dumps(
-            [task.sha256, self.gpu.name, machine.torch_version(), self.config.seed], sort_keys=True,
+            [task.sha256, self.gpu.name, machine.torch_version(), self.config.seed, self.config.trials,
+             BASELINE_RULES], sort_keys=True,
         ).encode()).hexdigest()[:24]
         return self.cache / "baselines" / f"{key}.json"
 
