@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from stitchcuda.verify.config import TOLERANCES
-from stitchcuda.verify.correctness import compare_outputs, detached, distribution_for_trial, make_trial_inputs
+from stitchcuda.verify.correctness import compare_outputs, detached, make_trial_inputs, trial_draw
 from stitchcuda.verify.crash import fail
 from stitchcuda.verify.model_state import ModelState
 from stitchcuda.verify.protocol import WorkerRequest, WorkerResult
@@ -71,9 +71,12 @@ def time_candidate(request: WorkerRequest, result: WorkerResult, reference: Modu
     except BaseException as exc:
         fail(result, exc, "timing")
     checked = time.perf_counter()
-    trials = [lambda i=i: make_trial_inputs(reference.get_inputs, config.seed + 1 + i, distribution_for_trial(i), device)
+    # whether a baseline passes does not depend on the candidate: judged once per task, then cached
+    known = {name: {"passes": b.passes, "max_abs_error": b.max_abs_error}
+             for name, b in request.cached_baselines.items() if b.passes}
+    trials = [lambda i=i: make_trial_inputs(reference.get_inputs, *trial_draw(config.seed, i), device)
               for i in range(config.trials)]
-    accuracy = baseline_accuracy(ref_model, inputs, contenders[2:], trials)
+    accuracy = known | baseline_accuracy(ref_model, inputs, [c for c in contenders[2:] if c.name not in known], trials)
     result.baselines_s += time.perf_counter() - checked
     for c in contenders[1:]:
         baselines[c.name] = BaselineTiming(name=c.name, stats=summarize(c.samples), measured_at=now,

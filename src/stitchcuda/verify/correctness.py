@@ -60,6 +60,12 @@ def distribution_for_trial(index: int) -> str:
     return names[index % len(names)]
 
 
+def trial_draw(seed: int, index: int) -> tuple[int, str]:
+    """Correctness trial ``index``'s seed and value distribution (the baselines are judged on the
+    same inputs)."""
+    return seed + 1 + index, distribution_for_trial(index)
+
+
 def make_trial_inputs(get_inputs: Callable[[], Sequence[Any]], seed: int, distribution: str,
                       device: torch.device | str | None = None) -> list[Any]:
     """The task's inputs for one trial: seeded draw, then the named transform on float tensors.

@@ -23,9 +23,9 @@ from stitchcuda.verify.correctness import (
     cloned,
     compare_outputs,
     detached,
-    distribution_for_trial,
     make_trial_inputs,
     on_device,
+    trial_draw,
 )
 from stitchcuda.verify.crash import fail
 from stitchcuda.verify.protocol import WorkerRequest, WorkerResult
@@ -94,8 +94,7 @@ def run_trials(request: WorkerRequest, result: WorkerResult, reference: ModuleTy
     mutation_reported = False
     prints: list[TrialPrint] = []  # outputs fingerprinted per trial: a cache returns an earlier one
     for index in range(config.trials):
-        seed = config.seed + 1 + index
-        distribution = distribution_for_trial(index)
+        seed, distribution = trial_draw(config.seed, index)
         order = "reference-first" if index % 2 == 0 else "candidate-first"
         trial = TrialResult(index=index, seed=seed, distribution=distribution, order=order, passed=False)
         result.correctness.trials.append(trial)
