@@ -69,7 +69,7 @@ def test_the_program_module_builds_and_binds_its_kernel_extensions():
     assert program.count("stitchcuda_cutlass_") >= len(low.cutlass)
     assert "OpMultiplyAddFastF32" in program  # the kernel sources travel inside the program
     # CUTLASS's 16-byte operands: every argument checked (a misaligned view copied) in the extension
-    assert "inline at::Tensor sc_align16(" in program and program.count("sc_align16(") > 1
+    assert "realigned[i] = args[i]->clone();" in program
     assert "importlib" not in program  # the static checks read it as a way to reach the reference
     assert "via CUTLASS 3xTF32" in program
     cuda = cuda_source(program)

@@ -96,7 +96,8 @@ def extension_stub(graph: OpGraph, groups: list[FusionGroup]):
     expected = [(p.meta.shape, p.meta.dtype) for p in graph.placeholders if p.name in entry]
     calls = []
 
-    def forward(*args):
+    def forward(args):
+        assert isinstance(args, tuple)  # one tuple, unpacked by reference in the binding
         assert [(list(a.shape), str(a.dtype).removeprefix("torch.")) for a in args] == expected
         calls.append(args)
         return torch.empty(graph.meta(graph.outputs[0]).shape, device="meta")

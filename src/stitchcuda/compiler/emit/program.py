@@ -47,7 +47,26 @@ ENTRY_MARK = "// ---- stitchcuda entry point ----"
 
 # Past this many tensors the entry point takes one list: pybind11's argument casters recurse once per
 # argument, and a DenseNet's 600 parameters exceed the compiler's constexpr depth.
-PACKED_ARGS = 64
+# The entry point takes its tensors as one tuple and unpacks them by reference: pybind's
+# per-argument casters cost about 0.4 us a tensor on a fast host, which for a model's hundreds of
+# weights is more host time per call than a small model's kernels take on the GPU.
+ENTRY_BINDING = r"""#include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <vector>
+RET forward(const at::Tensor* const* args, int64_t count);
+RET forward_tuple(pybind11::handle args) {
+  PyObject* tuple = args.ptr();
+  TORCH_CHECK(PyTuple_Check(tuple), "stitchcuda: forward takes one tuple of tensors");
+  const Py_ssize_t count = PyTuple_GET_SIZE(tuple);
+  std::vector<const at::Tensor*> tensors(static_cast<size_t>(count));
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    PyObject* item = PyTuple_GET_ITEM(tuple, i);
+    TORCH_CHECK(THPVariable_Check(item), "stitchcuda: argument ", i, " is not a tensor");
+    tensors[static_cast<size_t>(i)] = &THPVariable_Unpack(item);  // the tuple keeps it alive
+  }
+  return forward(tensors.data(), count);
+}
+"""
 
 
 def split_cuda(cuda_src: str) -> tuple[str, str]:
@@ -186,11 +205,14 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     if any(tiny(g) for g in gemms):
         kernels.append(TINY_GEMM_KERNEL)
     emitted_family: set[str] = set()
+    hoisted: list[str] = []  # groups that compute from the weights alone: launched with the packs
     for lg in low.groups:
         head = f"// group {lg.group.id} ({lg.group.kind}): {lg.describe}"
         if lg.kind == "alias":
             launches.append(head + " -- no launch")
             continue
+        if lg.hoisted:
+            launches.append(head + " -- from the weights alone: launched with the packs")
         text = [head]
         kinds: dict[str, int] = {}  # a group's second kernel of a kind is named g<id>_1, and so on
         for part in lg.launches():
@@ -213,9 +235,8 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
                 if k.source:
                     kernels.append(k.source)
                 text.append(k.launch)
-        launches.append("\n".join(text))
+        (hoisted if lg.hoisted else launches).append("\n".join(text))
     inputs = [(v, i, s, low.ctypes.get(i, "float")) for v, i, s in low.args]
-    packed = len(inputs) > PACKED_ARGS
     low.outputs.sort(key=lambda o: graph.outputs.index(o[0]))
     dnn_math = "CUDNN_TENSOR_OP_MATH" if options.tf32 else "CUDNN_FMA_MATH"
     cuda_src = emitter.env.get_template("program.cu.j2").render(
@@ -227,18 +248,16 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
             g, "CUBLAS_COMPUTE_32F_FAST_TF32" if options.tf32 else "CUBLAS_COMPUTE_32F")],
         dnn_setup=[line for c in low.convs for line in conv_setup(
             c, "CUDNN_TENSOR_OP_MATH" if c.split is not None else dnn_math)],
-        launches=launches, args=inputs, pack_params=low.pack_params, pack_launches=low.pack_launches, intermediates=low.intermediates, outputs=low.outputs,
-        entry_mark=ENTRY_MARK, packed=packed, prelude=emitter.env.get_template("prelude.cu.j2").render(),
+        launches=launches, args=inputs, pack_params=low.pack_params, pack_launches=hoisted + low.pack_launches, intermediates=low.intermediates, outputs=low.outputs,
+        entry_mark=ENTRY_MARK, prelude=emitter.env.get_template("prelude.cu.j2").render(),
         cutlass=bool(low.cutlass), cutlass_slots=low.cutlass_slot_count, cutlass_abi=GEMM_ABI + CONV_ABI,
         cutlass_setup=[cutlass_conv_setup(c) for c in low.cutlass_convs])
     ret = "at::Tensor" if len(low.outputs) == 1 else "std::vector<at::Tensor>"
-    # torch's pybind casters instead of torch/extension.h: the binding compiles in seconds
+    # torch's pybind headers instead of torch/extension.h: the binding compiles in seconds
     bind = 'm.def("bind_cutlass", &bind_cutlass, "a CUTLASS launcher\'s address"); ' if low.cutlass else ""
-    params = "std::vector<at::Tensor> args" if packed else ", ".join(f"at::Tensor {i}" for _, i, _, _ in inputs)
-    cpp_src = ("#include <torch/csrc/utils/pybind.h>\n#include <vector>\n"
-               f"{ret} forward({params});\n"
+    cpp_src = (ENTRY_BINDING.replace("RET", ret)
                + ("void bind_cutlass(int64_t slot, int64_t address);\n" if low.cutlass else "")
-               + 'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward, "the whole forward pass"); '
+               + 'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward_tuple, "the whole forward pass"); '
                + bind + "}\n")
     name = "stitchcuda_offline_" + hashlib.sha256((cuda_src + cpp_src).encode()).hexdigest()[:16]
     fwd_args = _signature(task, "forward")
@@ -274,5 +293,6 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         cutlass=bool(low.cutlass), cutlass_sources=cutlass_sources, cutlass_flags=repr(CUDA_CFLAGS),
         cutlass_describe=[c.describe for c in low.cutlass],
         estimate=json.dumps(estimate.model_dump(exclude_none=True)) if estimate else "", estimate_text=_estimate_text(low),
-        multi=len(low.outputs) > 1, packed=packed, groups=[f"group {lg.group.id} ({lg.group.kind}): {lg.describe}"
+        multi=len(low.outputs) > 1, groups=[f"group {lg.group.id} ({lg.group.kind}): {lg.describe}"
+                                            + (" [from the weights alone: run when they change]" if lg.hoisted else "")
                                             for lg in low.groups])

@@ -26,6 +26,7 @@ from stitchcuda.compiler.ir.ops import CONV_OPS
 from stitchcuda.compiler.lowering.families import Strided
 from stitchcuda.compiler.lowering.families.state import BufferUpdate, write_backs
 from stitchcuda.compiler.lowering.gemm_calls import BATCH_PTRS, tiny, uses_batch_ptrs
+from stitchcuda.compiler.lowering.hoist import hoist, static_values
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_gemm import (
     BF16_WAY,
@@ -380,6 +381,8 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
         if uses_batch_ptrs(gemm):
             reserve_scratch(low, BATCH_PTRS, 6 * gemm.outer * gemm.batch)
     low.uses_blas = any(g.lt is None and g.cutlass is None and g.split is None and not tiny(g) for g in gemms)
+    if lowerer.cx.options.pack_weights:
+        low.hoisted = hoist(low, static_values(graph))
     return low
 
 

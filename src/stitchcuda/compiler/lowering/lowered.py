@@ -167,6 +167,7 @@ class Lowered:
     conv: Conv | None = None
     describe: str = ""
     parts: list[Lowered] = field(default_factory=list)  # a "sequence": GEMMs and kernels launched in order
+    hoisted: bool = False  # computes from the weights alone: launched with the packs (hoist.py)
 
     def launches(self) -> list[Lowered]:
         """The launchable pieces in order (the group itself unless it is a sequence)."""
@@ -199,6 +200,7 @@ class Lowering:
     pack_launches: list[str] = field(default_factory=list)
     pack_bytes: int = 0
     pack_refused: int = 0
+    hoisted: int = 0  # groups that compute from the weights alone, launched with the packs (hoist.py)
 
     def _grown(self) -> tuple[list, ...]:
         """The lists a lowering only appends to."""

@@ -20,6 +20,7 @@ from typing import Any
 from stitchcuda.compiler.capture.graph import MAX_CONSTANT, Node, OpGraph, Placeholder
 from stitchcuda.compiler.ir.ops import RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, VIEW_OPS
 from stitchcuda.compiler.lowering.families import C_TYPES
+from stitchcuda.compiler.schedule.horizontal import merge_shared_linears
 
 # Operators folded: those whose result is the same bits on the CPU as on the GPU (views, fills,
 # index math, comparisons, casts, correctly rounded arithmetic). Transcendentals (log, exp, ...) and
@@ -41,7 +42,7 @@ _INTEGER_REDUCTIONS = {"aten.any", "aten.all", "aten.sum", "aten.amax", "aten.am
 
 
 def simplify(graph: OpGraph) -> OpGraph:
-    return fold_constants(drop_identity_clones(graph))
+    return merge_shared_linears(fold_constants(drop_identity_clones(graph)))
 
 
 def _rename(value: Any, alias: dict[str, str]) -> Any:
