@@ -345,6 +345,15 @@ def test_merged_projections_and_hoisted_work_follow_every_change(tmp_path):
         return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
     agree("as built")
+    # a model built after another is freed may get its addresses and version counts: it must not be
+    # served the freed model's packs
+    program_class = type(new)
+    del new
+    torch.manual_seed(1)
+    ref = scope["Model"](*scope["get_init_inputs"]()).cuda()
+    torch.manual_seed(1)
+    new = program_class(*scope["get_init_inputs"]()).cuda()
+    agree("a second model built under another seed")
     new(x)
     steady = launches()
     state = {k: v * 1.25 if v.is_floating_point() else v for k, v in ref.state_dict().items()}

@@ -31,7 +31,7 @@ def test_weights_are_split_once_and_activations_every_call():
     head, entry = split_cuda(cuda_source(program))
     forward = head[head.index("forward_impl("):]
     assert forward.count("sc_split_tf32") == 0  # no weight split in the forward's launches
-    assert "refresh_packs(P, a," in forward and "_version()" in forward
+    assert "refresh_packs(P, a," in forward and "t->_version()" in head and "P.pack_held.push_back(*t)" in head
     assert "void pack_weights(" in head and "Weights split once: 3 packed" in program
 
 
