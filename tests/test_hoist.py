@@ -147,3 +147,44 @@ def test_a_buffer_the_forward_writes_back_is_not_static():
 def test_a_hoisting_program_compiles_for_sm90(tmp_path):
     task, compiled = _compiled()
     _compile_together([cuda_source(generate(task, compiled.graph, compiled.groups, CodegenOptions()))], tmp_path)
+
+
+ROTARY = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, d=16, seq=32):
+        super().__init__()
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d)), persistent=False)
+        self.seq = seq
+
+    def forward(self, x):
+        positions = torch.arange(self.seq, dtype=torch.float32)
+        freqs = self.inv_freq[:, None] @ positions[None, :]
+        return x * freqs.t().cos()
+
+
+def get_inputs():
+    return [torch.randn(4, 32, 8)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_what_reads_a_static_product_stays_per_call():
+    """Llama's rotary tables: inv_freq times the positions is static, but a library call makes it
+    on every call, so the cosine that reads it cannot run with the packs before it exists."""
+    _, compiled = _compiled(ROTARY, "rotary")
+    static = static_values(compiled.graph)
+    low = lower(compiled.graph, compiled.groups, CodegenOptions())
+    gemm_groups = [lg for lg in low.groups if any(x.gemm is not None for x in lg.launches())]
+    assert gemm_groups and all(n in static for lg in gemm_groups for n in lg.group.nodes)
+    made_per_call = {n for lg in low.groups if not lg.hoisted for n in lg.group.nodes}
+    for lg in low.groups:
+        if lg.hoisted:
+            reads = {i for n in lg.group.nodes for i in compiled.graph.node(n).inputs()} - set(lg.group.nodes)
+            assert not reads & made_per_call, lg.describe

@@ -43,15 +43,21 @@ def hoist(low: Lowering, static: set[str]) -> int:
     returned = set(graph.outputs) | set(graph.mutations)
     placeholders = {p.name for p in graph.placeholders}
     by_name = {n.name: n for n in graph.nodes}
+    # what the packs can read: the static placeholders and what hoisted groups compute (a static
+    # value a library call makes, Llama's inv_freq times the positions, exists only once the
+    # per-call launches have run, so what reads it stays there)
+    ready = {p.name for p in graph.placeholders if p.name in static}
     moved = 0
     for lg in low.groups:
         nodes = lg.group.nodes
         if lg.kind == "alias" or lg.group.id < 0 or not nodes or any(n not in static or n in returned for n in nodes):
             continue
-        if any(x.gemm is not None or x.conv is not None or (x.call is not None and x.call.library)
-               for x in lg.launches()):
+        reads = {graph.getitems.get(i, (i, 0))[0] for n in nodes for i in by_name[n].inputs()} - set(nodes)
+        if not reads <= ready or any(x.gemm is not None or x.conv is not None or (x.call is not None and x.call.library)
+                                     for x in lg.launches()):
             continue
         lg.hoisted = True
+        ready |= set(nodes)
         moved += 1
         for n in nodes:
             for i in by_name[n].inputs():
