@@ -44,7 +44,7 @@ def hoist(low: Lowering, static: set[str]) -> int:
     placeholders = {p.name for p in graph.placeholders}
     by_name = {n.name: n for n in graph.nodes}
     # what the packs can read: the static placeholders and what hoisted groups compute (a static
-    # value a library call makes, Llama's inv_freq times the positions, exists only once the
+    # value a library call makes, a product of two buffers on cuBLAS say, exists only once the
     # per-call launches have run, so what reads it stays there)
     ready = {p.name for p in graph.placeholders if p.name in static}
     moved = 0
