@@ -176,8 +176,9 @@ def get_init_inputs():
 
 
 def test_what_reads_a_static_product_stays_per_call():
-    """Llama's rotary tables: inv_freq times the positions is static, but a library call makes it
-    on every call, so the cosine that reads it cannot run with the packs before it exists."""
+    """Rotary tables written as a product (inv_freq[:, None] @ positions[None, :]): static, but a
+    library call makes it on every call, so the cosine that reads it cannot run with the packs
+    before it exists."""
     _, compiled = _compiled(ROTARY, "rotary")
     static = static_values(compiled.graph)
     low = lower(compiled.graph, compiled.groups, CodegenOptions())
