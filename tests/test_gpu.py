@@ -277,10 +277,7 @@ def test_packed_weights_follow_every_change(tmp_path):
     x = scope["get_inputs"]()[0].cuda()
 
     def agree(what: str) -> None:
-        with torch.no_grad():
-            expected, got = ref(x), new(x)
-        error = ((got - expected).abs().max() / expected.abs().max()).item()
-        assert error < 1e-4, f"{what}: relative error {error:.2e}"
+        _agree(ref, new, x, what)
 
     def splits() -> int:
         with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -296,11 +293,7 @@ def test_packed_weights_follow_every_change(tmp_path):
     assert splits() > steady  # the packs were remade once
     assert splits() == steady
     agree("after load_state_dict")
-    for model in (ref, new):
-        step = torch.optim.SGD(model.parameters(), lr=0.5)
-        for p in model.parameters():
-            p.grad = torch.full_like(p, 0.01)
-        step.step()
+    _sgd_step(ref, new)
     agree("after an optimizer step")
     with torch.no_grad():
         first = next(iter(ref.state_dict()))
@@ -333,10 +326,7 @@ def test_merged_projections_and_hoisted_work_follow_every_change(tmp_path):
     x = scope["get_inputs"]()[0].cuda()
 
     def agree(what: str) -> None:
-        with torch.no_grad():
-            expected, got = ref(x), new(x)
-        error = ((got - expected).abs().max() / expected.abs().max()).item()
-        assert error < 1e-4, f"{what}: relative error {error:.2e}"
+        _agree(ref, new, x, what)
 
     def launches() -> int:
         with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -361,11 +351,7 @@ def test_merged_projections_and_hoisted_work_follow_every_change(tmp_path):
     new.load_state_dict(state)
     assert launches() > steady  # the concatenations and the embedding ran again, once
     agree("after load_state_dict")
-    for model in (ref, new):
-        step = torch.optim.SGD(model.parameters(), lr=0.5)
-        for p in model.parameters():
-            p.grad = torch.full_like(p, 0.01)
-        step.step()
+    _sgd_step(ref, new)
     agree("after an optimizer step")
     with torch.no_grad():
         value = torch.randn_like(ref.k.weight) * 0.05
@@ -373,6 +359,27 @@ def test_merged_projections_and_hoisted_work_follow_every_change(tmp_path):
         new.get_parameter("k.weight").copy_(value)
     agree("after copy_ into the key projection's weight")
     print(f"\nprojections: {steady} launches a call with the weights unchanged")
+
+
+def _agree(ref, new, x, what: str) -> None:
+    """The program's output within 1e-4 of the reference's largest element."""
+    import torch
+
+    with torch.no_grad():
+        expected, got = ref(x), new(x)
+    error = ((got - expected).abs().max() / expected.abs().max()).item()
+    assert error < 1e-4, f"{what}: relative error {error:.2e}"
+
+
+def _sgd_step(*models) -> None:
+    """The same optimizer step on every model: each weight changes in place (its version bumps)."""
+    import torch
+
+    for model in models:
+        step = torch.optim.SGD(model.parameters(), lr=0.5)
+        for p in model.parameters():
+            p.grad = torch.full_like(p, 0.01)
+        step.step()
 
 
 def _reference_and_program(task, program: str, path) -> tuple[dict, object, object]:
