@@ -230,3 +230,32 @@ def test_state_reassigned_inside_a_submodule_is_refused_not_dropped():
     submodule; one more forward of the captured model finds the reassignment, and the capture says so."""
     with pytest.raises(CaptureError, match=r"reassigns cell\.h .*did not record it"):
         compile_task(load_task_file(Path(__file__).parent / "fixtures" / "compiler_refusals" / "nested_state.py"))
+
+
+@pytest.mark.parametrize("name", ["hf_llama", "hf_bert"])
+def test_merged_projections_and_weight_only_work_compute_the_reference(zoo, name, tmp_path):
+    """HF Llama (GQA Q/K/V and gate/up merged, rotary tables and masks from the weights alone) and
+    BERT (Q/K/V merged, position embeddings hoisted), run on the CPU as the program runs them: the
+    groups made from the weights alone first, with the packs; CUTLASS's products from their
+    arguments. BERT's inputs cut to 2 x 64 tokens; Llama's kept at 4 x 256, where the cost model
+    gives its merged products to CUTLASS."""
+    from stitchcuda.compiler.emit.codegen import CodegenOptions
+    from stitchcuda.task.record import Task
+    from tests.test_offline_codegen import simulate
+
+    (path,) = zoo.write(tmp_path, [name])
+    source = path.read_text() if name == "hf_llama" else path.read_text().replace("(4, 256)", "(2, 64)")
+    task = Task(name=name, source=source)
+    compiled = compile_task(task)
+    assert any(n.op == "aten.linear" and n.name.endswith("_merged") for n in compiled.graph.nodes)
+    options = CodegenOptions(cutlass=True, split_tf32=False, cublaslt=False, gpu="H200")  # CUTLASS where the model says
+    if name == "hf_llama":
+        from stitchcuda.compiler.lowering.lower import lower
+
+        low = lower(compiled.graph, compiled.groups, options)
+        assert any(x.gemm is not None and x.gemm.cutlass is not None for g in low.groups for x in g.launches())
+        assert any(g.hoisted for g in low.groups)
+    got, expected = simulate(task, compiled.graph, compiled.groups, options)
+    for g, e in zip(got, expected, strict=True):
+        e = e if hasattr(e, "shape") else e[0]
+        assert ((g - e).abs().max() / e.abs().max()).item() < 1e-4

@@ -111,7 +111,7 @@ def test_work_on_the_weights_alone_runs_with_the_packs():
     assert not any(n.op == "aten.linear" and n.name in static for n in compiled.graph.nodes)
     low = lower(compiled.graph, compiled.groups, CodegenOptions())
     hoisted = [lg for lg in low.groups if lg.hoisted]
-    assert low.hoisted == len(hoisted) >= 3  # the concatenations and the position embedding
+    assert len(hoisted) >= 3  # the concatenations and the position embedding
     assert all(lg.kind != "gemm" for lg in hoisted)
     program = generate(task, compiled.graph, compiled.groups, CodegenOptions())
     head, _ = split_cuda(cuda_source(program))

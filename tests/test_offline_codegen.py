@@ -274,6 +274,34 @@ def simulate_tiny(text: str, flat: dict[str, torch.Tensor]) -> None:
         c.as_strided((m, n), (ldc, 1), c0 + o * oc + j * sc).copy_((alpha * am @ bm).float())
 
 
+def simulate_cutlass(g, text: str, flat: dict[str, torch.Tensor]) -> None:
+    """What a CUTLASS GEMM launch computes from its ScGemmArgs: act(alpha.A.B + beta.C), for each
+    step of the outer loop a batched product over two batch dimensions runs in."""
+    fields = [f.strip() for f in re.search(r"ScGemmArgs ga\{([^}]*)\}", text).group(1).split(",")]
+    loop = re.search(r"for \(int o = 0; o < (\d+); \+\+o\)", text)
+    act = {"identity": lambda t: t, "relu": torch.relu, "gelu": torch.nn.functional.gelu, "sigmoid": torch.sigmoid,
+           "silu": torch.nn.functional.silu,
+           "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[g.cutlass.activation]
+    m, n, k, batch = map(int, fields[:4])
+    lda, ldb, ldc, ldd, sa, sb, sc, sd = map(int, fields[8:16])
+    alpha, beta = (float(f.rstrip("f")) for f in fields[16:18])
+    for o in range(int(loop.group(1)) if loop else 1):
+        def buffer(field: str, o: int = o) -> tuple[torch.Tensor | None, int]:
+            if field == "nullptr":
+                return None, 0
+            name, _, offset = field.partition(" + ")
+            return flat[name.removeprefix("a.")], eval(offset.replace("LL", "") or "0", {"o": o})  # noqa: S307
+
+        (a, oa), (b, ob), (c, oc), (d, od) = map(buffer, fields[4:8])
+        for i in range(batch):
+            x = torch.as_strided(a, (m, k), (1, lda) if g.cutlass.a_col else (lda, 1), oa + i * sa).double()
+            y = torch.as_strided(b, (k, n), (1, ldb) if g.cutlass.b_col else (ldb, 1), ob + i * sb).double()
+            out = alpha * (x @ y)
+            if c is not None and beta != 0:
+                out = out + beta * torch.as_strided(c, (m, n), (ldc, 1), oc + i * sc).double()
+            torch.as_strided(d, (m, n), (ldd, 1), od + i * sd).copy_(act(out).float())
+
+
 def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None):
     """Run the lowered program on the CPU: GEMMs through an emulation of the emitted cuBLAS
     calls, kernels through the IR evaluator; returns (outputs, reference outputs)."""
@@ -295,16 +323,21 @@ def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         else:
             t = inputs[int(p.target)] if p.kind == "input" else state[p.target]
         flat[low.storage[p.name]] = t.detach().contiguous().reshape(-1).clone()
-    for ident, shape in low.intermediates:
-        flat[ident] = torch.full((numel(shape),), float("nan"))
+    typed = {"bool": torch.bool, "int64_t": torch.int64, "int32_t": torch.int32}
+    for ident, shape in low.intermediates:  # NaN where a float is read before it is written
+        dtype = typed.get(low.ctypes.get(ident, "float"))
+        flat[ident] = torch.zeros(numel(shape), dtype=dtype) if dtype else torch.full((numel(shape),), float("nan"))
     for _, ident, shape in low.outputs:
         flat[ident] = torch.full((numel(shape),), float("nan"))
-    for lg in (x for g in low.groups for x in g.launches()):
+    # as the program runs them: the groups made from the weights alone first, with the packs
+    for lg in (x for g in sorted(low.groups, key=lambda g: not g.hoisted) for x in g.launches()):
         if lg.kind == "kernel":
             _run_family_node(graph, low, lg, flat)
             continue
         if lg.gemm is not None and lg.gemm.lt is not None:
             simulate_lt(lg.gemm, flat)
+        elif lg.gemm is not None and lg.gemm.cutlass is not None:
+            simulate_cutlass(lg.gemm, emitter.gemm(lg.gemm), flat)
         elif lg.gemm is not None:
             text = emitter.gemm(lg.gemm)
             (simulate_tiny if text.startswith("sc_tiny_gemm<") else simulate_blas)(text, flat)

@@ -36,9 +36,9 @@ def static_values(graph: OpGraph) -> set[str]:
     return static
 
 
-def hoist(low: Lowering, static: set[str]) -> int:
+def hoist(low: Lowering, static: set[str]) -> None:
     """Mark the groups of plain kernels that compute static values only as launched with the packs,
-    and add the tensors they read to the pack key. Returns how many groups moved."""
+    and add the tensors they read to the pack key."""
     graph = low.graph
     returned = set(graph.outputs) | set(graph.mutations)
     placeholders = {p.name for p in graph.placeholders}
@@ -47,7 +47,6 @@ def hoist(low: Lowering, static: set[str]) -> int:
     # value a library call makes, a product of two buffers on cuBLAS say, exists only once the
     # per-call launches have run, so what reads it stays there)
     ready = {p.name for p in graph.placeholders if p.name in static}
-    moved = 0
     for lg in low.groups:
         nodes = lg.group.nodes
         if lg.kind == "alias" or lg.group.id < 0 or not nodes or any(n not in static or n in returned for n in nodes):
@@ -58,10 +57,8 @@ def hoist(low: Lowering, static: set[str]) -> int:
             continue
         lg.hoisted = True
         ready |= set(nodes)
-        moved += 1
         for n in nodes:
             for i in by_name[n].inputs():
                 ident = low.storage.get(i)
                 if i in placeholders and ident is not None and ident not in low.pack_params:
                     low.pack_params.append(ident)
-    return moved

@@ -382,7 +382,7 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
             reserve_scratch(low, BATCH_PTRS, 6 * gemm.outer * gemm.batch)
     low.uses_blas = any(g.lt is None and g.cutlass is None and g.split is None and not tiny(g) for g in gemms)
     if lowerer.cx.options.pack_weights:
-        low.hoisted = hoist(low, static_values(graph))
+        hoist(low, static_values(graph))
     return low
 
 

@@ -200,7 +200,6 @@ class Lowering:
     pack_launches: list[str] = field(default_factory=list)
     pack_bytes: int = 0
     pack_refused: int = 0
-    hoisted: int = 0  # groups that compute from the weights alone, launched with the packs (hoist.py)
 
     def _grown(self) -> tuple[list, ...]:
         """The lists a lowering only appends to."""

@@ -62,6 +62,7 @@ def pack_note(low: Lowering) -> str:
         if low.pack_launches else ""
     refused = (f" {low.pack_refused / 2**30:.2f} GiB of weight halves did not fit the budget: those weights split on "
                "every call.") if low.pack_refused else ""
-    once = (f" {low.hoisted} launches compute from the weights alone (hoist.py): they run with the packs, when a "
-            "weight they read changes, not on every call.") if low.hoisted else ""
+    hoisted = sum(lg.hoisted for lg in low.groups)
+    once = (f" {hoisted} launches compute from the weights alone (hoist.py): they run with the packs, when a "
+            "weight they read changes, not on every call.") if hoisted else ""
     return (kept + refused + once).strip()
