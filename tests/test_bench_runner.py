@@ -245,3 +245,59 @@ def test_bench_optimize_records_each_run_and_its_attempts(tmp_path, cache):
     (sample,) = pq.read_table(tmp_path / "d" / "train.parquet").to_pylist()
     assert sample["skill"] == 1 and sample["completion"] == PURE_TORCH and sample["hacking"] == "total"
     assert json.loads(sample["verdict"])["hacking"]["level"] == "total" and sample["passed"] is False
+
+
+RACING_TASK = '''
+import sys
+import torch
+import torch.nn as nn
+
+race = sys.modules["_stitchcuda_capture_race"]
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        if {first}:  # building, on the meta device: give the other capture a second to start
+            race.building.set()
+            race.raced.append(race.other_started.wait(1.0))
+        else:
+            race.building.wait(5.0)
+            race.other_started.set()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+def get_inputs():
+    return [torch.randn(2, 8)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_captures_in_threads_do_not_overlap(monkeypatch):
+    """A bench captures its tasks in threads. Building a model under ``with torch.device("meta")``
+    sets torch's process-wide default device, which corrupted another thread's trace (HF GPT-2 on
+    torch 2.11): one capture, from building its model to its last forward, runs at a time."""
+    import sys
+    import types
+
+    from stitchcuda.compiler.capture.graph import capture
+    from stitchcuda.task.record import Task
+
+    race = types.SimpleNamespace(building=threading.Event(), other_started=threading.Event(), raced=[])
+    monkeypatch.setitem(sys.modules, "_stitchcuda_capture_race", race)
+    tasks = [Task(name=f"t{first}", source=RACING_TASK.format(first=first)) for first in (True, False)]
+    graphs: list = []
+    threads = [threading.Thread(target=lambda t=t: graphs.append(capture(t))) for t in tasks]
+    threads[0].start()
+    race.building.wait(5.0)
+    threads[1].start()
+    for t in threads:
+        t.join()
+    assert race.raced == [False]  # the second capture did not start while the first built its model
+    assert len(graphs) == 2 and all(any(n.op == "aten.relu" for n in g.nodes) for g in graphs)

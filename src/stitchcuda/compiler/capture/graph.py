@@ -23,9 +23,11 @@ from pydantic import BaseModel, Field
 from stitchcuda.task.record import Task
 
 # torch's tracing machinery (torch.export, fx's patcher, the proxy and fake dispatch modes) keeps
-# process-wide state, so two traces in threads of one process (a bench's tasks) corrupt each
-# other: every capture holds this lock.
-TRACE_LOCK = threading.Lock()
+# process-wide state, and so does ``with torch.device(...)`` (the default device is a module
+# global): a model built on the meta device in one thread while another thread traces (a bench's
+# tasks) corrupts that trace (HF GPT-2's mask: "Cannot view a tensor ..." under torch 2.11). So a
+# capture holds this lock from building the model to its last forward.
+TRACE_LOCK = threading.RLock()
 
 
 class CaptureError(RuntimeError):
@@ -254,7 +256,11 @@ def keep_table(decompose: frozenset[str] = frozenset()) -> dict[Any, Any]:
 def capture(task: Task, decompose: frozenset[str] = frozenset()) -> OpGraph:
     """Export the reference's forward, in the mode the task leaves it, lower it to core ATen (in-place
     ops functionalised, the operators of ``KEEP`` whole) and describe it as an :class:`OpGraph`."""
+    with TRACE_LOCK:
+        return _capture(task, decompose)
 
+
+def _capture(task: Task, decompose: frozenset[str]) -> OpGraph:
     model, inputs, state = _instantiate(task)
     try:
         try:
