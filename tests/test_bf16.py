@@ -89,10 +89,11 @@ def test_mlp_runs_on_bf16_copies_with_the_weights_converted_once():
 
 def test_convolutions_run_channels_last_on_cudnns_bf16_kernels():
     task, compiled, low = lowered("diffusion_resblock", BF16)
-    assert [c.split.copies for c in low.convs] == [1, 1]
+    # the 128 -> 256 one saves less than the model's margin on bf16 (its copies against TF32's rate)
+    assert [c.split.copies if c.split else None for c in low.convs] == [None, 1]
     program = generate(task, compiled.graph, compiled.groups, BF16)
     cuda = cuda_source(program)
-    assert cuda.count("sc_nhwc_bf16<<<") == cuda.count("sc_nhwc_bf16_to_nchw<<<") == 2
+    assert cuda.count("sc_nhwc_bf16<<<") == cuda.count("sc_nhwc_bf16_to_nchw<<<") == 1
     assert "CUDNN_DATA_BFLOAT16" in cuda and "CUDNN_TENSOR_NHWC" in cuda
     assert "cuDNN on bf16 tensor cores (fp32 accumulate" in program
     assert arithmetic_of(program) == [TF32, BF16_ACC32]

@@ -18,8 +18,10 @@ Under a TF32 variant (``paper``), cuBLAS, cuDNN and CUTLASS run plain TF32: ``cu
 ``cutlass`` are estimated at TF32's rate, one pass.
 
 The efficiencies (share of the table's peak a path reaches) were measured on an H100 (2026-11):
-SGEMM and cuDNN's fp32 forward convolutions about 50 TFLOP/s, its transposed ones about 12,
-TF32 products about 300, CUTLASS's 3xTF32 about 1.4x SGEMM, copies at about 2.5 TB/s.
+SGEMM about 50 TFLOP/s, cuDNN's transposed fp32 convolutions about 12, TF32 products about 300,
+CUTLASS's 3xTF32 about 1.4x SGEMM, copies at about 2.5 TB/s. Convolutions' own figures were
+measured on an H200 (ResNet-18, 2026-11): cuDNN's direct fp32 ones about 27 TFLOP/s, its
+tensor-core ones rising with the output channels (see :data:`CONV_TENSOR_EFF`).
 
 Accuracy comes before speed: a product whose output is summed over its own columns straight away
 (a sum or mean over the features, the statistics of a group or layer norm) adds up the errors of
@@ -47,11 +49,20 @@ from stitchcuda.machine import physical_gpu
 TABLES: dict[str, NominalPeaks] = dict(NOMINAL)
 
 # share of the table's peak each path reaches (measured on an H100, see the module's docstring)
-SGEMM_EFF, CONV_EFF, CONV_TRANSPOSED_EFF = 0.75, 0.75, 0.18
+SGEMM_EFF, CONV_TRANSPOSED_EFF = 0.75, 0.18
 TF32_EFF, CUTLASS_3X_EFF, SIMT_EFF, HBM_EFF = 0.6, 0.42, 0.25, 0.75
-# bf16 tensor cores: cuBLASLt's bf16 GEMMs reach about TF32's share of their (twice as high) peak;
-# cuDNN's tensor-core convolutions (TF32 or bf16) less (an assumption, not yet measured here)
-BF16_EFF, CONV_TENSOR_EFF = 0.6, 0.45
+# cuDNN's direct fp32 forward convolutions (FFT and Winograd excluded, as true fp32 needs): 19 to 28
+# TFLOP/s on ResNet-18's 3x3 convolutions at batch 10 on an H200 (torch.profiler, 2026-11-27), eager's
+# own algorithm choice included; 0.75 before, from larger convolutions, picked cuDNN where the split
+# was 1.2x faster over the whole network.
+CONV_EFF = 0.4
+# bf16 tensor cores: cuBLASLt's bf16 GEMMs reach about TF32's share of their (twice as high) peak
+BF16_EFF = 0.6
+# cuDNN's tensor-core convolutions (TF32, bf16, and the split's 3 x channels): their share of the
+# peak grows with the output channels (the GEMM's N, which sets the tile): on the same H200 run the
+# split's TF32 convolutions ran at about 92, 133 and 247 TFLOP/s for 64, 128 and 256 output
+# channels. :func:`conv_tensor_eff` fits that (bf16 assumed alike: not measured here).
+CONV_TENSOR_EFF, CONV_FULL_CHANNELS = 0.5, 256
 LAUNCH_MS = 0.003  # a kernel's start and drain inside a CUDA graph
 # A tile's prologue and epilogue (its first loads, its output's write) are paid once per tile
 # whatever K is: a product of depth K runs at K / (K + K_HALF) of the path's rate.
@@ -190,6 +201,12 @@ def gemm_paths(g: Any, table: NominalPeaks, allowed: list[str], packed_a: bool =
     return out
 
 
+def conv_tensor_eff(c: Any) -> float:
+    """Share of the tensor cores' peak cuDNN reaches on the convolution ``c``: :data:`CONV_TENSOR_EFF`
+    from :data:`CONV_FULL_CHANNELS` output channels a group, less below (measured, see there)."""
+    return CONV_TENSOR_EFF * min(1.0, (c.k // c.groups) / CONV_FULL_CHANNELS) ** 0.6
+
+
 def conv_paths(c: Any, table: NominalPeaks, allowed: list[str], packed_w: bool = False,
                tf32: bool = False) -> dict[str, float]:
     """Each allowed path's time for the convolution ``c`` (a :class:`lowered.Conv`), ms: cuDNN's fp32
@@ -203,19 +220,20 @@ def conv_paths(c: Any, table: NominalPeaks, allowed: list[str], packed_w: bool =
     flops = 2.0 * c.n * spatial * depth * (c.k // c.groups if c.transposed else c.k)
     x, y = c.n * c.c * math.prod(c.size), c.n * c.k * math.prod(c.out_size)
     w = c.k * depth
+    tensor_eff = conv_tensor_eff(c)
     out: dict[str, float] = {}
     for path in allowed:
         if path == "cublas" and tf32:
-            out[path] = max(_ms(flops, table.tf32 * CONV_TENSOR_EFF), _copy_ms(4.0 * (x + y + w), table)) + LAUNCH_MS
+            out[path] = max(_ms(flops, table.tf32 * tensor_eff), _copy_ms(4.0 * (x + y + w), table)) + LAUNCH_MS
         elif path == "cublas":
             eff = CONV_TRANSPOSED_EFF if c.transposed else CONV_EFF
             out[path] = max(_ms(flops, table.fp32 * eff), _copy_ms(4.0 * (x + y + w), table)) + LAUNCH_MS
         elif path == "bf16":
-            conv = max(_ms(flops, table.bf16 * CONV_TENSOR_EFF), _copy_ms(2.0 * (x + y + w), table))
+            conv = max(_ms(flops, table.bf16 * tensor_eff), _copy_ms(2.0 * (x + y + w), table))
             copies = _copy_ms(6.0 * x + 6.0 * y + (0.0 if packed_w else 6.0 * w), table)
             out[path] = conv + copies + (3 if packed_w else 4) * LAUNCH_MS
         elif path == "split":
-            out[path] = (_ms(3 * flops, table.tf32 * TF32_EFF) + _copy_ms(4.0 * (7 * x + 3 * y + 4 * w), table)
+            out[path] = (_ms(3 * flops, table.tf32 * tensor_eff) + _copy_ms(4.0 * (7 * x + 3 * y + 4 * w), table)
                          + 4 * LAUNCH_MS)
         elif path == "cutlass":  # NHWC copies of input and output around CUTLASS's implicit GEMM
             out[path] = (max(_ms(3 * flops, table.tf32 * CUTLASS_3X_EFF), _copy_ms(4.0 * (x + y + w), table))
