@@ -10,7 +10,14 @@ from stitchcuda.agents.offline import variant_estimates, variants
 from stitchcuda.compiler import compile_task
 from stitchcuda.compiler.emit.codegen import CodegenOptions, generate
 from stitchcuda.compiler.ir.expr import Unsupported
-from stitchcuda.compiler.lowering.cost import TABLES, amplifies_error, choose, conv_paths, gemm_paths, this_machine
+from stitchcuda.compiler.lowering.cost import (
+    TABLES,
+    amplifies_error,
+    choose,
+    conv_paths,
+    gemm_paths,
+    this_machine,
+)
 from stitchcuda.compiler.lowering.lower import lower
 from stitchcuda.compiler.lowering.lowered import Conv, Gemm
 from stitchcuda.compiler.lowering.split_tf32 import worth_splitting
