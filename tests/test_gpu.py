@@ -263,7 +263,6 @@ def test_packed_weights_follow_every_change(tmp_path):
     unchanged a call splits only its activations."""
 
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from stitchcuda.compiler import compile_task
     from stitchcuda.compiler.emit.codegen import CodegenOptions, generate
@@ -280,10 +279,7 @@ def test_packed_weights_follow_every_change(tmp_path):
         _agree(ref, new, x, what)
 
     def splits() -> int:
-        with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
-            new(x)
-            torch.cuda.synchronize()
-        return sum(1 for e in prof.events() if "sc_split_tf32" in e.name)
+        return _kernels_of_one_call(new, x, "sc_split_tf32")
 
     agree("as built")
     steady = splits()
@@ -310,7 +306,6 @@ def test_merged_projections_and_hoisted_work_follow_every_change(tmp_path):
     load_state_dict, an optimizer step and copy_ into one weight: the output agrees each time, and a
     call with the weights unchanged launches fewer kernels than the call after a change."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from stitchcuda.compiler import compile_task
     from stitchcuda.compiler.emit.codegen import generate
@@ -329,10 +324,7 @@ def test_merged_projections_and_hoisted_work_follow_every_change(tmp_path):
         _agree(ref, new, x, what)
 
     def launches() -> int:
-        with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
-            new(x)
-            torch.cuda.synchronize()
-        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        return _kernels_of_one_call(new, x)
 
     agree("as built")
     # a model built after another is freed may get its addresses and version counts: it must not be
@@ -369,6 +361,18 @@ def _agree(ref, new, x, what: str) -> None:
         expected, got = ref(x), new(x)
     error = ((got - expected).abs().max() / expected.abs().max()).item()
     assert error < 1e-4, f"{what}: relative error {error:.2e}"
+
+
+def _kernels_of_one_call(model, x, named: str = "") -> int:
+    """The GPU events of one call of ``model`` under torch.profiler, only those whose name has
+    ``named`` in it if given."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model(x)
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and named in e.name)
 
 
 def _sgd_step(*models) -> None:

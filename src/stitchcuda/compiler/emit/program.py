@@ -45,11 +45,10 @@ TORCH_TYPES = {"float": "at::kFloat", "bool": "at::kBool", "int64_t": "at::kLong
 ENTRY_MARK = "// ---- stitchcuda entry point ----"
 
 
-# Past this many tensors the entry point takes one list: pybind11's argument casters recurse once per
-# argument, and a DenseNet's 600 parameters exceed the compiler's constexpr depth.
 # The entry point takes its tensors as one tuple and unpacks them by reference: pybind's
 # per-argument casters cost about 0.4 us a tensor on a fast host, which for a model's hundreds of
-# weights is more host time per call than a small model's kernels take on the GPU.
+# weights is more host time per call than a small model's kernels take on the GPU (and they recurse
+# once per argument: a DenseNet's 600 parameters exceeded the compiler's constexpr depth).
 ENTRY_BINDING = r"""#include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <vector>

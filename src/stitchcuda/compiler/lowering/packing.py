@@ -63,6 +63,6 @@ def pack_note(low: Lowering) -> str:
     refused = (f" {low.pack_refused / 2**30:.2f} GiB of weight halves did not fit the budget: those weights split on "
                "every call.") if low.pack_refused else ""
     hoisted = sum(lg.hoisted for lg in low.groups)
-    once = (f" {hoisted} launches compute from the weights alone (hoist.py): they run with the packs, when a "
+    once = (f" {hoisted} groups compute from the weights alone (hoist.py): they run with the packs, when a "
             "weight they read changes, not on every call.") if hoisted else ""
     return (kept + refused + once).strip()
