@@ -173,3 +173,49 @@ def test_a_product_summed_over_its_columns_keeps_to_fp32():
         assert (low.estimates[0].path == "cublas") is amplified, number
         if amplified:
             assert "adds up every output's error" in low.estimates[0].why
+
+
+_CONVS = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = {conv}
+
+    def forward(self, x):
+        return torch.tanh(self.conv(x))
+
+
+def get_inputs():
+    return [torch.randn({shape})]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("conv, shape, split", [
+    ("nn.ConvTranspose2d(64, 64, 4, stride=2, padding=1, output_padding=1)", "32, 64, 256, 256", True),
+    ("nn.Conv3d(32, 64, 3)", "16, 32, 32, 64, 64", True),
+    ("nn.Conv2d(64, 128, 3, padding=1)", "32, 64, 128, 128", False),
+])
+def test_transposed_and_3d_convolutions_keep_the_channels_last_split_under_tf32(conv, shape, split):
+    """Under TF32 (paper's first variant) cuDNN's NCHW TF32 kernels ran KernelBench's transposed and
+    3-d convolutions no faster than fp32 (L1/57 31.3 ms against the split's 12.8 on an H200): the
+    model rates them as fp32 there and gives them the split, as under strict; a 2-d convolution
+    keeps plain TF32, and a variant that fixes its paths never splits under TF32."""
+    from stitchcuda.task.record import Task
+
+    task = Task(name="conv_tf32", source=_CONVS.format(conv=conv, shape=shape))
+    compiled = compile_task(task)
+    first = CodegenOptions(**{**variants("paper")[0], "gpu": "H200"})
+    (estimate,) = lower(compiled.graph, compiled.groups, first).estimates
+    assert estimate.tf32 and (estimate.path == "split") is split, estimate.paths
+    fixed = CodegenOptions(tf32=True, gpu="H200")
+    assert all(e.path != "split" for e in lower(compiled.graph, compiled.groups, fixed).estimates)
+    if split:
+        assert "3xTF32 (split channels)" in generate(task, compiled.graph, compiled.groups, first)

@@ -288,6 +288,10 @@ def test_offline_coder_picks_the_next_variant_from_the_verdict():
     assert choose_next(opts, list(range(len(opts))), Signals()) == len(opts) - 1  # used up: the last again
     paper = variants("paper")
     assert paper[0]["tf32"] and not variants("strict")[0]["tf32"]
+    # under TF32 only the cost model splits (a transposed or 3-d convolution): a split that failed
+    # rules out the model's variants, not just the split_tf32 ones (none under paper)
+    split_failed = Signals(failure="build of 'x' failed at program.cu:88: sc_split_conv: too many resources")
+    assert not paper[choose_next(paper, [0, 1, 2, 3], split_failed, base=0)]["cost_model"]  # bf16's model next else
 
 
 def test_strict_tries_plain_tf32_second_where_a_library_kernel_leads_and_drops_it_when_wrong():

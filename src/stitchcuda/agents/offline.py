@@ -167,6 +167,8 @@ def choose_next(options: list[dict], tried: list[int], signals: Signals, base: i
         banned.append(("cutlass", True))
     if "split" in failure or (ref.get("split_tf32") and "incorrect in" in failure):  # its error is the larger
         banned.append(("split_tf32", True))
+        if ref.get("tf32"):  # under TF32 only the cost model splits (convolutions: lower_conv)
+            banned.append(("cost_model", True))
     if ref.get("cost_model") and "incorrect in" in failure:  # its products mixed both 3xTF32 paths: fp32 next
         banned.append(("cutlass", True))
     if "incorrect in" in failure and tried and options[tried[-1]].get("tf32"):  # plain TF32 missed the tolerance

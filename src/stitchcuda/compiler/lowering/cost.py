@@ -207,6 +207,16 @@ def conv_tensor_eff(c: Any) -> float:
     return CONV_TENSOR_EFF * min(1.0, (c.k // c.groups) / CONV_FULL_CHANNELS) ** 0.6
 
 
+def nchw_tf32_slow(c: Any) -> bool:
+    """Whether cuDNN's TF32 kernels in NCHW (its legacy API, as our programs call it) run the
+    convolution ``c`` no faster than its fp32 ones: transposed and 3-d convolutions. On an H200
+    (2026-11-27, KernelBench's sample under paper) L1/57 (transposed) ran 31.3 ms in TF32 against
+    eager fp32's 27.8, L2/5 (transposed) 25.4 against 28.7, L2/47 (3-d) 6.2 against 5.7 and L1/54
+    (3-d) 1.89 against 1.91, where the split's channels-last TF32 ran L1/57 in 12.8 ms, L2/5 in 7.1
+    and L2/47 in 3.7. So TF32 is rated there as cuDNN's fp32, and the split is offered under TF32 too."""
+    return c.transposed or len(c.size) == 3
+
+
 def conv_paths(c: Any, table: NominalPeaks, allowed: list[str], packed_w: bool = False,
                tf32: bool = False) -> dict[str, float]:
     """Each allowed path's time for the convolution ``c`` (a :class:`lowered.Conv`), ms: cuDNN's fp32
@@ -223,7 +233,7 @@ def conv_paths(c: Any, table: NominalPeaks, allowed: list[str], packed_w: bool =
     tensor_eff = conv_tensor_eff(c)
     out: dict[str, float] = {}
     for path in allowed:
-        if path == "cublas" and tf32:
+        if path == "cublas" and tf32 and not nchw_tf32_slow(c):
             out[path] = max(_ms(flops, table.tf32 * tensor_eff), _copy_ms(4.0 * (x + y + w), table)) + LAUNCH_MS
         elif path == "cublas":
             eff = CONV_TRANSPOSED_EFF if c.transposed else CONV_EFF

@@ -25,7 +25,7 @@ from stitchcuda.compiler.ir.expr import (
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import CONV_OPS
 from stitchcuda.compiler.lowering.bf16 import bf16_conv_able, plan_conv_bf16
-from stitchcuda.compiler.lowering.cost import Estimate, choose, conv_paths
+from stitchcuda.compiler.lowering.cost import Estimate, choose, conv_paths, nchw_tf32_slow
 from stitchcuda.compiler.lowering.cutlass_conv import CutlassConv, conv_supported
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_gemm import SPLIT_SCRATCH, activation_of, feeds_only, reserve_scratch
@@ -112,7 +112,10 @@ def lower_conv(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
             and largest < CUTLASS_CONV_MAX_ELEMENTS:
         return _cutlass_conv(cx, g, anchor, conv, bias, epilogue, env, text)
     cx.out.convs.append(conv)
-    allowed = ["cublas"] + (["split"] if cx.options.split_tf32 and splittable_conv(conv) and not _deep(cx) else []) \
+    # under TF32 the split is the cost model's to give, and only where NCHW TF32 is slow (cost.nchw_tf32_slow):
+    # its channels-last layout is what is fast there, its 3xTF32 arithmetic more accurate than TF32's
+    split_ok = cx.options.split_tf32 or (cx.options.tf32 and cx.options.cost_model and nchw_tf32_slow(conv))
+    allowed = ["cublas"] + (["split"] if split_ok and splittable_conv(conv) and not _deep(cx) else []) \
         + (["bf16"] if cx.options.bf16 and bf16_conv_able(conv) else [])
     param = parameter(cx.out, conv.weight) if cx.options.pack_weights else None
     table, tf32 = cx.out.machine.table, cx.options.tf32
