@@ -25,7 +25,7 @@ from stitchcuda.compiler.emit.codegen import (
     supported,
 )
 from stitchcuda.compiler.ir.evaluate import evaluate
-from stitchcuda.compiler.ir.expr import numel
+from stitchcuda.compiler.ir.expr import OPS, numel
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.schedule.fusion import fuse
 from stitchcuda.task.load import bundled_task_names, resolve_tasks
@@ -279,9 +279,8 @@ def simulate_cutlass(g, text: str, flat: dict[str, torch.Tensor]) -> None:
     step of the outer loop a batched product over two batch dimensions runs in."""
     fields = [f.strip() for f in re.search(r"ScGemmArgs ga\{([^}]*)\}", text).group(1).split(",")]
     loop = re.search(r"for \(int o = 0; o < (\d+); \+\+o\)", text)
-    act = {"identity": lambda t: t, "relu": torch.relu, "gelu": torch.nn.functional.gelu, "sigmoid": torch.sigmoid,
-           "silu": torch.nn.functional.silu,
-           "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[g.cutlass.activation]
+    name = g.cutlass.activation  # the IR's own formula for it (what our kernels compute)
+    act = (lambda t: t) if name == "identity" else OPS[name][1]
     m, n, k, batch = map(int, fields[:4])
     lda, ldb, ldc, ldd, sa, sb, sc, sd = map(int, fields[8:16])
     alpha, beta = (float(f.rstrip("f")) for f in fields[16:18])

@@ -15,7 +15,9 @@ copies of its operands, read and written) and a few microseconds a launch. The p
   only): the copies' traffic (a weight's paid once where it is packed), half the bytes in the product.
 
 Under a TF32 variant (``paper``), cuBLAS, cuDNN and CUTLASS run plain TF32: ``cublas`` and
-``cutlass`` are estimated at TF32's rate, one pass.
+``cutlass`` are estimated at TF32's rate, one pass; except cuDNN's transposed and 3-d
+convolutions, which gain nothing from TF32 in NCHW and are rated as fp32, the split offered
+beside them (:func:`nchw_tf32_slow`).
 
 The efficiencies (share of the table's peak a path reaches) were measured on an H100 (2026-11):
 SGEMM about 50 TFLOP/s, cuDNN's transposed fp32 convolutions about 12, TF32 products about 300,
