@@ -137,33 +137,17 @@ def test_bench_on_ray_with_logical_gpus(tmp_path, cache):
     assert all(t.verifications == 1 for t in result.tasks)
 
 
-def test_gpu_gate_serialises_holders_across_threads(tmp_path):
-    gate = GpuGate("cpu", tmp_path)
-    inside, overlaps = [], []
-
-    def hold():
-        with gate.hold():
-            inside.append(1)
-            overlaps.append(len(inside))
-            time.sleep(0.05)
-            inside.pop()
-
-    threads = [threading.Thread(target=hold) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert overlaps == [1, 1, 1, 1]
-
-
-def test_gated_verifier_builds_outside_the_gate_and_skips_it_for_failed_builds(tmp_path):
-    """A double of the Verifier: builds take 0.2 s, GPU work 0.1 s. Two jobs on one GPU: the
-    second builds while the first holds the GPU, so the pair takes about build + 2 x GPU."""
+def test_gated_verifier_builds_before_its_workers_take_the_gate_and_judges_failed_builds_itself(tmp_path):
+    """A double of the Verifier whose "worker" takes the gate as the real one does (exclusive for
+    its timed part): builds take 0.2 s, GPU work 0.1 s. Two jobs on one GPU: the second builds
+    while the first holds the GPU, so the pair takes about build + 2 x GPU."""
+    from stitchcuda.verify.gate import GateClient
     from stitchcuda.verify.verdict import BuildReport, ExtensionBuild
 
     class Double:
         def __init__(self):
-            self.gpu_intervals = []
+            self.gpu_intervals, self.verified, self.judged = [], [], []
+            self.gate_path = None
 
         def build(self, candidate):
             time.sleep(0.2)
@@ -171,17 +155,24 @@ def test_gated_verifier_builds_outside_the_gate_and_skips_it_for_failed_builds(t
             return BuildReport(extensions=[ExtensionBuild(requested_name="x", name="x", build_dir="", ok=ok,
                                                           cache_hit=False, seconds=0.2)])
 
-        def verify(self, task, candidate, on_phase=None):
-            start = time.time()
-            time.sleep(0.1)
-            self.gpu_intervals.append((start, time.time()))
+        def verify(self, task, candidate, on_phase=None, alone=False):
+            self.verified.append(candidate.name)
+            with GateClient(self.gate_path).section("exclusive"):
+                start = time.time()
+                time.sleep(0.1)
+                self.gpu_intervals.append((start, time.time()))
             return "verdict"
+
+        def judge_build(self, task, candidate, report, seconds):
+            self.judged.append(candidate.name)
+            return "build failed"
 
     from stitchcuda.task.record import Candidate, Task
 
     inner = Double()
     gate = GpuGate("cpu", tmp_path)
     verifiers = [GatedVerifier(inner, gate) for _ in range(2)]
+    assert inner.gate_path == str(gate.path)  # its workers take this gate
     source = "class ModelNew:\n    pass\n"
     started = time.time()
     threads = [threading.Thread(target=v.verify, args=(Task(name="t", source=""), Candidate(name=f"c{i}",
@@ -196,13 +187,15 @@ def test_gated_verifier_builds_outside_the_gate_and_skips_it_for_failed_builds(t
     assert a1 <= b0 + 1e-3  # never two on the GPU at once
     assert elapsed < 0.2 + 0.1 + 0.1 + 0.15  # the builds overlapped; serial would be 0.6 s
     assert sum(v.stats.verifications for v in verifiers) == 2 and isinstance(verifiers[0].stats, GateStats)
+    assert sum(v.stats.builds for v in verifiers) == 2 and sum(v.stats.builds_cached for v in verifiers) == 0
 
     broken = GatedVerifier(inner, gate)
-    with gate.hold():  # the gate is taken: a failed build must not wait for it
+    with gate.exclusive():  # the gate is taken: a failed build must not wait for it, nor be built again
         t0 = time.time()
-        broken.verify(Task(name="t", source=""), Candidate(name="b", source="# broken\n" + source))
+        assert broken.verify(Task(name="t", source=""), Candidate(name="b", source="# broken\n" + source)) \
+            == "build failed"
         assert time.time() - t0 < 0.6
-    assert broken.stats.gpu_s == 0.0
+    assert broken.stats.gpu_s == 0.0 and inner.judged == ["b"] and "b" not in inner.verified
 
     builds = []
     inner.build = lambda candidate: builds.append(candidate) or Double.build(inner, candidate)

@@ -293,23 +293,32 @@ def test_the_real_harness_imports_without_its_llm_clients():
     assert done.returncode == 0 and "LOADED" in done.stdout, done.stderr[-2000:]
 
 
-def test_prebuild_makes_the_build_kernelbench_finds(tmp_path):
-    """KernelBench builds inside its run, on the GPU's time; the prebuild makes the same build first
-    (GPU hidden), so a rerun of the source with that folder only loads it."""
-    import os
+def test_the_harness_loads_the_extensions_our_build_made_and_times_inside_the_exclusive_section(tmp_path):
+    """KernelBench's eval builds the program as it loads it; its process is served our build of the
+    same source from the cache (no second compiler run), and its timing runs alone on the GPU."""
+    from stitchcuda.task import load_candidate
+    from stitchcuda.verify import PRESETS, Verifier
+    from stitchcuda.verify.gate import GpuGate
 
-    from stitchcuda.verify.second_opinion import build_dir_for, prebuild
-
-    source = (CPU / "cpp_extension.py").read_text()
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    assert prebuild(tmp_path, source, env)
-    folder = build_dir_for(tmp_path, source)
-    built = list(folder.rglob("*.so"))
-    assert built and built[0].parent.name == "tiny_relu_cpu"
-    before = built[0].stat().st_mtime_ns
-    assert prebuild(tmp_path, source, env)  # found, not rebuilt
-    assert built[0].stat().st_mtime_ns == before
-    assert not prebuild(tmp_path, "raise SystemExit(3)", env)
+    candidate = load_candidate(CPU / "cpp_extension.py")
+    config = PRESETS["tiny-debug"].model_copy(update={"device": "cpu"})
+    verifier = Verifier(config, cache=tmp_path / "cache")
+    report = verifier.build(candidate)
+    assert report.ok and not report.cache_hit  # our build, in our cache
+    # its eval loads the program as KernelBench does (exec with TORCH_EXTENSIONS_DIR set) and times it
+    before = ("ModelNew = load_custom_model(custom_model_src, {}, build_dir)\n"
+              "    import kernelbench.timing as t\n    t.get_timing_function('cuda_event')(lambda *a: None, [], 3)")
+    checkout = fake_checkout(tmp_path / "kb", before=before)
+    gate = GpuGate("cpu", tmp_path / "locks")
+    reference = (CPU / "tiny_mlp.py").read_text()
+    opinion = judge(str(checkout), reference, candidate.source, cache=tmp_path / "cache", limit_s=300,
+                    env=verifier._env(hide_gpu=True), gate_path=str(gate.path))
+    assert opinion.error is None and opinion.correct, opinion.error
+    assert opinion.builds_cached is True  # loaded, not compiled again
+    assert not list((tmp_path / "cache" / "kernelbench-harness").rglob("*.so"))  # torch built nothing of its own
+    assert set(opinion.stages) == {"start", "build", "correctness", "timing", "gpu_wait"}
+    assert opinion.stages["start"] > 0 and opinion.stages["build"] < 20
+    assert len(opinion.gpu_intervals) >= 3  # shared, exclusive for its timing, shared again
 
 
 def test_integer_inputs_are_cast_back_for_kernelbench_whose_harness_makes_every_input_float32():

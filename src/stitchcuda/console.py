@@ -11,6 +11,7 @@ from stitchcuda.doctor import DoctorReport
 from stitchcuda.task.record import Task
 from stitchcuda.terminal import console
 from stitchcuda.verify.crash import readable_tail
+from stitchcuda.verify.stages import LABELS
 from stitchcuda.verify.verdict import ProgramProfile, Verdict
 
 _STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
@@ -365,7 +366,18 @@ def run_view(state, plans, steps) -> Group:
                           else "best: none", style="green" if best else "red"))
     parts.append(Text(f"{state.llm_calls} LLM calls, {state.prompt_tokens + state.completion_tokens:,} tokens, "
                       f"${state.cost_usd:.2f}, {state.seconds:.0f} s", style="dim"))
+    if state.stages:
+        parts.append(Text(f"where the {state.seconds:.0f} s went: {stage_line(state.stages, top=None)}", style="dim"))
     return Group(*parts)
+
+
+def stage_line(stages: dict[str, float], top: int | None = 4) -> str:
+    """``stages`` (verify/stages.py) as "build 120 s, waiting for the GPU 40 s, ...", largest first;
+    the ``top`` largest only, when given."""
+    shown = sorted(((v, k) for k, v in stages.items() if v >= 0.05), reverse=True)
+    if top is not None:
+        shown = shown[:top]
+    return ", ".join(f"{LABELS.get(k, k)} {v:,.1f} s" for v, k in shown) or "-"
 
 
 _WEIGHTS = {"seeded": "seeded: built under the reference's seed, nothing copied (KernelBench's convention)",
@@ -381,7 +393,9 @@ def bench_view(result, metrics) -> Group:
                   title_justify="left")
     harness = any(t.second_opinion is not None for t in result.tasks)
     why = any(_why(t) for t in result.tasks)
+    stages = any(t.stages for t in result.tasks)
     for col in ("task", "status", "correct", "hacking", "vs eager", "vs compile", "vs best", "ms", "wall") + (
+            ("where the wall time went",) if stages else ()) + (
             ("KernelBench",) if harness else ()) + (("why",) if why else ()):
         table.add_column(col, overflow="fold")
 
@@ -392,6 +406,7 @@ def bench_view(result, metrics) -> Group:
         table.add_row(t.task, t.status, _yes_no(t.correct) if t.status == "done" else "-", t.hacking or "-",
                       x(t.speedup.get("eager")), x(t.speedup.get("torch_compile")), x(t.speedup.get("best")),
                       f"{t.milliseconds:.3f}" if t.milliseconds else "-", f"{t.wall_s:.0f} s",
+                      *((stage_line(t.stages, top=3),) if stages else ()),
                       *((_opinion_cell(t.second_opinion),) if harness else ()),
                       *((Text(_why(t), style="red"),) if why else ()))
     o = metrics.overall
@@ -410,11 +425,15 @@ def bench_view(result, metrics) -> Group:
                      + (f"; {len(opinions) - len(judged)} not judged by it" if len(opinions) > len(judged) else ""))
     m = metrics.totals
     if m.verifications:
-        lines.append(f"machinery: {m.verifications} verified, builds {m.build_s:,.0f} s (CPU), GPU held "
-                     f"{m.gpu_s:,.0f} s, built and waiting for the GPU {m.gpu_wait_s:,.0f} s"
-                     + (f"; {m.verified_per_gpu_hour:.0f} verified per GPU-hour, GPU held {m.gpu_busy:.0%} of the time"
-                        if m.verified_per_gpu_hour is not None else ""))
-        if any(m.verify_phases_s.values()):
+        busy = ", ".join(f"{gpu} {share:.0%}" for gpu, share in m.gpu_busy_by_gpu.items())
+        lines.append(f"machinery: {m.verifications} verified, builds {m.build_s:,.0f} s (CPU, {m.builds_cached} of "
+                     f"{m.builds} extensions from the cache), in the GPU's sections {m.gpu_s:,.0f} s, waiting for the "
+                     f"GPU {m.gpu_wait_s:,.0f} s"
+                     + (f"; {m.verified_per_gpu_hour:.0f} verified per GPU-hour, GPU busy {m.gpu_busy:.0%} of the "
+                        f"wall time" + (f" ({busy})" if busy else "") if m.verified_per_gpu_hour is not None else ""))
+        if any(m.stages_s.values()):
+            lines.append("where the tasks' time went (summed): " + stage_line(m.stages_s, top=None))
+        elif any(m.verify_phases_s.values()):
             per = {k: v / m.verifications for k, v in m.verify_phases_s.items() if v}
             lines.append("per verification: " + ", ".join(f"{k.replace('_', ' ')} {v:.1f} s" for k, v in per.items()))
     return Group(table, Text("\n".join(lines)))

@@ -110,3 +110,4 @@ class RunState(BaseModel):
     completion_tokens: int = 0
     cost_usd: float = 0.0
     seconds: float = 0.0
+    stages: dict[str, float] = Field({}, description="where the run's wall time went, by stage (verify/stages.py)")

@@ -30,6 +30,7 @@ from stitchcuda.compiler.capture.describe import graph_text
 from stitchcuda.llm.base import Completion, LLMClient, LLMConfig, LLMError, LLMTimeout, Message
 from stitchcuda.store import RunStore
 from stitchcuda.task.record import Candidate, Task
+from stitchcuda.verify import stages
 from stitchcuda.verify.config import VerifyConfig
 from stitchcuda.verify.verdict import ProgramProfile, Verdict
 
@@ -126,6 +127,7 @@ class Optimizer:
 
     def run(self, state: RunState) -> RunState:
         started = time.time() - state.seconds
+        compiled = {k: state.stages.get(k, 0.0) for k in ("capture", "lower", "emit")}  # before this process's
         try:
             if state.plan is None:
                 self.report(state, "planning")
@@ -137,6 +139,7 @@ class Optimizer:
                     break
                 self._step(state)
                 state.seconds = time.time() - started
+                self._close_stages(state, compiled)
                 self.store.save_state(state)
         except LLMFailure as exc:
             state.status, state.stop_reason = "failed", str(exc)
@@ -156,10 +159,18 @@ class Optimizer:
                              f"(`stitchcuda runs {state.run_id}`)") from exc
         finally:
             state.seconds = time.time() - started
+            self._close_stages(state, compiled)
             self.store.save_state(state)
             self._write_best(state)
             self.report(state, f"{state.status}: {state.stop_reason or ''}")
         return state
+
+    def _close_stages(self, state: RunState, compiled: dict[str, float]) -> None:
+        """The run's stages so far: the offline Coder's compile times in this process on top of those
+        of the processes before it (a resumed run compiles again), the rest as verdicts added them."""
+        seconds = getattr(getattr(self.coder, "compiled", None), "seconds", None) or {}
+        state.stages = state.stages | {k: compiled[k] + seconds.get(k, 0.0) for k in compiled}
+        state.stages = stages.close(state.stages, state.seconds)
 
     # -- context for the Planner ------------------------------------------------------------------
 
@@ -173,7 +184,9 @@ class Optimizer:
             profile = ProgramProfile.model_validate_json(cached.read_text())
         elif self.profile_reference and self.config.verify.device.startswith("cuda"):
             self.report(state, "profiling the reference")
+            profiled = time.time()
             result = self.verifier.profile(self.task)
+            state.stages["profile"] = state.stages.get("profile", 0.0) + time.time() - profiled
             profile = result.reference_profile
             if profile is not None:
                 cached.write_text(profile.model_dump_json(indent=1))
@@ -315,6 +328,7 @@ class Optimizer:
         for position, candidate in to_verify:
             self.report(state, f"verifying {candidate.name}")
             verdict = self.verifier.verify(self.task, candidate)
+            stages.add_phases(state.stages, verdict.wall.split(), verdict.wall.second_opinion)
             verdict_path = Path(candidate.path).with_suffix(".verdict.json")  # type: ignore[arg-type]
             verdict_path.write_text(verdict.model_dump_json(indent=1))
             outcome = outcome_from(verdict, outcomes[position].sample, candidate.path or "", str(verdict_path))

@@ -24,10 +24,9 @@ from stitchcuda.agents.offline_planner import OfflinePlanner
 from stitchcuda.agents.planner import CallHook, PlanContext
 from stitchcuda.agents.records import Best, CoderRequest, Plan
 from stitchcuda.compiler import Compiled, compile_task
-from stitchcuda.compiler.emit.codegen import CodegenOptions, generate
+from stitchcuda.compiler.emit.codegen import CodegenOptions
 from stitchcuda.compiler.ir.expr import Unsupported
 from stitchcuda.compiler.lowering.cost import Estimate, fixed_path
-from stitchcuda.compiler.lowering.lower import lower
 from stitchcuda.llm.base import Completion, LLMConfig, Message, Usage
 from stitchcuda.task.record import Task
 from stitchcuda.verify.verdict import Verdict
@@ -236,7 +235,7 @@ class OfflineCoder:
             try:
                 for tf32, bf16 in dict.fromkeys((o["tf32"], o["bf16"]) for o in self.variants):
                     options = CodegenOptions(tf32=tf32, bf16=bf16, split_tf32=not tf32, cutlass=True, cost_model=True)
-                    by_precision[(tf32, bf16)] = lower(self.graph, self.groups, options).estimates
+                    by_precision[(tf32, bf16)] = self.compiled.lowering(options).estimates
                 self._variant_ms = variant_estimates(by_precision, self.variants)
             except Unsupported:
                 self._variant_ms = []
@@ -263,7 +262,7 @@ class OfflineCoder:
             self.tried.append(index)
             options = CodegenOptions.model_validate(self.variants[index])
         started = time.perf_counter()
-        source = generate(self.task, self.graph, self.groups, options)
+        source = self.compiled.program(options)
         with self._lock:
             self._made[hashlib.sha256(source.encode()).hexdigest()] = index
         text = f"Offline Coder, variant {options.model_dump()}:\n```python\n{source}```\n"

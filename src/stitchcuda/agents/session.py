@@ -18,7 +18,7 @@ from stitchcuda.agents.offline import OFFLINE, OfflineCoder, OfflinePlannerAgent
 from stitchcuda.agents.routing import RoutingConfig
 from stitchcuda.compiler.capture.graph import CaptureError
 from stitchcuda.compiler.check import compile_check
-from stitchcuda.compiler.emit.codegen import CodegenOptions, Unsupported, generate
+from stitchcuda.compiler.emit.codegen import CodegenOptions, Unsupported
 from stitchcuda.hints import NO_GPU, OPTIMIZE_OFFLINE, OPTIMIZE_RESUME, OPTIMIZE_WITH_LLM, Hint
 from stitchcuda.llm import LLMError, PriceTable, make_client
 from stitchcuda.llm.base import LLMConfig
@@ -90,7 +90,7 @@ def _generate_without_gpu(task: Task, coder, config: OptimizeConfig, store: RunS
     verified. The run is kept in the store like any other, with the program, its notes (the
     program's docstring) and the compile check."""
     try:  # what a one-step run on a GPU gets first: the first variant (the cost model's choices)
-        program = generate(task, coder.graph, coder.groups, CodegenOptions.model_validate(coder.variants[0]))
+        program = coder.compiled.program(CodegenOptions.model_validate(coder.variants[0]))
     except Unsupported as exc:
         raise SessionError(f"the offline Coder does not support {task.name} yet: {exc}",
                            hints=[OPTIMIZE_WITH_LLM]) from None

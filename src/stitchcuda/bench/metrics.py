@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from pydantic import BaseModel, Field
 
 from stitchcuda.bench.records import BASELINES, BenchInfo, TaskResult
+from stitchcuda.verify.stages import gpu_busy, total_stages
 
 FAST_P_THRESHOLDS = (0.0, 1.0, 1.05, 1.5, 2.0)
 FAST_P_BASELINES = ("eager", "best", "kernelbench")
@@ -101,9 +102,15 @@ class Totals(BaseModel):
     gpu_wait_s: float = Field(0.0, description="built candidates waiting for a GPU, summed")
     verified_per_gpu_hour: float | None = Field(None, description="verifications per hour of the bench's wall time "
                                                                   "and GPU; None before a wall time is known")
-    gpu_busy: float | None = Field(None, description="share of the bench's wall time x GPUs that verifications held")
+    gpu_busy: float | None = Field(None, description="share of the bench's wall time in which any stage used a GPU "
+                                                     "(the union of the gate's intervals), averaged over its GPUs")
+    gpu_busy_by_gpu: dict[str, float] = Field({}, description="the same share for each GPU (gpu0, gpu1, ...)")
     verify_phases_s: dict[str, float] = Field({}, description="where the verifications' wall time went, by phase, "
                                                               "summed over every task")
+    stages_s: dict[str, float] = Field({}, description="where the tasks' wall time went, by stage "
+                                                       "(verify/stages.py), summed over every task")
+    builds: int = Field(0, description="extensions the verifications loaded or built")
+    builds_cached: int = Field(0, description="of which the build cache already held")
 
 
 class BenchMetrics(BaseModel):
@@ -230,11 +237,21 @@ def totals(tasks: list[TaskResult], wall_s: float = 0.0, gpus: int = 1) -> Total
         gpu_wait_s=sum(t.gpu_wait_s for t in tasks),
         verify_phases_s={phase: sum(t.verify_phases_s.get(phase, 0.0) for t in tasks)
                          for phase in dict.fromkeys(p for t in tasks for p in t.verify_phases_s)},
+        stages_s=total_stages(t.stages for t in tasks) if any(t.stages for t in tasks) else {},
+        builds=sum(t.builds for t in tasks),
+        builds_cached=sum(t.builds_cached for t in tasks),
     )
     if wall_s > 0:
         gpu_seconds = wall_s * max(gpus, 1)
         made.verified_per_gpu_hour = made.verifications * 3600 / gpu_seconds
-        made.gpu_busy = made.gpu_s / gpu_seconds
+        intervals: dict[str, list[tuple[float, float]]] = {}
+        for t in tasks:
+            if t.device and t.gpu_intervals:
+                intervals.setdefault(t.device, []).extend(t.gpu_intervals)
+        made.gpu_busy_by_gpu = gpu_busy(intervals, wall_s)
+        # benches stored before the gate's intervals: the GPU time held, over the GPUs' wall time
+        made.gpu_busy = (sum(made.gpu_busy_by_gpu.values()) / max(gpus, 1) if made.gpu_busy_by_gpu
+                         else made.gpu_s / gpu_seconds)
     return made
 
 
@@ -276,8 +293,10 @@ def flatten(group: GroupMetrics) -> dict[str, float | None]:
 
 
 def flatten_totals(t: Totals) -> dict[str, float | None]:
-    flat = {f"totals.{k}": v for k, v in t.model_dump(exclude={"verify_phases_s"}).items()}
-    return flat | {f"totals.verify_phase.{k}": v for k, v in t.verify_phases_s.items()}
+    flat = {f"totals.{k}": v for k, v in t.model_dump(exclude={"verify_phases_s", "stages_s", "gpu_busy_by_gpu"}).items()}
+    return (flat | {f"totals.verify_phase.{k}": v for k, v in t.verify_phases_s.items()}
+            | {f"totals.stage.{k}": v for k, v in t.stages_s.items()}
+            | {f"totals.gpu_busy.{k}": v for k, v in t.gpu_busy_by_gpu.items()})
 
 
 def _deltas(group: str, a: dict[str, float | None], b: dict[str, float | None]) -> list[MetricDelta]:

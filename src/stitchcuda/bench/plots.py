@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from stitchcuda.bench.metrics import GroupMetrics, measured_speedup, succeeded
 from stitchcuda.bench.records import BASELINES, TaskResult
+from stitchcuda.verify.stages import LABELS, STAGES
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -215,6 +216,45 @@ def time_shares(tasks: list[TaskResult], path: Path) -> Plot | None:
     )
 
 
+# a color per stage (verify/stages.py), grouped: compiling greens, builds brown, waiting grey, our
+# verification blues, KernelBench purples
+STAGE_COLORS = {"capture": "#1b7837", "lower": "#5aae61", "emit": "#a6dba0", "profile": "#e9c46a",
+                "build": "#8c510a", "gpu_wait": "#bdbdbd", "spawn": "#c6dbef", "cuda_init": "#9ecae1",
+                "reference": "#6baed6", "correctness": "#4292c6", "weights_trial": "#2171b5", "fp64": "#08519c",
+                "program_profile": "#f4a261", "baselines": "#e76f51", "timing": "#d62828", "ncu": "#6a040f",
+                "kb_start": "#dadaeb", "kb_build": "#bcbddc", "kb_correctness": "#9e9ac8", "kb_timing": "#6a51a3",
+                "other": "#f0f0f0"}
+
+
+def stage_times(tasks: list[TaskResult], path: Path) -> Plot | None:
+    """Stacked bars of each task's wall time by stage, from its file to its verdict."""
+    from matplotlib.figure import Figure
+
+    if not any(t.stages for t in tasks):
+        return None
+    used = [s for s in STAGES if any(t.stages.get(s, 0.0) > 0 for t in tasks)]
+    fig = Figure(figsize=(_width(len(tasks), 0.3), 5.0), layout="constrained")
+    ax = fig.add_subplot()
+    bottoms = [0.0] * len(tasks)
+    for stage in used:
+        heights = [t.stages.get(stage, 0.0) for t in tasks]
+        ax.bar(range(len(tasks)), heights, 0.7, bottom=bottoms, color=STAGE_COLORS.get(stage), label=LABELS[stage],
+               edgecolor="#888888" if stage == "other" else None, linewidth=0.3)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    ax.set_ylabel("seconds")
+    _task_axis(ax, tasks)
+    ax.legend(fontsize=7, ncols=min(len(used), 6), loc="lower left", bbox_to_anchor=(0, 1.0))
+    _save(fig, path)
+    return Plot(
+        id="plot-stages",
+        path=path,
+        alt=f"Stacked bars of each task's wall time by stage ({', '.join(LABELS[s] for s in used)}); "
+        f"{sum(1 for t in tasks if not t.stages)} tasks recorded none.",
+        caption="Where each task's wall time went, from its file to its verdict: compiling, building, waiting for "
+        "the GPU, our verification's stages and KernelBench's. Stages of several verifications add up.",
+    )
+
+
 def attempts_timeline(tasks: list[TaskResult], path: Path) -> Plot | None:
     """Small multiples: each attempt's speedup over eager against time, with the best so far."""
     from matplotlib.figure import Figure
@@ -289,6 +329,7 @@ def draw_all(tasks: list[TaskResult], group: GroupMetrics, plot_dir: Path,
         (speedup_distribution(tasks, group, plot_dir / "distribution.svg", compare),
          "No successful speedup over eager to plot a distribution of."),
         (time_shares(tasks, plot_dir / "shares.svg"), "No task has a GPU time profile (origin shares)."),
+        (stage_times(tasks, plot_dir / "stages.svg"), "No task recorded its stage times."),
         (attempts_timeline(tasks, plot_dir / "timeline.svg"),
          "No task recorded agent attempts (an offline or --evaluate bench), so there is no timeline."),
     ):

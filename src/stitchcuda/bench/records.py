@@ -65,6 +65,13 @@ class TaskResult(BaseModel):
     verify_phases_s: dict[str, float] = Field({}, description="its verifications' wall time by phase (spawn, "
                                                               "cuda_init, build, reference, correctness, profile, "
                                                               "baselines, timing, ncu), summed")
+    stages: dict[str, float] = Field({}, description="its wall time by stage, from the file to the verdict "
+                                                     "(bench/stages.py: capture, lower, emit, profile, build, "
+                                                     "gpu_wait, the verification's and KernelBench's stages, other)")
+    builds: int = Field(0, description="extensions its verifications loaded or built")
+    builds_cached: int = Field(0, description="of which the build cache already held")
+    device: str | None = Field(None, description="the GPU it ran on (its physical index: gpu0, gpu1, ...)")
+    gpu_intervals: list[tuple[float, float]] = Field([], description="(start, end) unix times its work used the GPU")
     attempts: list[Attempt] = []
     second_opinion: SecondOpinion | None = Field(None, description="KernelBench's own harness on the best program "
                                                                    "(--kernelbench-harness)")

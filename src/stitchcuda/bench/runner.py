@@ -43,6 +43,7 @@ from stitchcuda.verify import Verifier
 from stitchcuda.verify.failure import Failure, failure, failure_of
 from stitchcuda.verify.pool import GatedVerifier, GpuGate
 from stitchcuda.verify.second_opinion import for_verifier
+from stitchcuda.verify.stages import task_stages
 from stitchcuda.verify.verdict import BuildReport, Verdict
 
 
@@ -118,17 +119,24 @@ def run_job(job: Job, device: str | None = None, built: tuple[str, Any] | None =
         verifier.inner.warm_up()  # overlaps the worker's start with this job's capture and builds
         if built is not None:
             verifier.prebuilt[built[0]] = built[1]
-        result = _evaluate(job, verifier) if job.candidate is not None else _optimize(job, verifier)
-        result.verifications = verifier.stats.verifications
-        result.build_s, result.gpu_s, result.gpu_wait_s = (verifier.stats.build_s, verifier.stats.gpu_s,
-                                                           verifier.stats.wait_s)
-        result.verify_phases_s = dict(verifier.stats.phases)
+        compiling: dict[str, float] = {}
+        result = _evaluate(job, verifier) if job.candidate is not None else _optimize(job, verifier, compiling)
+        stats = verifier.stats
+        result.verifications = stats.verifications
+        result.build_s, result.gpu_s, result.gpu_wait_s = stats.build_s, stats.gpu_s, stats.wait_s
+        result.verify_phases_s = dict(stats.phases)
+        result.builds, result.builds_cached = stats.builds, stats.builds_cached
+        result.gpu_intervals = list(stats.gpu_intervals)
+        result.device = verifier.gate.path.stem
     except Exception as exc:  # a broken job must not take the bench down with it
         why = f"{type(exc).__name__}: {exc}"
         result = TaskResult(task=job.task.name, level=job.level, run_id=job.run_id, status="failed", error=why,
                             failure=failure("error", why))
+        stats, compiling = None, {}
     if result.status != "done" or job.candidate is not None:
         result.wall_s = result.wall_s or time.time() - started
+    if stats is not None:
+        result.stages = task_stages(time.time() - started, compiling, stats)
     store = BenchStore(job.workspace)
     try:
         store.save_result(job.bench_id, job.idx, result)
@@ -169,15 +177,21 @@ def _evaluate(job: Job, verifier: GatedVerifier) -> TaskResult:
     return result
 
 
-def _agents(task: Task, config: OptimizeConfig) -> tuple[Any, Any] | str:
-    """(planner, coder) for the task, or why the offline Coder cannot take it."""
+def _agents(task: Task, config: OptimizeConfig, compiling: dict[str, float]) -> tuple[Any, Any] | str:
+    """(planner, coder) for the task, or why the offline Coder cannot take it. ``compiling``: the
+    offline Coder's capture, lowering and emit times, kept current (it is the Coder's own record)."""
     if config.coder.provider == "offline":
+        started = time.perf_counter()
         try:
             coder = OfflineCoder(task, tolerance=config.verify.tolerance)
         except CaptureError as exc:
+            compiling["capture"] = time.perf_counter() - started
             return f"graph capture failed: {exc}"
         except Unsupported as exc:
+            compiling["lower"] = time.perf_counter() - started
             return str(exc)  # every reason: the bench's store keeps them all, its views cut to fit
+        compiling.update(coder.compiled.seconds)
+        coder.compiled.seconds = compiling  # later lowerings and emits land here too
         return OfflinePlannerAgent(task, coder.compiled), coder
     prices = PriceTable.from_env()
     planner = make_client(config.planner, prices)
@@ -185,9 +199,9 @@ def _agents(task: Task, config: OptimizeConfig) -> tuple[Any, Any] | str:
     return planner, coder
 
 
-def _optimize(job: Job, verifier: GatedVerifier) -> TaskResult:
+def _optimize(job: Job, verifier: GatedVerifier, compiling: dict[str, float]) -> TaskResult:
     config = job.config.optimize
-    agents = _agents(job.task, config)
+    agents = _agents(job.task, config, compiling)
     if isinstance(agents, str):
         return TaskResult(task=job.task.name, level=job.level, status="unsupported", error=agents,
                           failure=failure("no_candidate", agents))
@@ -207,11 +221,12 @@ def _optimize(job: Job, verifier: GatedVerifier) -> TaskResult:
         result = result_from_run(store, state, job.level)
         harness = config.verify.kernelbench_harness
         if harness and result.program and Path(result.program).is_file():
-            with verifier.gate.hold():  # it runs the program on the GPU: not beside a timed verification
-                result.second_opinion = for_verifier(verifier.inner, job.task.source, Path(result.program).read_text(),
-                                                     result.correct, checkout=harness)
-                if result.second_opinion.speedup is not None:
-                    result.speedup["kernelbench"] = result.second_opinion.speedup
+            # its process takes the GPU gate itself, shared for its trials and exclusive for its timing
+            result.second_opinion = for_verifier(verifier.inner, job.task.source, Path(result.program).read_text(),
+                                                 result.correct, checkout=harness)
+            verifier.count_second_opinion(result.second_opinion)
+            if result.second_opinion.speedup is not None:
+                result.speedup["kernelbench"] = result.second_opinion.speedup
         return result
     finally:
         store.close()

@@ -3,12 +3,13 @@ operator after all where its whole-operator lowering refuses an instance of it."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from stitchcuda.compiler.capture.graph import KEEP, OpGraph, capture
 from stitchcuda.compiler.emit.codegen import CodegenOptions, Unsupported, generate, lower
 from stitchcuda.compiler.ir.group import FusionGroup
-from stitchcuda.compiler.lowering.lowered import SPLITS
+from stitchcuda.compiler.lowering.lowered import SPLITS, Lowering
 from stitchcuda.compiler.schedule.fusion import fuse
 from stitchcuda.compiler.schedule.rewrite import split_into_slices
 from stitchcuda.compiler.schedule.simplify import simplify
@@ -36,9 +37,29 @@ class Compiled:
     groups: list[FusionGroup]
     decomposed: frozenset[str] = frozenset()  # kept operators decomposed for this task
     isolated: frozenset[str] = frozenset()  # nodes lowered on their own: their fused group did not lower
+    seconds: dict[str, float] = field(default_factory=dict)  # capture, lower, emit: where compiling went
+    lowerings: dict[str, Lowering] = field(default_factory=dict)  # by options: each lowered once
+
+    def lowering(self, options: CodegenOptions) -> Lowering:
+        """The groups lowered under ``options``, once per distinct options (the check that every
+        group lowers already made the default one)."""
+        key = options.model_dump_json()
+        if key not in self.lowerings:
+            started = time.perf_counter()
+            self.lowerings[key] = lower(self.graph, self.groups, options)
+            self._add("lower", time.perf_counter() - started)
+        return self.lowerings[key]
 
     def program(self, options: CodegenOptions | None = None) -> str:
-        return generate(self.task, self.graph, self.groups, options)
+        options = options or CodegenOptions()
+        low = self.lowering(options)
+        started = time.perf_counter()
+        source = generate(self.task, self.graph, self.groups, options, low)
+        self._add("emit", time.perf_counter() - started)
+        return source
+
+    def _add(self, stage: str, seconds: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
 
 def compile_task(task: Task, max_rounds: int = 3) -> Compiled:
@@ -49,15 +70,20 @@ def compile_task(task: Task, max_rounds: int = 3) -> Compiled:
     left is single operators whose own lowering refuses. Raises CaptureError or Unsupported
     (naming every problem)."""
     decompose: frozenset[str] = frozenset()
+    seconds = {"capture": 0.0, "lower": 0.0}
     while True:
+        started = time.perf_counter()
         captured = simplify(capture(task, decompose))
+        seconds["capture"] += time.perf_counter() - started
         isolate: frozenset[str] = frozenset()
         while True:
+            started = time.perf_counter()
             graph = split_into_slices(captured, isolate)
             groups = fuse(graph, isolate=isolate)
             try:
-                lower(graph, groups, CodegenOptions())
+                low = lower(graph, groups, CodegenOptions())
             except Unsupported as exc:
+                seconds["lower"] += time.perf_counter() - started
                 # a failed group's nodes go alone (a split alone still read apart becomes slices);
                 # a kept operator that still fails alone is decomposed, and the task captured again
                 alone = {n for nodes in exc.groups if len(nodes) > 1 or _is_split(graph, nodes[0])
@@ -70,4 +96,6 @@ def compile_task(task: Task, max_rounds: int = 3) -> Compiled:
                     decompose, max_rounds = decompose | more, max_rounds - 1
                     break
                 raise
-            return Compiled(task, graph, groups, decompose, isolate)
+            seconds["lower"] += time.perf_counter() - started
+            return Compiled(task, graph, groups, decompose, isolate, seconds,
+                            {CodegenOptions().model_dump_json(): low})

@@ -15,6 +15,7 @@ re-run in fp64 (the fp64 run would start from another state or draw other number
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import torch
@@ -33,10 +34,18 @@ class Fp64Reference:
         self._source = ref_model
         self._model: Any = None
         self.unavailable: str | None = None
+        self.seconds = 0.0  # spent making and running the fp64 copy
 
     def __call__(self, inputs: list[Any]) -> Any | None:
         if self.unavailable is not None:
             return None
+        started = time.perf_counter()
+        try:
+            return self._run(inputs)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _run(self, inputs: list[Any]) -> Any | None:
         try:
             if self._model is None:
                 self._model = copy.deepcopy(self._source).double()

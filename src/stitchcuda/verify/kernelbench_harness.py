@@ -11,14 +11,20 @@ REQUEST.json`` is that process: it reads a :class:`HarnessRequest` and writes a
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import os
 import sys
+import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+from stitchcuda.verify.gate import GateClient, GateUse
 
 # what KernelBench's modules import at the top without using it to evaluate
 _UNUSED_AT_EVAL = {"dotenv": {"load_dotenv": lambda *a, **k: False}, "litellm": {"completion": None},
@@ -206,6 +212,10 @@ class HarnessRequest(BaseModel):
     candidate_path: str
     result_path: str
     build_dir: str | None = None
+    cache_root: str | None = Field(None, description="our build cache: the program's load_inline loads the "
+                                                     "extensions our Verifier built there instead of running nvcc again")
+    gate_path: str | None = Field(None, description="the GPU gate: shared around its correctness, exclusive around "
+                                                    "its timing (verify/gate.py)")
     trials: int = 5  # what KernelBench's scripts run (its function's own default is 1)
     perf_trials: int = 100  # likewise (the function's default is 10)
     measure_performance: bool = True
@@ -216,49 +226,139 @@ class HarnessReply(BaseModel):
 
     verdict: HarnessVerdict | None = None
     error: str | None = None
+    ready_at: float = Field(0.0, description="unix time its imports were done (the process's start before it)")
+    stages: dict[str, float] = Field({}, description="build, correctness, timing: seconds")
+    builds_cached: bool | None = Field(None, description="every extension came from our build cache")
+    gate: GateUse = GateUse()
+
+
+class _Session:
+    """What the harness process does around KernelBench's own functions, none of which it changes:
+    the program's ``load_inline`` is served from our build cache (the extensions our Verifier built
+    from the same source; torch's own build step would compile them again), KernelBench's timing
+    functions run inside the exclusive section of the GPU gate and the rest inside the shared one,
+    and each stage is timed."""
+
+    def __init__(self, request: HarnessRequest):
+        self.gate = GateClient(request.gate_path)
+        self.timing_s = 0.0
+        self.builder = None
+        if request.cache_root:
+            from stitchcuda.verify.build import ExtensionBuilder
+
+            self.builder = ExtensionBuilder(Path(request.cache_root))
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        try:
+            timing = importlib.import_module("kernelbench.timing")
+        except ImportError:  # a version that times inside eval.py: the whole run is timed, so alone
+            with self._built(), self.gate.section("exclusive"):
+                yield
+            return
+        original = timing.get_timing_function
+
+        def gated(method: str) -> Any:
+            function = original(method)
+
+            @functools.wraps(function)
+            def timed(*args: Any, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    with self.gate.section("exclusive"):
+                        return function(*args, **kwargs)
+                finally:
+                    self.timing_s += time.perf_counter() - started
+            return timed
+
+        timing.get_timing_function = gated
+        try:
+            with self._built(), self.gate.section("shared"):
+                yield
+        finally:
+            timing.get_timing_function = original
+
+    @contextlib.contextmanager
+    def _built(self) -> Iterator[None]:
+        if self.builder is None:
+            yield
+            return
+        self.builder.install()
+        try:
+            yield
+        finally:
+            self.builder.uninstall()
+
+    def stages(self, total_s: float) -> dict[str, float]:
+        build = sum(r.seconds for r in self.builder.records) if self.builder is not None else 0.0
+        timing = self.timing_s
+        return {"build": round(build, 3), "timing": round(timing, 3),
+                "correctness": round(max(total_s - build - timing - self.gate.use.waited_s, 0.0), 3)}
+
+    @property
+    def builds_cached(self) -> bool | None:
+        records = self.builder.records if self.builder is not None else []
+        return all(r.cache_hit for r in records) if records else None
 
 
 def main(argv: list[str] | None = None) -> int:
     """The harness process: one request in, one reply file out (written whole, or not at all)."""
     args = sys.argv[1:] if argv is None else argv
     request = HarnessRequest.model_validate_json(Path(args[0]).read_text())
+    ready_at = time.time()
+    session: _Session | None = None
     try:
-        reference, candidate = Path(request.reference_path).read_text(), Path(request.candidate_path).read_text()
-        verdict = run_harness(request.checkout, reference, candidate, trials=request.trials,
-                              perf_trials=request.perf_trials, build_dir=request.build_dir,
-                              measure_performance=request.measure_performance)
-        # Its reference runs under torch's default flags, cuDNN convolutions in TF32: an "incorrect"
-        # is asked again against a true-fp32 reference (untimed), so that an fp32-accurate
-        # convolution rejected only for the reference's TF32 shows as such.
-        if verdict.compiled and not verdict.correct:
-            again = run_harness(request.checkout, reference, candidate, trials=request.trials,
-                                build_dir=request.build_dir, measure_performance=False, tf32=False)
-            verdict.correct_true_fp32 = None if again.detail == NO_RESULT else again.correct
-            if verdict.correct_true_fp32 is False and hasattr(load_eval(request.checkout), "get_tolerance_for_precision"):
-                # TF32 or bf16 arithmetic (tolerance paper) misses its fp32 1e-4 by design: asked at the
-                # tolerance of its v0/v0.1, the one published results used, under its default flags (a
-                # harness without the function is such a version: 1e-2 already)
-                loose = run_harness(request.checkout, reference, candidate, trials=request.trials,
-                                    build_dir=request.build_dir, measure_performance=False, tolerance=V01_TOLERANCE)
-                verdict.correct_v01 = None if loose.detail == NO_RESULT else loose.correct
-            if (verdict.correct_true_fp32 or verdict.correct_v01) and request.measure_performance:
-                try:
-                    verdict.ref_runtime_ms, verdict.runtime_ms = time_both(
-                        request.checkout, reference, candidate, perf_trials=request.perf_trials,
-                        build_dir=request.build_dir)
-                    verdict.timed_apart = True
-                except Exception as exc:  # its verdicts stand; only the speedup is missing, and said so
-                    verdict.detail += f"; timing it apart failed: {type(exc).__name__}: {str(exc)[:200]}"
-        # no result is no judgement: a verdict of "incorrect" here would be a false disagreement
-        reply = HarnessReply(error=NO_RESULT) if verdict.detail == NO_RESULT else HarnessReply(verdict=verdict)
+        load_eval(request.checkout)  # its package's import, apart from its work
+        ready_at = time.time()
+        session = _Session(request)
+        with session.active():
+            reply = _judge(request)
     except HarnessError as exc:
         reply = HarnessReply(error=str(exc))
     except Exception as exc:  # the harness itself raised (no GPU, an assert of its own): it did not judge
         reply = HarnessReply(error=f"KernelBench's harness raised {type(exc).__name__}: {str(exc)[:500]}")
+    reply.ready_at = ready_at
+    if session is not None:
+        reply.stages = session.stages(time.time() - ready_at)
+        reply.builds_cached = session.builds_cached
+        reply.gate = session.gate.use
     tmp = Path(request.result_path + ".tmp")
     tmp.write_text(reply.model_dump_json())
     os.replace(tmp, request.result_path)  # a reader never sees half a reply
     return 0
+
+
+def _judge(request: HarnessRequest) -> HarnessReply:
+    """KernelBench's verdict, asked again against a true-fp32 reference and at its v0.1 tolerance
+    where it said incorrect, and timed apart where only those said correct."""
+    reference, candidate = Path(request.reference_path).read_text(), Path(request.candidate_path).read_text()
+    verdict = run_harness(request.checkout, reference, candidate, trials=request.trials,
+                          perf_trials=request.perf_trials, build_dir=request.build_dir,
+                          measure_performance=request.measure_performance)
+    # Its reference runs under torch's default flags, cuDNN convolutions in TF32: an "incorrect"
+    # is asked again against a true-fp32 reference (untimed), so that an fp32-accurate
+    # convolution rejected only for the reference's TF32 shows as such.
+    if verdict.compiled and not verdict.correct:
+        again = run_harness(request.checkout, reference, candidate, trials=request.trials,
+                            build_dir=request.build_dir, measure_performance=False, tf32=False)
+        verdict.correct_true_fp32 = None if again.detail == NO_RESULT else again.correct
+        if verdict.correct_true_fp32 is False and hasattr(load_eval(request.checkout), "get_tolerance_for_precision"):
+            # TF32 or bf16 arithmetic (tolerance paper) misses its fp32 1e-4 by design: asked at the
+            # tolerance of its v0/v0.1, the one published results used, under its default flags (a
+            # harness without the function is such a version: 1e-2 already)
+            loose = run_harness(request.checkout, reference, candidate, trials=request.trials,
+                                build_dir=request.build_dir, measure_performance=False, tolerance=V01_TOLERANCE)
+            verdict.correct_v01 = None if loose.detail == NO_RESULT else loose.correct
+        if (verdict.correct_true_fp32 or verdict.correct_v01) and request.measure_performance:
+            try:
+                verdict.ref_runtime_ms, verdict.runtime_ms = time_both(
+                    request.checkout, reference, candidate, perf_trials=request.perf_trials,
+                    build_dir=request.build_dir)
+                verdict.timed_apart = True
+            except Exception as exc:  # its verdicts stand; only the speedup is missing, and said so
+                verdict.detail += f"; timing it apart failed: {type(exc).__name__}: {str(exc)[:200]}"
+    # no result is no judgement: a verdict of "incorrect" here would be a false disagreement
+    return HarnessReply(error=NO_RESULT) if verdict.detail == NO_RESULT else HarnessReply(verdict=verdict)
 
 
 if __name__ == "__main__":

@@ -1,23 +1,21 @@
-"""Verifiers sharing GPUs: the GPU gate, a gated Verifier, and a pool of them.
+"""Verifiers sharing GPUs: a gated Verifier, and a pool of them.
 
-A :class:`GpuGate` is an flock on a file named after the physical GPU, so it holds across
-threads, processes and Ray workers of one node: only its holder uses the GPU. A
-:class:`GatedVerifier` builds a candidate first, on CPU cores with the GPU hidden, and takes the
-gate only for the verification proper (correctness, timing, profile; the build is then a cache
-hit), so one job builds while another holds the GPU, and a failed build never takes the gate.
-A :class:`VerifierPool` spreads many verifications over ``runs_per_gpu`` gated verifiers per
-device, in threads or as Ray tasks. The bench (one job per task) and GRPO's rewards (one
-verification per completion) both verify through these.
+The GPU gate (:mod:`stitchcuda.verify.gate`) is taken by the processes that use the GPU, around
+exactly their GPU work: a worker's trials in its shared section, beside other workers' trials; its
+timing and profile in the exclusive section, alone. A :class:`GatedVerifier` builds a candidate
+first, on CPU cores with the GPU hidden (the worker's own build is then a cache hit), and hands
+its workers the gate; a failed build never reaches the GPU. A :class:`VerifierPool` spreads many
+verifications over ``runs_per_gpu`` gated verifiers per device, in threads or as Ray tasks. The
+bench (one job per task) and GRPO's rewards (one verification per completion) both verify through
+these.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -28,9 +26,12 @@ from stitchcuda import machine
 from stitchcuda.task.inspect import TaskError, check_candidate_source
 from stitchcuda.task.record import Candidate, Task
 from stitchcuda.verify.config import VerifyConfig
+from stitchcuda.verify.gate import GpuGate, busy_seconds
 from stitchcuda.verify.judge import judge
 from stitchcuda.verify.runner import Verifier
 from stitchcuda.verify.verdict import Verdict
+
+__all__ = ["GatedVerifier", "GateStats", "GpuGate", "VerifierPool", "busy_seconds", "default_gpus"]
 
 
 def default_gpus() -> list[str]:
@@ -40,41 +41,29 @@ def default_gpus() -> list[str]:
     return [f"cuda:{i}" for i in range(count)]
 
 
-class GpuGate:
-    """Exclusive use of one physical GPU for the timed part of a verification. An flock on a
-    file named after the GPU, so jobs in threads, processes and Ray workers of a node share it."""
-
-    def __init__(self, device: str, root: Path):
-        gpu = machine.physical_gpu(device) if device.startswith("cuda") else None
-        key = f"gpu{gpu.index}" if gpu is not None else device.replace(":", "")
-        root.mkdir(parents=True, exist_ok=True)
-        self.path = root / f"{key}.lock"
-
-    @contextlib.contextmanager
-    def hold(self) -> Iterator[None]:
-        with open(self.path, "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 class GateStats(BaseModel):
     verifications: int = 0
+    builds: int = Field(0, description="extensions the builds loaded or made")
+    builds_cached: int = Field(0, description="of which the build cache already held")
     build_s: float = 0.0
-    wait_s: float = Field(0.0, description="built, waiting for the GPU")
-    gpu_s: float = Field(0.0, description="holding the GPU")
+    wait_s: float = Field(0.0, description="waiting at the GPU gate (the second opinion's waits included)")
+    gpu_s: float = Field(0.0, description="inside the gate's sections, shared or exclusive")
+    profile_s: float = Field(0.0, description="the Planner's profile of the reference, its worker's start included")
     phases: dict[str, float] = Field({}, description="the verifications' wall time by phase (WallTimes.split), summed")
+    second_opinion: dict[str, float] = Field({}, description="KernelBench's harness runs by stage, summed")
+    gpu_intervals: list[tuple[float, float]] = Field([], description="(start, end) unix times its work used the GPU")
 
 
 class GatedVerifier:
-    """A :class:`~stitchcuda.verify.Verifier` whose GPU work goes through a :class:`GpuGate`;
+    """A :class:`~stitchcuda.verify.Verifier` whose workers take ``gate`` around their GPU work;
     everything else is the wrapped verifier's. ``build_first``: build in a separate GPU-hidden
-    worker before taking the gate (worth its extra process start only when others share the GPU)."""
+    worker before the verification (worth its extra process start only when others share the GPU).
+    A candidate that ran out of GPU memory while it shared the GPU is verified again alone: the
+    memory may have been another's."""
 
     def __init__(self, inner: Any, gate: GpuGate, build_first: bool = True):
         self.inner, self.gate, self.stats, self.build_first = inner, gate, GateStats(), build_first
+        inner.gate_path = str(gate.path)
         self._lock = threading.Lock()
         self.prebuilt: dict[str, Any] = {}  # candidate sha256 -> the BuildReport a build pool already made
 
@@ -83,39 +72,69 @@ class GatedVerifier:
 
     def verify(self, task: Task, candidate: Any, on_phase: Callable[[str], None] | None = None) -> Any:
         started = time.time()
-        built_ok = True
+        report = None
         try:
             check_candidate_source(candidate.source)
             report = self.prebuilt.get(candidate.sha256)
             if report is None and self.build_first:
                 report = self.inner.build(candidate)
-            built_ok = report is None or all(e.ok for e in report.extensions)  # no extension: nothing to build
         except TaskError:
-            built_ok = False
+            pass  # its verdict says why
         built = time.time()
-        if not built_ok:  # it fails in its build phase: no GPU work, no gate
-            verdict = self.inner.verify(task, candidate, on_phase)
-            self._count(built - started, 0.0, 0.0, verdict)
+        if report is not None and report.extensions and not report.ok:  # nothing to run, nothing to rebuild
+            verdict = self.inner.judge_build(task, candidate, report, built - started)
+            self._count(built - started, report, verdict)
             return verdict
-        with self.gate.hold():
-            held = time.time()
-            verdict = self.inner.verify(task, candidate, on_phase)
-        self._count(built - started, held - built, time.time() - held, verdict)
+        verdict = self.inner.verify(task, candidate, on_phase)
+        if _ran_out_of_memory(verdict):
+            verdict = self.inner.verify(task, candidate, on_phase, alone=True)
+        if getattr(verdict, "wall", None) is not None:  # the build worker's time is the verification's build
+            verdict.wall.build_s += built - started
+            verdict.wall.total_s += built - started
+        self._count(built - started, report, verdict)
         return verdict
 
     def profile(self, task: Task) -> Any:
-        with self.gate.hold():
-            return self.inner.profile(task)
+        started = time.time()
+        result = self.inner.profile(task)
+        with self._lock:
+            self.stats.profile_s += time.time() - started
+            self.stats.wait_s += result.gate.waited_s
+            self.stats.gpu_s += result.gate.shared_s + result.gate.exclusive_s
+            self.stats.gpu_intervals += result.gate.intervals
+        return result
 
-    def _count(self, build: float, wait: float, gpu: float, verdict: Any = None) -> None:
-        split = verdict.wall.split() if getattr(verdict, "wall", None) is not None else {}
+    def _count(self, build: float, report: Any, verdict: Any) -> None:
+        wall = getattr(verdict, "wall", None)
+        split = wall.split() if wall is not None else {}
+        extensions = (report.extensions if report is not None else []) or (
+            verdict.build.extensions if getattr(verdict, "build", None) is not None else [])
         with self._lock:
             self.stats.verifications += 1
             self.stats.build_s += build
-            self.stats.wait_s += wait
-            self.stats.gpu_s += gpu
+            self.stats.builds += len(extensions)
+            self.stats.builds_cached += sum(e.cache_hit for e in extensions)
+            if wall is not None:
+                self.stats.wait_s += wall.gpu_wait_s
+                self.stats.gpu_s += wall.gpu_shared_s + wall.gpu_exclusive_s
+                self.stats.gpu_intervals += wall.gpu_intervals
             for phase, seconds in split.items():
                 self.stats.phases[phase] = self.stats.phases.get(phase, 0.0) + seconds
+            for stage, seconds in (wall.second_opinion if wall is not None else {}).items():
+                self.stats.second_opinion[stage] = self.stats.second_opinion.get(stage, 0.0) + seconds
+
+    def count_second_opinion(self, opinion: Any) -> None:
+        """A second opinion asked outside a verification (an optimize run's best program)."""
+        with self._lock:
+            for stage, seconds in opinion.stages.items():
+                self.stats.second_opinion[stage] = self.stats.second_opinion.get(stage, 0.0) + seconds
+            self.stats.wait_s += opinion.stages.get("gpu_wait", 0.0)
+            self.stats.gpu_intervals += opinion.gpu_intervals
+
+
+def _ran_out_of_memory(verdict: Any) -> bool:
+    crash = getattr(verdict, "crash", None)
+    return crash is not None and crash.kind == "oom"
 
 
 class VerifierPool:

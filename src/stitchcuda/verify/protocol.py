@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from stitchcuda.verify.config import VerifyConfig
+from stitchcuda.verify.gate import GateUse
 from stitchcuda.verify.verdict import (
     BaselineTiming,
     BuildReport,
@@ -33,6 +34,8 @@ class WorkerRequest(BaseModel):
     cached_reference_profile: ProgramProfile | None = None
     result_path: str
     phase_path: str
+    gate_path: str | None = None  # the GPU gate the worker takes around its GPU work (verify/gate.py)
+    gate_alone: bool = False  # every section exclusive: a second try after running out of memory beside others
 
 
 class WorkerResult(BaseModel):
@@ -59,3 +62,6 @@ class WorkerResult(BaseModel):
     reference_s: float = 0.0
     correctness_s: float = 0.0
     timing_s: float = 0.0
+    weights_trial_s: float = 0.0  # the trial with new weights (inside correctness_s)
+    fp64_s: float = 0.0  # re-running the reference in fp64 to judge ill-conditioned trials (inside correctness_s)
+    gate: GateUse = GateUse()

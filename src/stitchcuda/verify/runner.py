@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stitchcuda import machine
 from stitchcuda.paths import cache_root
@@ -140,6 +141,9 @@ class Verifier:
         self.gpu = machine.physical_gpu(self.config.device) if self.config.device.startswith("cuda") else None
         self._standby: _Standby | None = None
         self._standby_lock = threading.Lock()
+        # the GPU gate its workers and KernelBench's harness take around their GPU work (verify/gate.py);
+        # None: a lone verification, nobody to share the GPU with
+        self.gate_path: str | None = None
 
     def require_device(self) -> None:
         """Raise :class:`DeviceUnavailable` unless the configured device exists here."""
@@ -294,6 +298,7 @@ class Verifier:
             cached_baselines=cached or {},
             result_path=str(workdir / f"result-{mode}.json"),
             phase_path=str(workdir / f"phases-{mode}"),
+            gate_path=self.gate_path,
         )
 
     # -- public API -------------------------------------------------------------------------------
@@ -306,12 +311,17 @@ class Verifier:
             path.write_text(candidate.source)
             outcome = self._spawn(self._request("build", workdir, path), workdir, hide_gpu=True,
                                   run_limit=self.config.build_timeout_s)
-        report = outcome.result.build if outcome.result else BuildReport()
-        if self.config.kernelbench_harness and report.ok and report.extensions:
-            # KernelBench's harness builds its own copy inside its run, on the GPU's time: do it here
-            second_opinion.prebuild(self.cache, candidate.source, self._env(hide_gpu=True),
-                                    self.config.build_timeout_s)
-        return report
+        # KernelBench's harness loads these same extensions from the cache (verify/second_opinion.py)
+        return outcome.result.build if outcome.result else BuildReport()
+
+    def judge_build(self, task: Task, candidate: Candidate, report: BuildReport, seconds: float) -> Verdict:
+        """The verdict on a candidate whose build already failed (in :meth:`build`): nothing runs,
+        and nvcc is not asked the same question again."""
+        wall = WallTimes(build_s=seconds, total_s=seconds)
+        verdict = judge(task, candidate, self.config, WorkerResult(build=report), wall=wall,
+                        static=static_findings(candidate.source))
+        verdict.feedback = feedback_for(verdict)
+        return verdict
 
     def prebuild(self, candidates: Sequence[Candidate]) -> list[BuildReport]:
         """Build many candidates in parallel on CPU cores, before any of them needs the GPU."""
@@ -325,8 +335,11 @@ class Verifier:
         with ThreadPoolExecutor(max_workers=self._build_jobs()) as pool:
             return list(pool.map(self.build, buildable))
 
-    def verify(self, task: Task, candidate: Candidate, on_phase: Callable[[str], None] | None = None) -> Verdict:
-        """Verify one candidate in a fresh worker; ``on_phase`` hears each phase as it starts."""
+    def verify(self, task: Task, candidate: Candidate, on_phase: Callable[[str], None] | None = None,
+               alone: bool = False) -> Verdict:
+        """Verify one candidate in a fresh worker; ``on_phase`` hears each phase as it starts.
+        ``alone``: its trials too take the GPU gate's exclusive section (a second try after it ran
+        out of memory beside others)."""
         self.require_device()
         started = time.time()
         try:
@@ -344,6 +357,7 @@ class Verifier:
             cand_path.write_text(candidate.source)
             request = self._request("verify", workdir, cand_path, ref_path, cached)
             request.cached_reference_profile = cached_profile
+            request.gate_alone = alone
             outcome = self._spawn(request, workdir, hide_gpu=False, run_limit=self.config.timeout_s,
                                   on_phase=on_phase)
             phases = _read_phases(Path(request.phase_path))
@@ -366,6 +380,11 @@ class Verifier:
                 wall.correctness_s = result.correctness_s
                 wall.timing_s = result.timing_s
                 wall.profile_s = result.profile_s
+                wall.weights_trial_s = result.weights_trial_s
+                wall.fp64_s = result.fp64_s
+                wall.gpu_wait_s = result.gate.waited_s
+                wall.gpu_shared_s, wall.gpu_exclusive_s = result.gate.shared_s, result.gate.exclusive_s
+                wall.gpu_intervals = list(result.gate.intervals)
             verdict = judge(task, candidate, self.config, result, crash=outcome.crash, wall=wall, static=static)
             if self.config.ncu and verdict.correct and self.config.device.startswith("cuda"):
                 if on_phase is not None:
@@ -381,6 +400,7 @@ class Verifier:
             verdict.second_opinion = second_opinion.for_verifier(self, task.source, candidate.source, verdict.correct)
             if verdict.second_opinion.speedup is not None:  # KernelBench's own, beside ours
                 verdict.speedup["kernelbench"] = verdict.second_opinion.speedup
+            add_second_opinion(wall, verdict.second_opinion)
         verdict.feedback = feedback_for(verdict)
         wall.total_s = time.time() - started
         verdict.wall = wall
@@ -526,6 +546,13 @@ class _Standby:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def add_second_opinion(wall: WallTimes, opinion: Any) -> None:
+    """Count KernelBench's harness run in a verification's (or a task's) wall times."""
+    wall.second_opinion = {k: wall.second_opinion.get(k, 0.0) + v for k, v in opinion.stages.items()}
+    wall.gpu_wait_s += opinion.stages.get("gpu_wait", 0.0)
+    wall.gpu_intervals = [*wall.gpu_intervals, *opinion.gpu_intervals]
 
 
 def _read_result(path: Path) -> WorkerResult | None:

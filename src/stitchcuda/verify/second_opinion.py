@@ -40,16 +40,19 @@ def for_verifier(verifier: Any, reference: str, candidate: str, our_correct: boo
     if not config.device.startswith("cuda"):
         return SecondOpinion(checkout=checkout, error=NO_GPU)
     return judge(checkout, reference, candidate, cache=Path(verifier.cache), env=verifier._env(hide_gpu=False),
-                 limit_s=config.build_timeout_s + config.timeout_s, our_correct=our_correct)
+                 limit_s=config.build_timeout_s + config.timeout_s, our_correct=our_correct,
+                 gate_path=getattr(verifier, "gate_path", None))
 
 
 def judge(checkout: str, reference: str, candidate: str, *, cache: Path, env: dict[str, str] | None = None,
-          limit_s: float = 1200.0, our_correct: bool | None = None) -> SecondOpinion:
+          limit_s: float = 1200.0, our_correct: bool | None = None, gate_path: str | None = None) -> SecondOpinion:
     """KernelBench's verdict from a fresh process, killed past ``limit_s``; never raises for what
-    the checkout, the harness or the candidate do."""
+    the checkout, the harness or the candidate do. The program's extensions are loaded from our
+    build cache ``cache`` (built there by the verification before it; built there now otherwise),
+    and the process takes the GPU gate at ``gate_path`` around its GPU work."""
     started = time.time()
     try:
-        opinion = _judge(checkout, reference, candidate, cache, env, limit_s)
+        opinion = _judge(checkout, reference, candidate, cache, env, limit_s, gate_path)
     except OSError as exc:  # an unwritable cache, no room for the sources: said, not raised
         opinion = SecondOpinion(error=f"KernelBench's harness could not be started: {exc}")
     opinion.checkout = str(checkout)
@@ -60,7 +63,7 @@ def judge(checkout: str, reference: str, candidate: str, *, cache: Path, env: di
 
 
 def _judge(checkout: str, reference: str, candidate: str, cache: Path, env: dict[str, str] | None,
-           limit_s: float) -> SecondOpinion:
+           limit_s: float, gate_path: str | None) -> SecondOpinion:
     if why := harness_problem(checkout):  # a wrong path is said at once, without starting a process
         return SecondOpinion(error=why)
     build_dir = build_dir_for(cache, candidate)  # its own builds, kept for the next run
@@ -71,9 +74,11 @@ def _judge(checkout: str, reference: str, candidate: str, cache: Path, env: dict
         request = HarnessRequest(checkout=str(Path(checkout).expanduser().resolve()),
                                  reference_path=str(work / "reference.py"),
                                  candidate_path=str(work / "candidate.py"),
-                                 result_path=str(work / "reply.json"), build_dir=str(build_dir))
+                                 result_path=str(work / "reply.json"), build_dir=str(build_dir),
+                                 cache_root=str(cache), gate_path=gate_path)
         (work / "request.json").write_text(request.model_dump_json())
         log_path = work / "harness.log"
+        spawned = time.time()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "stitchcuda.verify.kernelbench_harness", str(work / "request.json")],
@@ -88,35 +93,20 @@ def _judge(checkout: str, reference: str, candidate: str, cache: Path, env: dict
     if reply is None:
         return SecondOpinion(error=f"KernelBench's harness process died ({_exit_status(proc.returncode)}) "
                                    "without a verdict" + _last(tail))
+    stages = {"start": round(max(reply.ready_at - spawned, 0.0), 3) if reply.ready_at else 0.0, **reply.stages,
+              "gpu_wait": round(reply.gate.waited_s, 3)}
     if reply.verdict is None:
-        return SecondOpinion(error=reply.error or "KernelBench's harness gave no verdict")
+        return SecondOpinion(error=reply.error or "KernelBench's harness gave no verdict", stages=stages,
+                             gpu_intervals=reply.gate.intervals)
     v = reply.verdict
     return SecondOpinion(compiled=v.compiled, correct=v.correct, runtime_ms=v.runtime_ms, detail=v.detail,
                          correct_true_fp32=v.correct_true_fp32, correct_v01=v.correct_v01,
-                         ref_runtime_ms=v.ref_runtime_ms,
-                         timed_apart=v.timed_apart)
+                         ref_runtime_ms=v.ref_runtime_ms, timed_apart=v.timed_apart, stages=stages,
+                         builds_cached=reply.builds_cached, gpu_intervals=reply.gate.intervals)
 
 
 def build_dir_for(cache: Path, candidate: str) -> Path:
     return Path(cache) / "kernelbench-harness" / hashlib.sha256(candidate.encode()).hexdigest()[:20]
-
-
-def prebuild(cache: Path, candidate: str, env: dict[str, str], limit_s: float = 900.0) -> bool:
-    """Build the candidate's extensions where KernelBench's harness will look for them, with the GPU
-    hidden and before any GPU is held: its own run then only loads them. KernelBench executes the
-    source with TORCH_EXTENSIONS_DIR set to its build folder, so executing it the same way here
-    makes the same builds. True when the source ran to its end."""
-    build_dir = build_dir_for(cache, candidate)
-    with _exclusive(build_dir), tempfile.TemporaryDirectory(prefix="stitchcuda-kernelbench-build-") as tmp:
-        path = Path(tmp) / "candidate.py"
-        path.write_text(candidate)
-        code = (f"import os; os.environ['TORCH_EXTENSIONS_DIR'] = {str(build_dir)!r}; "
-                f"exec(compile(open({str(path)!r}).read(), 'candidate.py', 'exec'), {{'__name__': 'candidate'}})")
-        with open(Path(tmp) / "build.log", "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, cwd=tmp, env=_child_env(env), start_new_session=True)
-            killed = _wait(proc, limit_s)
-    return not killed and proc.returncode == 0
 
 
 def _child_env(env: dict[str, str] | None) -> dict[str, str]:

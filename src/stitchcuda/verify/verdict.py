@@ -363,13 +363,25 @@ class WallTimes(BaseModel):
     timing_s: float = Field(0.0, description="the interleaved timed rounds of the candidate and the baselines")
     profile_s: float = 0.0
     ncu_s: float = 0.0
+    weights_trial_s: float = Field(0.0, description="the trial with new weights (part of correctness_s)")
+    fp64_s: float = Field(0.0, description="the fp64 re-judgement of ill-conditioned trials (part of correctness_s)")
+    gpu_wait_s: float = Field(0.0, description="waiting at the GPU gate, the second opinion's waits included")
+    gpu_shared_s: float = Field(0.0, description="inside shared sections of the gate (trials beside others)")
+    gpu_exclusive_s: float = Field(0.0, description="inside the exclusive section (timing alone)")
+    gpu_intervals: list[tuple[float, float]] = Field([], description="(start, end) unix times the GPU was in use")
+    second_opinion: dict[str, float] = Field({}, description="KernelBench's harness by stage: start, build, "
+                                                             "correctness, timing, its GPU wait")
     total_s: float = 0.0
 
     def split(self) -> dict[str, float]:
-        """The phases that add up to (most of) total_s, for machinery figures."""
+        """The phases that add up to (most of) total_s, for machinery figures (the weights trial
+        and the fp64 re-judgement apart from the other correctness trials)."""
+        own_trials = max(self.correctness_s - self.weights_trial_s - self.fp64_s, 0.0)
+        kb = sum(v for k, v in self.second_opinion.items() if k != "gpu_wait")
         return {"spawn": self.spawn_s, "cuda_init": self.cuda_init_s, "build": self.build_s,
-                "reference": self.reference_s, "correctness": self.correctness_s, "profile": self.profile_s,
-                "baselines": self.baselines_s, "timing": self.timing_s, "ncu": self.ncu_s}
+                "gpu_wait": self.gpu_wait_s, "reference": self.reference_s, "correctness": own_trials,
+                "weights_trial": self.weights_trial_s, "fp64": self.fp64_s, "profile": self.profile_s,
+                "baselines": self.baselines_s, "timing": self.timing_s, "ncu": self.ncu_s, "second_opinion": kb}
 
 
 class SecondOpinion(BaseModel):
@@ -398,6 +410,11 @@ class SecondOpinion(BaseModel):
     error: str | None = Field(None, description="why the harness could not judge: not found, did not load, "
                                                 "timed out, crashed, no CUDA GPU")
     seconds: float = 0.0
+    stages: dict[str, float] = Field({}, description="where its seconds went: start (its process, torch and its "
+                                                     "package), build (loading the program's extensions), "
+                                                     "correctness, timing, gpu_wait (at the GPU gate)")
+    builds_cached: bool | None = Field(None, description="it loaded the extensions our build made (no nvcc of its own)")
+    gpu_intervals: list[tuple[float, float]] = Field([], description="(start, end) unix times it used the GPU")
     agrees: bool | None = Field(None, description="its correctness equals ours; None when it could not judge")
 
     @property

@@ -38,6 +38,7 @@ from stitchcuda.verify.conditioning import Fp64Reference
 from stitchcuda.verify.correctness import make_trial_inputs
 from stitchcuda.verify.crash import CandidateFailed, classify_error, fail, short_traceback
 from stitchcuda.verify.escape import escaped_work
+from stitchcuda.verify.gate import GateClient
 from stitchcuda.verify.harness_guard import HarnessGuard
 from stitchcuda.verify.model_state import ModelState, draws_random, kept, seed_check
 from stitchcuda.verify.profile_checks import check_speed_of_light, profile_both
@@ -58,13 +59,17 @@ from stitchcuda.verify.weights_trial import follows_weights
 
 class Progress:
     """Appends ``phase <tab> unix-time`` lines the orchestrator reads to know where we are,
-    and checkpoints the result so far: a worker that dies keeps what it already learned."""
+    and checkpoints the result so far: a worker that dies keeps what it already learned. It also
+    holds the worker's GPU gate: shared around a forward or a trial, exclusive around anything
+    timed, none around a build (verify/gate.py)."""
 
-    def __init__(self, path: str, result: WorkerResult, checkpoint_path: str):
+    def __init__(self, path: str, result: WorkerResult, checkpoint_path: str, gate_path: str | None = None,
+                 alone: bool = False):
         self.path = path
         self.phase = "start"
         self.result = result
         self.checkpoint_path = checkpoint_path
+        self.gate = GateClient(gate_path, alone)
 
     def __call__(self, phase: str) -> None:
         self.checkpoint()
@@ -73,6 +78,7 @@ class Progress:
             f.write(f"{phase}\t{time.time():.3f}\n")
 
     def checkpoint(self) -> None:
+        self.result.gate = self.gate.use
         tmp = Path(self.checkpoint_path + ".tmp")
         tmp.write_text(self.result.model_dump_json())
         tmp.replace(self.checkpoint_path)
@@ -93,7 +99,8 @@ def main(request_path: str) -> None:
     request = WorkerRequest.model_validate_json(Path(request_path).read_text())
     machine.confine(os.environ.get("STITCHCUDA_BUILD_CPUS"))  # before ninja starts: nvcc inherits it
     result = WorkerResult(started_at=time.time())
-    progress = Progress(request.phase_path, result, request.result_path + ".partial")
+    progress = Progress(request.phase_path, result, request.result_path + ".partial", request.gate_path,
+                        request.gate_alone)
     try:
         if request.mode == "build":
             _build_only(request, result, progress)
@@ -108,6 +115,8 @@ def main(request_path: str) -> None:
     except BaseException as exc:  # nothing may escape: the result file is the contract
         result.crash = CrashReport(kind=classify_error(exc), phase=progress.phase, message=short_traceback(exc))
     finally:
+        progress.gate.switch(None)
+        result.gate = progress.gate.use
         tmp = Path(request.result_path + ".tmp")
         tmp.write_text(result.model_dump_json())
         tmp.replace(request.result_path)
@@ -181,6 +190,7 @@ def _profile_reference(request: WorkerRequest, result: WorkerResult, progress: P
     progress("reference")
     set_tf32(False)
     torch.set_grad_enabled(False)
+    progress.gate.switch("shared")
     try:
         reference = import_from_path(request.reference_path or "", "stitchcuda_reference")
         torch.manual_seed(request.config.seed)
@@ -196,6 +206,7 @@ def _profile_reference(request: WorkerRequest, result: WorkerResult, progress: P
         result.errors.append("profiling needs a CUDA device")
         return
     progress("profile")
+    progress.gate.switch("exclusive")
     started = time.perf_counter()
     profile = profiling.profile_call(lambda: model(*inputs), model=model, shapes=True, top=25)
     profile.roofline = profiling.roofline(model, inputs, profiling.measure_peaks(device, Path(request.cache_root)))
@@ -211,6 +222,7 @@ def _counters(request: WorkerRequest, result: WorkerResult, progress: Progress) 
     progress("reference")
     set_tf32(False)
     torch.set_grad_enabled(False)
+    progress.gate.switch("exclusive")  # under ncu, every kernel is replayed and timed
     reference = import_from_path(request.reference_path or "", "stitchcuda_reference")
     torch.manual_seed(config.seed)
     init_inputs = list(inspect_task_module(reference, device)[0])
@@ -246,6 +258,7 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
     started = time.perf_counter()
     set_tf32(False)
     torch.set_grad_enabled(False)  # inference only, as KernelBench runs it; part of the clean state
+    progress.gate.switch("shared")
     try:
         reference = import_from_path(request.reference_path or "", "stitchcuda_reference")
         torch.manual_seed(config.seed)
@@ -293,6 +306,7 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
         result.findings.extend(guard.check(where, threads))
 
     guard = HarnessGuard()  # before any candidate code: the identities of the harness's functions
+    progress.gate.switch(None)  # a build needs no GPU (normally a cache hit: built before the worker ran)
     module = _import_candidate(request, result, progress)
     audit_state("at import")
     if module is None:
@@ -304,6 +318,7 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
         ))
 
     progress("construct")
+    progress.gate.switch("shared")
     try:
         check_module(module, "ModelNew", needs_inputs=False)
     except TaskError as exc:
@@ -342,6 +357,7 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
         if passed:  # then with new weights loaded between two calls; both models' weights and state restored
             # on the host: the trial itself holds two outputs on the GPU, as any trial does
             saved = [(m, {k: v.to("cpu", copy=True) for k, v in m.state_dict().items()}) for m in (ref_model, new_model)]
+            weights_started = time.perf_counter()
             try:
                 with kept(ref_model, new_model):
                     trial = follows_weights(request, reference, ref_model, new_model, device, bool(draws), conditioned)
@@ -357,11 +373,14 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
                 for model, state in saved:
                     model.load_state_dict(state)
                 del saved
+                result.weights_trial_s = time.perf_counter() - weights_started
             audit_state("with new weights")
     result.correctness_s = time.perf_counter() - started
+    result.fp64_s = fp64.seconds if fp64 is not None else 0.0
     if not passed or not config.timing:
         return
 
+    progress.gate.switch("exclusive")  # from here on everything is timed, or probes timing
     if config.profile and device.type == "cuda":
         progress("profile")
         started = time.perf_counter()

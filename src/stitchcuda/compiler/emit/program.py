@@ -13,6 +13,7 @@ from typing import Any
 
 from stitchcuda.compiler.capture.graph import OpGraph
 from stitchcuda.compiler.emit.emit import Emitter
+from stitchcuda.compiler.emit.loops import fold_repeats, new_folder
 from stitchcuda.compiler.emit.pymodule import REFERENCE_CLASS, reference_init_source
 from stitchcuda.compiler.ir.expr import Unsupported
 from stitchcuda.compiler.ir.group import FusionGroup
@@ -186,10 +187,12 @@ def _state_owners(state: list[str]) -> list[tuple[str, str]]:
     return [(name.rpartition(".")[0], name.rpartition(".")[2]) for name in state]
 
 
-def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None) -> str:
-    """The candidate program (Python source) for ``task``; raises :class:`Unsupported` saying why not."""
+def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None,
+             low: Lowering | None = None) -> str:
+    """The candidate program (Python source) for ``task``; raises :class:`Unsupported` saying why not.
+    ``low``: the groups already lowered under ``options`` (:meth:`Compiled.lowering`)."""
     options = options or CodegenOptions()
-    low = lower(graph, groups, options)
+    low = low or lower(graph, groups, options)
     digest = hashlib.sha256((graph.model_dump_json() + options.model_dump_json()).encode()).hexdigest()[:12]
     prefix = f"sc{digest}"
     emitter = Emitter(low, options, prefix)
@@ -204,6 +207,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     if any(tiny(g) for g in gemms):
         kernels.append(TINY_GEMM_KERNEL)
     emitted_family: set[str] = set()
+    folder = new_folder()
     hoisted: list[str] = []  # groups that compute from the weights alone: launched with the packs
     for lg in low.groups:
         head = f"// group {lg.group.id} ({lg.group.kind}): {lg.describe}"
@@ -234,7 +238,8 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
                 if k.source:
                     kernels.append(k.source)
                 text.append(k.launch)
-        (hoisted if lg.hoisted else launches).append("\n".join(text))
+        (hoisted if lg.hoisted else launches).append("\n".join([text[0], *fold_repeats(text[1:], folder)]))
+    launches = fold_repeats(launches, folder)  # groups alike but for their offsets (cells stepped in Python)
     inputs = [(v, i, s, low.ctypes.get(i, "float")) for v, i, s in low.args]
     low.outputs.sort(key=lambda o: graph.outputs.index(o[0]))
     dnn_math = "CUDNN_TENSOR_OP_MATH" if options.tf32 else "CUDNN_FMA_MATH"
