@@ -208,26 +208,38 @@ def test_the_verdict_names_the_core_it_timed_on(verifier, task, monkeypatch):
     assert v.timing is not None and "core" not in v.timing.method
 
 
-def test_standby_workers_serve_one_candidate_each(cache, task, monkeypatch):
-    """Workers started ahead (the GPU default) give the same verdicts, crash included, and each
-    candidate still gets a process of its own."""
+def test_warm_workers_serve_clean_runs_again_and_retire_after_anything_else(cache, task, monkeypatch):
+    """Warm workers (the GPU default) give the same verdicts, crash included; a worker serves the
+    next candidate only after a clean run, and any hacking finding or crash retires it."""
     monkeypatch.setenv("STITCHCUDA_PREWARM", "1")
-    verifier = Verifier(PRESETS["tiny-debug"].model_copy(update={"timeout_s": 60}), cache=cache)
+    verifier = Verifier(PRESETS["tiny-debug"].model_copy(update={"timeout_s": 120}), cache=cache)
+    served: list[int] = []
+
+    def pids() -> set[int]:
+        return {w.proc.pid for w in verifier._pool(False)._idle}
+
     try:
-        first = run(verifier, task, "pure_torch")
-        waiting = verifier._standby.proc
-        crashed = run(verifier, task, "segfault")  # served by the worker that waited
-        assert waiting.poll() is not None and verifier._standby.proc is not waiting
-        after = run(verifier, task, "pure_torch")
+        clean = run(verifier, task, "cpp_mlp")  # built here, then a clean run: its worker stays
+        assert clean.passed and clean.hacking.level == "none", clean.errors + clean.hacking.findings
+        kept = pids()
+        again = run(verifier, task, "cpp_mlp")
+        assert again.wall.warm_start and again.wall.spawn_s < clean.wall.spawn_s and again.build.cache_hit
+        before = pids()
+        hacked = run(verifier, task, "pure_torch")  # a finding: its worker exits
+        crashed = run(verifier, task, "segfault")
+        after = run(verifier, task, "cpp_mlp")
+        served = sorted(kept | before | pids())
     finally:
         verifier.close()
-    assert waiting.returncode != 0
-    assert first.correct and after.correct and first.hacking.level == after.hacking.level == "total"
+    assert len(kept) == 2  # the one that served, and the one started ahead
+    assert hacked.correct and hacked.hacking.level == "total" and hacked.wall.warm_start
+    assert len(pids() & before) == 0  # closed
     assert crashed.crash is not None and crashed.crash.signal == "SIGSEGV" and "about to crash" in crashed.crash.output_tail
-    assert not first.wall.warm_start and first.wall.spawn_s > 0 and after.wall.warm_start
+    assert "about to crash" not in after.errors and after.passed and after.wall.warm_start
+    assert after.correctness.trials == clean.correctness.trials or after.correct
     split = after.wall.split()
     assert split["correctness"] > 0 and split["timing"] > 0 and sum(split.values()) <= after.wall.total_s
-    assert verifier._standby is None
+    assert len(served) >= 3
 
 
 def test_warm_up_serves_a_fresh_verifiers_first_candidate_warm(cache, task, monkeypatch):
@@ -237,17 +249,22 @@ def test_warm_up_serves_a_fresh_verifiers_first_candidate_warm(cache, task, monk
     verifier = Verifier(PRESETS["tiny-debug"].model_copy(update={"timeout_s": 60}), cache=cache)
     try:
         verifier.warm_up()
-        waiting = verifier._standby.proc
+        waiting = [w.proc for w in verifier._pool(False)._idle]
         verifier.warm_up()
-        assert verifier._standby.proc is waiting
+        assert [w.proc for w in verifier._pool(False)._idle] == waiting and len(waiting) == 1
+        for _ in range(100):  # ready once torch is imported
+            if verifier._pool(False)._idle[0].ready():
+                break
+            __import__("time").sleep(0.1)
         first = run(verifier, task, "pure_torch")
     finally:
         verifier.close()
     assert first.correct and first.wall.warm_start
+    assert waiting[0].poll() is not None  # it retired after the finding (or was closed)
     monkeypatch.setenv("STITCHCUDA_PREWARM", "0")
     cold = Verifier(PRESETS["tiny-debug"], cache=cache)
     cold.warm_up()
-    assert cold._standby is None  # off where prewarming is off (the CPU default)
+    assert cold._pools == {}  # off where prewarming is off (the CPU default)
 
 
 def test_zero_initialised_candidate_is_incorrect_by_default_and_the_verdict_says_why(cache, task):

@@ -102,7 +102,12 @@ def prebuild(job: Job) -> tuple[str, Any] | None:
         return None
     try:
         candidate = load_candidate(job.candidate)
-        verifier = Verifier(job.config.optimize.verify.model_copy(update={"device": _job_device(job.config, None)}))
+        verify = job.config.optimize.verify.model_copy(update={"device": _job_device(job.config, None)})
+        key = "build:" + verify.model_dump_json()
+        with _VERIFIERS_LOCK:  # its build workers stay warm for the next job's build
+            if key not in _VERIFIERS:
+                _VERIFIERS[key] = Verifier(verify)
+            verifier = _VERIFIERS[key]
         return candidate.sha256, verifier.build(candidate)
     except (TaskError, OSError):
         return None

@@ -185,8 +185,14 @@ class VerifierPool:
         return out
 
 
+_RAY_VERIFIERS: dict[str, Verifier] = {}  # one per configuration in a Ray worker process: its workers stay warm
+
+
 def _ray_verify(task_json: str, candidate_json: str, config_json: str, workspace: str) -> str:
     config = VerifyConfig.model_validate_json(config_json)
-    verifier = GatedVerifier(Verifier(config), GpuGate(config.device, Path(workspace) / "gpu-locks"))
+    if config_json not in _RAY_VERIFIERS:
+        _RAY_VERIFIERS[config_json] = Verifier(config)
+    inner = _RAY_VERIFIERS[config_json]
+    verifier = GatedVerifier(inner, GpuGate(config.device, Path(workspace) / "gpu-locks"))
     return verifier.verify(Task.model_validate_json(task_json), Candidate.model_validate_json(candidate_json)) \
         .model_dump_json()

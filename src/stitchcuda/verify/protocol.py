@@ -65,3 +65,4 @@ class WorkerResult(BaseModel):
     weights_trial_s: float = 0.0  # the trial with new weights (inside correctness_s)
     fp64_s: float = 0.0  # re-running the reference in fp64 to judge ill-conditioned trials (inside correctness_s)
     gate: GateUse = GateUse()
+    retiring: bool = True  # the worker exits after this request (a warm worker serves another otherwise)

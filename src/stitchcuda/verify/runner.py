@@ -1,17 +1,18 @@
-"""The orchestrating side of a verification: one fresh worker process per candidate.
+"""The orchestrating side of a verification: a worker process serves each candidate.
 
 The orchestrator never imports candidate code. It writes the sources and a request into a
-scratch folder, starts ``python -m stitchcuda.verify.worker`` in a new process group, watches
-its phase file against the time limits, kills the whole group on overrun, and turns whatever
-came back (a result file, or an exit status and an output tail) into a Verdict.
+scratch folder, hands it to a ``python -m stitchcuda.verify.worker`` process in a process group of
+its own, watches its phase file against the time limits, kills the whole group on overrun, and
+turns whatever came back (a result file, or an exit status and an output tail) into a Verdict.
 
 Builds take minutes and need only CPU cores, so :meth:`Verifier.prebuild` builds many
 candidates in parallel worker processes (GPU hidden) before their GPU runs, which then find
 every extension in the cache.
 
-A worker's start (Python, torch, the CUDA context: ~10 s on an H100) is paid ahead: while one
-verification runs, the next worker is already started in standby, and the next verification
-hands it its request. It is still a fresh process for each candidate.
+A worker's start (Python, torch, the CUDA context: seconds) is paid once: on a GPU the workers are
+warm (:mod:`stitchcuda.verify.workers`), each serving one candidate at a time and retiring after
+anything that could carry over to the next (a crash, a hacking finding, a changed flag); elsewhere,
+and under ``ncu``, every request gets a fresh process.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -53,6 +53,7 @@ from stitchcuda.verify.verdict import (
     Verdict,
     WallTimes,
 )
+from stitchcuda.verify.workers import WarmWorker, WorkerPool
 
 _TAIL_CHARS = 4000
 # how cached baselines were judged: 2, on every correctness trial's inputs (baselines.baseline_accuracy);
@@ -139,8 +140,8 @@ class Verifier:
         self.config = config or VerifyConfig()
         self.cache = Path(cache) if cache else cache_root()
         self.gpu = machine.physical_gpu(self.config.device) if self.config.device.startswith("cuda") else None
-        self._standby: _Standby | None = None
-        self._standby_lock = threading.Lock()
+        self._pools: dict[bool, WorkerPool] = {}  # warm workers, by whether they hide the GPU
+        self._pools_lock = threading.Lock()
         # the GPU gate its workers and KernelBench's harness take around their GPU work (verify/gate.py);
         # None: a lone verification, nobody to share the GPU with
         self.gate_path: str | None = None
@@ -190,19 +191,21 @@ class Verifier:
         request_path = workdir / f"request-{request.mode}.json"
         request_path.write_text(request.model_dump_json())
         phase_path = Path(request.phase_path)
-        warm = None
-        if request.mode == "verify" and not prefix and self.prewarm:
-            with self._standby_lock:
-                warm = self._take_standby()
-                self._standby = _Standby.start(self._env(hide_gpu), self.config.profile)
+        result_path = Path(request.result_path)
+        worker: WarmWorker | None = None
+        warm = False
+        if not prefix and request.mode in ("verify", "profile", "build") and self.prewarm:
+            pool = self._pool(hide_gpu)
+            worker, warm = pool.take()
+            pool.warm_up(1)  # the next request finds one ready
         spawned = time.time()
-        if warm is not None:
-            proc, log_path = warm.proc, warm.log_path
-            warm.hand_over(request_path)
+        if worker is not None:
+            proc, log_path = worker.proc, worker.log_path
+            worker.hand_over(request_path)
         else:
             log_path = workdir / f"worker-{request.mode}.log"
         with contextlib.ExitStack() as stack:
-            if warm is None:
+            if worker is None:
                 log = stack.enter_context(open(log_path, "wb"))
                 proc = subprocess.Popen(
                     [*prefix, sys.executable, "-m", "stitchcuda.verify.worker", str(request_path)],
@@ -211,7 +214,8 @@ class Verifier:
                 )
             overrun = None
             reported = None
-            while proc.poll() is None:
+            # a warm worker stays alive after its result: its result file is the end of the request
+            while proc.poll() is None and not (worker is not None and result_path.exists()):
                 time.sleep(_POLL_S)
                 now = time.time()
                 phases = _read_phases(phase_path)
@@ -229,10 +233,10 @@ class Verifier:
                     _kill_group(proc)
                     break
         ended = time.time()
-        tail = _tail(log_path)
-        if warm is not None:
-            warm.discard()
-        result = _read_result(Path(request.result_path))
+        tail = worker.tail(_TAIL_CHARS) if worker is not None else _tail(log_path)
+        result = _read_result(result_path)
+        if worker is not None:  # kept for the next request only after a clean run
+            self._pool(hide_gpu).give_back(worker, overrun is None and result is not None and not result.retiring)
         partial = result is None
         if partial:  # died: keep what its last checkpoint says (build, device, trials so far)
             result = _read_result(Path(request.result_path + ".partial"))
@@ -250,37 +254,34 @@ class Verifier:
             )
         elif result is not None and result.crash is not None:
             result.crash.output_tail = tail
-        return WorkerOutcome(result, crash, tail, spawned, ended, warm is not None)
+        return WorkerOutcome(result, crash, tail, spawned, ended, warm)
 
     @property
     def prewarm(self) -> bool:
-        """Start the next worker ahead: on a GPU, where the CUDA context is most of a start."""
+        """Keep warm workers (verify/workers.py): on a GPU, where torch and the CUDA context are
+        most of a start; ``STITCHCUDA_PREWARM=0`` or ``1`` decides instead."""
         setting = os.environ.get("STITCHCUDA_PREWARM", "")
         return setting == "1" if setting in ("0", "1") else self.gpu is not None
 
-    def warm_up(self) -> None:
-        """Start a worker in standby now, unless one waits: a fresh process (a Ray task, the
-        bench's first job) then pays the worker's start and CUDA context while it captures and
-        builds, not at its first verification."""
-        if not self.prewarm:
-            return
-        with self._standby_lock:
-            if self._standby is None:
-                self._standby = _Standby.start(self._env(False), self.config.profile)
+    def _pool(self, hide_gpu: bool) -> WorkerPool:
+        with self._pools_lock:
+            if hide_gpu not in self._pools:
+                self._pools[hide_gpu] = WorkerPool(self._env(hide_gpu), profile=self.config.profile and not hide_gpu)
+            return self._pools[hide_gpu]
 
-    def _take_standby(self) -> _Standby | None:
-        standby, self._standby = self._standby, None
-        if standby is not None and standby.proc.poll() is not None:  # died while waiting
-            standby.discard()
-            return None
-        return standby
+    def warm_up(self) -> None:
+        """Start a worker now, unless one waits: a fresh process (a Ray task, the bench's first job)
+        then pays the worker's start and CUDA context while it captures and builds, not at its
+        first verification."""
+        if self.prewarm:
+            self._pool(False).warm_up(1)
 
     def close(self) -> None:
-        """Stop the worker waiting in standby, if any (it also exits when this process does)."""
-        with self._standby_lock:
-            if self._standby is not None:
-                self._standby.stop()
-                self._standby = None
+        """Stop the warm workers (they also exit when this process does: their stdin closes)."""
+        with self._pools_lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
@@ -511,41 +512,6 @@ class Verifier:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(usable, indent=1))
         tmp.replace(path)
-
-
-@dataclass
-class _Standby:
-    """A worker started before its candidate exists; it reads its request path from stdin."""
-
-    proc: subprocess.Popen
-    folder: Path
-    log_path: Path
-
-    @classmethod
-    def start(cls, env: dict[str, str], profile: bool) -> _Standby:
-        folder = Path(tempfile.mkdtemp(prefix="stitchcuda-standby-"))
-        log_path = folder / "worker-verify.log"
-        with open(log_path, "wb") as log:
-            command = [sys.executable, "-m", "stitchcuda.verify.worker", "--standby"] + (["--profile"] if profile else [])
-            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                    cwd=folder, env=env, start_new_session=True)
-        return cls(proc, folder, log_path)
-
-    def hand_over(self, request_path: Path) -> None:
-        assert self.proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError):  # it died: the caller sees the exit status
-            self.proc.stdin.write(f"{request_path}\n".encode())
-            self.proc.stdin.close()
-
-    def stop(self) -> None:
-        _kill_group(self.proc)
-        self.discard()
-
-    def discard(self) -> None:
-        if self.proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.proc.stdin.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def add_second_opinion(wall: WallTimes, opinion: Any) -> None:

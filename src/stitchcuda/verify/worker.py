@@ -56,6 +56,11 @@ from stitchcuda.verify.verdict import (
 )
 from stitchcuda.verify.weights_trial import follows_weights
 
+# a warm worker serves this many candidates, then a fresh one takes over (what leaks, leaks for a while only)
+MAX_SERVED = 40
+# GPU memory still allocated after a candidate and its models are gone: kept alive by the candidate
+LEFT_BEHIND_BYTES = 256 << 20
+
 
 class Progress:
     """Appends ``phase <tab> unix-time`` lines the orchestrator reads to know where we are,
@@ -95,6 +100,15 @@ def import_from_path(path: str, module_name: str) -> ModuleType:
 
 
 def main(request_path: str) -> None:
+    """One request, then exit."""
+    serve(request_path)
+    # Skip interpreter teardown: after a CUDA error it can hang or crash.
+    os._exit(0)
+
+
+def serve(request_path: str, last: bool = True) -> bool:
+    """Serve one request and write its result; True when this process may serve another (nothing
+    went wrong and the candidate left no trace we know of). ``last``: no other will be asked for."""
     faulthandler.enable()  # a segfault still prints the Python stack to our log
     request = WorkerRequest.model_validate_json(Path(request_path).read_text())
     machine.confine(os.environ.get("STITCHCUDA_BUILD_CPUS"))  # before ninja starts: nvcc inherits it
@@ -117,13 +131,37 @@ def main(request_path: str) -> None:
     finally:
         progress.gate.switch(None)
         result.gate = progress.gate.use
+        result.retiring = last or retire_after(result)
         tmp = Path(request.result_path + ".tmp")
         tmp.write_text(result.model_dump_json())
         tmp.replace(request.result_path)
         sys.stdout.flush()
         sys.stderr.flush()
-        # Skip interpreter teardown: after a CUDA error it can hang or crash.
-        os._exit(0)
+    return not result.retiring
+
+
+def retire_after(result: WorkerResult) -> bool:
+    """A worker serves another candidate only after a clean run: any crash (a CUDA error is sticky),
+    hacking finding, changed torch flag, failed build or import, or unusable reference retires it."""
+    return bool(result.crash or result.findings or result.flags_changed or result.import_error
+                or result.reference_error or not result.build.ok)
+
+
+def _forget() -> bool:
+    """Between two candidates: drop the modules, the models and the cached GPU memory; True when
+    the GPU memory came back (a candidate that keeps some alive retires its worker)."""
+    import gc
+
+    for name in ("stitchcuda_candidate", "stitchcuda_reference"):
+        sys.modules.pop(name, None)
+    if "torch._dynamo" in sys.modules:  # the torch.compile baseline's graphs
+        torch._dynamo.reset()
+    gc.collect()
+    if not torch.cuda.is_initialized():
+        return True
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated() < LEFT_BEHIND_BYTES
 
 
 def _import_candidate(request: WorkerRequest, result: WorkerResult, progress: Progress) -> ModuleType | None:
@@ -415,9 +453,12 @@ def _batch_statistics(name: str) -> bool:
     return name.rsplit(".", 1)[-1] in ("running_mean", "running_var", "num_batches_tracked")
 
 
-def standby(profile: bool) -> None:
-    """Get ready before the candidate exists, then serve the request named on stdin (EOF: exit).
-    Importing this module already loaded torch and every module a verification uses."""
+def standby(profile: bool, ready_path: str | None, max_served: int) -> None:
+    """A warm worker: get ready before any candidate exists, then serve the requests named on stdin
+    one at a time (EOF: exit), until one of them retires it or it has served ``max_served``. After
+    each request it forgets the candidate and writes how many it has served to ``ready_path``: the
+    orchestrator hands it the next request only then. Importing this module already loaded torch
+    and every module a verification uses."""
     if torch.cuda.is_available():
         if profile:  # see _init_device: the profiler's first session is free before CUDA is up
             activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -425,15 +466,30 @@ def standby(profile: bool) -> None:
                 pass
         torch.cuda.init()
         torch.cuda.synchronize()  # the context exists now
-    line = sys.stdin.readline().strip()
-    if not line:
-        os._exit(0)
-    os.chdir(Path(line).parent)
-    main(line)
+    served = 0
+    _ready(ready_path, served)
+    while True:
+        line = sys.stdin.readline().strip()
+        if not line:
+            os._exit(0)
+        os.chdir(Path(line).parent)
+        served += 1
+        if not serve(line, last=served >= max_served or ready_path is None) or not _forget():
+            os._exit(0)
+        _ready(ready_path, served)
+
+
+def _ready(path: str | None, served: int) -> None:
+    if path is not None:
+        tmp = Path(path + ".tmp")
+        tmp.write_text(str(served))
+        tmp.replace(path)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--standby"]:
-        standby(profile="--profile" in sys.argv)
+        ready = sys.argv[sys.argv.index("--ready") + 1] if "--ready" in sys.argv else None
+        standby(profile="--profile" in sys.argv, ready_path=ready,
+                max_served=int(os.environ.get("STITCHCUDA_WORKER_SERVES", MAX_SERVED)))
     else:
         main(sys.argv[1])

@@ -1,0 +1,156 @@
+"""Warm worker processes, kept between verifications.
+
+A worker's start is a Python interpreter, torch and the CUDA context: seconds, paid per candidate
+when every candidate gets a fresh process. A :class:`WorkerPool` keeps its workers instead: each
+serves one candidate at a time and, after a clean run, forgets it (modules, models, cached GPU
+memory) and waits for the next. Isolation holds as it did for fresh processes: a worker retires
+(exits) after any crash, CUDA error, hacking finding, changed torch flag or failed build, after
+keeping GPU memory alive past its candidate, and after serving ``MAX_SERVED`` candidates (see
+:mod:`stitchcuda.verify.worker`); a worker that overran its limit is killed with its process group.
+
+A worker says it is ready by writing how many requests it has served to its ready file; the pool
+hands it a request only then, so no request ever goes to a worker that is still cleaning up or
+about to exit. A pool is one environment (GPU shown or hidden, the profiler's warm-up or not): the
+orchestrator keeps one per kind of worker it starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_POLL_S = 0.02
+READY_LIMIT_S = 180.0  # a worker not ready this long after its start or its last request is stopped
+
+
+@dataclass
+class WarmWorker:
+    """One worker process, its folder (cwd, log, ready file) and how many requests it was handed."""
+
+    proc: subprocess.Popen
+    folder: Path
+    handed: int = 0
+    log_offsets: list[int] = field(default_factory=list)
+    since: float = field(default_factory=time.time)  # started, or given back after a request
+
+    @property
+    def log_path(self) -> Path:
+        return self.folder / "worker.log"
+
+    @property
+    def ready_path(self) -> Path:
+        return self.folder / "ready"
+
+    @classmethod
+    def start(cls, env: dict[str, str], profile: bool) -> WarmWorker:
+        folder = Path(tempfile.mkdtemp(prefix="stitchcuda-worker-"))
+        command = [sys.executable, "-m", "stitchcuda.verify.worker", "--standby", "--ready", str(folder / "ready")]
+        with open(folder / "worker.log", "wb") as log:
+            proc = subprocess.Popen(command + (["--profile"] if profile else []), stdin=subprocess.PIPE, stdout=log,
+                                    stderr=subprocess.STDOUT, cwd=folder, env=env, start_new_session=True)
+        return cls(proc, folder)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ready(self) -> bool:
+        """Waiting for a request: alive, and done with every request it was handed."""
+        try:
+            served = int(self.ready_path.read_text())
+        except (OSError, ValueError):
+            return False
+        return served == self.handed and self.alive()
+
+    def hand_over(self, request_path: Path) -> None:
+        assert self.proc.stdin is not None
+        self.handed += 1
+        try:
+            self.log_offsets.append(self.log_path.stat().st_size)
+        except OSError:
+            self.log_offsets.append(0)
+        with contextlib.suppress(BrokenPipeError, OSError):  # it died: the caller sees the exit status
+            self.proc.stdin.write(f"{request_path}\n".encode())
+            self.proc.stdin.flush()
+
+    def tail(self, chars: int) -> str:
+        """The end of what it printed for its current request."""
+        start = self.log_offsets[-1] if self.log_offsets else 0
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(size - chars, start))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the worker and whatever it started
+        self.proc.wait()
+        self.discard()
+
+    def discard(self) -> None:
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class WorkerPool:
+    """Warm workers of one environment. :meth:`take` gives a ready worker (or starts one, warm
+    from then on); :meth:`give_back` keeps it for the next request when it can serve one."""
+
+    def __init__(self, env: dict[str, str], profile: bool = False):
+        self.env, self.profile = env, profile
+        self._idle: list[WarmWorker] = []
+        self._lock = threading.Lock()
+        self.started = 0
+
+    def take(self) -> tuple[WarmWorker, bool]:
+        """(a worker, whether it was warm: started before this request). A worker still starting
+        or cleaning up is waited for rather than another started: it is ready sooner."""
+        while True:
+            with self._lock:
+                for worker in list(self._idle):
+                    if not worker.alive() or time.time() - worker.since > READY_LIMIT_S:
+                        self._idle.remove(worker)
+                        worker.stop()
+                    elif worker.ready():
+                        self._idle.remove(worker)
+                        return worker, True
+                if not self._idle:
+                    self.started += 1
+                    break
+            time.sleep(_POLL_S)
+        return WarmWorker.start(self.env, self.profile), False
+
+    def give_back(self, worker: WarmWorker, reusable: bool) -> None:
+        if reusable and worker.alive():
+            worker.since = time.time()
+            with self._lock:
+                self._idle.append(worker)
+        else:
+            worker.stop()
+
+    def warm_up(self, count: int = 1) -> None:
+        """Start workers until ``count`` are idle (ready or getting ready)."""
+        with self._lock:
+            missing = count - len([w for w in self._idle if w.alive()])
+            self._idle += [WarmWorker.start(self.env, self.profile) for _ in range(max(missing, 0))]
+            self.started += max(missing, 0)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.stop()
