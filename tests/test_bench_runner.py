@@ -17,6 +17,7 @@ from stitchcuda.bench.solutions import match_solutions
 from stitchcuda.cli import app
 from stitchcuda.task import load_folder
 from stitchcuda.verify.pool import GatedVerifier, GateStats, GpuGate
+from tests.conftest import CPU
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REFERENCE = FIXTURES / "cpu" / "tiny_mlp.py"
@@ -294,3 +295,24 @@ def test_captures_in_threads_do_not_overlap(monkeypatch):
         t.join()
     assert race.raced == [False]  # the second capture did not start while the first built its model
     assert len(graphs) == 2 and all(any(n.op == "aten.relu" for n in g.nodes) for g in graphs)
+
+
+def test_a_bench_compiles_its_tasks_in_processes_of_their_own():
+    """The same compiled task as in this process; a model that kills the capturing process is that
+    task's refusal, and the next task compiles in a new pool."""
+    from stitchcuda.bench.compiling import compile_apart
+    from stitchcuda.compiler import compile_task
+    from stitchcuda.compiler.capture.graph import CaptureError
+    from stitchcuda.compiler.emit.codegen import CodegenOptions
+    from stitchcuda.task.record import Task
+
+    task = Task(name="mlp", source=(CPU / "tiny_mlp.py").read_text())
+    apart = compile_apart(task, "strict")
+    assert apart.program(CodegenOptions()) == compile_task(task).program(CodegenOptions())
+    assert apart.seconds["capture"] > 0 and apart.lowerings  # its first program's lowering came with it
+    dying = Task(name="dying", source="import os\nimport torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+                 "    def forward(self, x):\n        os._exit(3)\n\n\ndef get_inputs():\n    return [torch.randn(2)]\n\n\n"
+                 "def get_init_inputs():\n    return []\n")
+    with pytest.raises(CaptureError, match="crashed the process"):
+        compile_apart(dying, "strict")
+    assert compile_apart(task, "strict").program(CodegenOptions()) == apart.program(CodegenOptions())

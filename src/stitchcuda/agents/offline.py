@@ -215,10 +215,10 @@ class OfflineCoder:
 
     config = OFFLINE
 
-    def __init__(self, task: Task, tolerance: str = "strict"):
+    def __init__(self, task: Task, tolerance: str = "strict", compiled: Compiled | None = None):
         self.task = task
         # CaptureError or Unsupported says why the compiler cannot work on it
-        self.compiled = compile_task(task)
+        self.compiled = compiled or compile_task(task)
         self.graph, self.groups = self.compiled.graph, self.compiled.groups
         self.variants = variants(tolerance)
         self.tried: list[int] = []
@@ -226,6 +226,15 @@ class OfflineCoder:
         self._made: dict[str, int] = {}  # sha256 of a program it wrote -> its variant
         self._lock = threading.Lock()
         self._variant_ms: list[float] | None = None
+
+    @classmethod
+    def prepare(cls, task: Task, tolerance: str = "strict") -> Compiled:
+        """The task compiled, with the lowerings its first program and the cost model's estimates
+        read already made (a bench makes them in another process: :mod:`stitchcuda.bench.compiling`)."""
+        coder = cls(task, tolerance)
+        coder._estimates()
+        coder.compiled.lowering(CodegenOptions.model_validate(coder.variants[0]))
+        return coder.compiled
 
     def _estimates(self) -> list[float] | None:
         """The cost model's estimate of every variant (one lowering with every path on, per

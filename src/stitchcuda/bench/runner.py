@@ -31,6 +31,7 @@ from pydantic import BaseModel, Field
 from stitchcuda import machine
 from stitchcuda.agents.loop import OptimizeConfig, Optimizer
 from stitchcuda.agents.offline import OfflineCoder, OfflinePlannerAgent
+from stitchcuda.bench.compiling import compile_apart
 from stitchcuda.bench.records import Attempt, BenchInfo, BenchResult, TaskResult
 from stitchcuda.bench.store import BenchRow, BenchStore
 from stitchcuda.compiler.capture.graph import CaptureError
@@ -182,13 +183,15 @@ def _evaluate(job: Job, verifier: GatedVerifier) -> TaskResult:
     return result
 
 
-def _agents(task: Task, config: OptimizeConfig, compiling: dict[str, float]) -> tuple[Any, Any] | str:
+def _agents(task: Task, config: OptimizeConfig, compiling: dict[str, float], apart: bool) -> tuple[Any, Any] | str:
     """(planner, coder) for the task, or why the offline Coder cannot take it. ``compiling``: the
-    offline Coder's capture, lowering and emit times, kept current (it is the Coder's own record)."""
+    offline Coder's capture, lowering and emit times, kept current (it is the Coder's own record).
+    ``apart``: compile in the bench's compile processes (jobs in threads; a Ray job has its own)."""
     if config.coder.provider == "offline":
         started = time.perf_counter()
         try:
-            coder = OfflineCoder(task, tolerance=config.verify.tolerance)
+            tolerance = config.verify.tolerance
+            coder = OfflineCoder(task, tolerance, compile_apart(task, tolerance) if apart else None)
         except CaptureError as exc:
             compiling["capture"] = time.perf_counter() - started
             return f"graph capture failed: {exc}"
@@ -206,7 +209,7 @@ def _agents(task: Task, config: OptimizeConfig, compiling: dict[str, float]) -> 
 
 def _optimize(job: Job, verifier: GatedVerifier, compiling: dict[str, float]) -> TaskResult:
     config = job.config.optimize
-    agents = _agents(job.task, config, compiling)
+    agents = _agents(job.task, config, compiling, apart=job.config.ray is None)
     if isinstance(agents, str):
         return TaskResult(task=job.task.name, level=job.level, status="unsupported", error=agents,
                           failure=failure("no_candidate", agents))
