@@ -186,7 +186,9 @@ class Optimizer:
             self.report(state, "profiling the reference")
             profiled = time.time()
             result = self.verifier.profile(self.task)
-            state.stages["profile"] = state.stages.get("profile", 0.0) + time.time() - profiled
+            waited = result.gate.waited_s
+            state.stages["profile"] = state.stages.get("profile", 0.0) + time.time() - profiled - waited
+            state.stages["gpu_wait"] = state.stages.get("gpu_wait", 0.0) + waited
             profile = result.reference_profile
             if profile is not None:
                 cached.write_text(profile.model_dump_json(indent=1))

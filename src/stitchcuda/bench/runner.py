@@ -192,6 +192,8 @@ def _agents(task: Task, config: OptimizeConfig, compiling: dict[str, float], apa
         try:
             tolerance = config.verify.tolerance
             coder = OfflineCoder(task, tolerance, compile_apart(task, tolerance) if apart else None)
+            # waiting for a compile process: the pool's queue, apart from the compile itself
+            compiling["compile_wait"] = max(time.perf_counter() - started - sum(coder.compiled.seconds.values()), 0.0)
         except CaptureError as exc:
             compiling["capture"] = time.perf_counter() - started
             return f"graph capture failed: {exc}"

@@ -263,12 +263,12 @@ class _Session:
 
             @functools.wraps(function)
             def timed(*args: Any, **kwargs: Any) -> Any:
-                started = time.perf_counter()
-                try:
-                    with self.gate.section("exclusive"):
+                with self.gate.section("exclusive"):
+                    started = time.perf_counter()  # after the wait, which the gate counts
+                    try:
                         return function(*args, **kwargs)
-                finally:
-                    self.timing_s += time.perf_counter() - started
+                    finally:
+                        self.timing_s += time.perf_counter() - started
             return timed
 
         timing.get_timing_function = gated

@@ -1,8 +1,8 @@
 """Where a task's wall time went, stage by stage, from its file to its verdict; and how busy a
 bench kept each GPU.
 
-A task's stages, in the order they happen: the offline Coder's ``capture`` (torch.export and the
-IR), ``lower`` (fusion and lowering) and ``emit`` (the program's source); the Planner's ``profile``
+A task's stages, in the order they happen: ``compile_wait`` for a compile process (a bench compiles
+its tasks in a pool of them), the offline Coder's ``capture`` (torch.export and the IR), ``lower`` (fusion and lowering) and ``emit`` (the program's source); the Planner's ``profile``
 of the reference; ``build`` (nvcc, in the build worker and the verification's own import); the
 ``gpu_wait`` at the GPU gate; each verification stage (``spawn``, ``cuda_init``, ``reference``,
 ``correctness``, ``weights_trial``, ``fp64``, ``program_profile``, ``baselines``, ``timing``,
@@ -22,10 +22,10 @@ from typing import Any
 
 from stitchcuda.verify.gate import busy_seconds
 
-STAGES = ("capture", "lower", "emit", "profile", "build", "gpu_wait", "spawn", "cuda_init", "reference",
+STAGES = ("compile_wait", "capture", "lower", "emit", "profile", "build", "gpu_wait", "spawn", "cuda_init", "reference",
           "correctness", "weights_trial", "fp64", "program_profile", "baselines", "timing", "ncu", "kb_start",
           "kb_build", "kb_correctness", "kb_timing", "other")
-LABELS = {"capture": "capture", "lower": "lowering", "emit": "emit", "profile": "reference profile",
+LABELS = {"compile_wait": "waiting for a compile process", "capture": "capture", "lower": "lowering", "emit": "emit", "profile": "reference profile",
           "build": "build (nvcc)", "gpu_wait": "waiting for the GPU", "spawn": "worker start",
           "cuda_init": "CUDA init", "reference": "reference", "correctness": "correctness trials",
           "weights_trial": "new-weights trial", "fp64": "fp64 re-judgement", "program_profile": "program profile",
@@ -63,7 +63,7 @@ def task_stages(wall_s: float, compiling: dict[str, float], stats: Any) -> dict[
     """One task's stages (see the module's docstring) from the Coder's compile times and a
     :class:`~stitchcuda.verify.pool.GateStats`; ``other`` is what is left of ``wall_s``."""
     out = empty()
-    for key in ("capture", "lower", "emit"):
+    for key in ("compile_wait", "capture", "lower", "emit"):
         out[key] += compiling.get(key, 0.0)
     out["profile"] += stats.profile_s
     add_phases(out, stats.phases, stats.second_opinion)

@@ -228,12 +228,13 @@ def _profile_reference(request: WorkerRequest, result: WorkerResult, progress: P
     progress("reference")
     set_tf32(False)
     torch.set_grad_enabled(False)
-    progress.gate.switch("shared")
     try:
         reference = import_from_path(request.reference_path or "", "stitchcuda_reference")
         torch.manual_seed(request.config.seed)
         init_inputs = list(inspect_task_module(reference, device)[0])
-        model = reference.Model(*init_inputs).to(device)
+        model = reference.Model(*init_inputs)  # its random init runs on the CPU: outside the gate
+        progress.gate.switch("shared")
+        model = model.to(device)
         inputs = make_trial_inputs(reference.get_inputs, request.config.seed, "given", device)
         for _ in range(2):
             model(*inputs)
@@ -296,13 +297,14 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
     started = time.perf_counter()
     set_tf32(False)
     torch.set_grad_enabled(False)  # inference only, as KernelBench runs it; part of the clean state
-    progress.gate.switch("shared")
     try:
         reference = import_from_path(request.reference_path or "", "stitchcuda_reference")
         torch.manual_seed(config.seed)
         init_inputs = list(inspect_task_module(reference, device)[0])
         torch.manual_seed(config.seed)
-        ref_model = reference.Model(*init_inputs).to(device)
+        ref_model = reference.Model(*init_inputs)  # the user's model: its random init runs on the CPU, outside the gate
+        progress.gate.switch("shared")
+        ref_model = ref_model.to(device)
         ref_start = ModelState.capture(ref_model)
         # One forward before any candidate code exists in this process: a reference that
         # cannot run is an unusable task, never blamed on the candidate.
