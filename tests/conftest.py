@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,22 @@ make_torchvision_importable()  # the zoo's tasks and transformers import torchvi
 FIXTURES = Path(__file__).parent / "fixtures"
 CPU = FIXTURES / "cpu"
 GPU_CANDIDATES = FIXTURES / "candidates"
+
+
+def sampled(items: list, k: int, seed: int = 44) -> list:
+    """``items`` as pytest params: a seeded sample of ``k`` for the default run, the rest marked
+    ``full`` (deselected unless asked for: ``pytest -m full``, or ``-m "full or not full"``)."""
+    chosen = set(random.Random(seed).sample(range(len(items)), min(k, len(items))))
+    return [pytest.param(x, marks=() if i in chosen else pytest.mark.full, id=str(x)) for i, x in enumerate(items)]
+
+
+def split_sample(items: list, k: int, seed: int = 44) -> list:
+    """``items`` as two pytest params, a seeded sample of ``k`` (id ``sample``) and the rest (id
+    ``rest``, marked ``full``), for a test that handles a list at once (one nvcc run over several)."""
+    chosen = set(random.Random(seed).sample(range(len(items)), min(k, len(items))))
+    rest = [x for i, x in enumerate(items) if i not in chosen]
+    return [pytest.param([x for i, x in enumerate(items) if i in chosen], id="sample"),
+            *([pytest.param(rest, id="rest", marks=pytest.mark.full)] if rest else [])]
 
 
 def _cuda_available() -> bool:
