@@ -125,6 +125,26 @@ def test_machinery_rates_from_the_bench_wall_time_and_gpus():
     assert bench_metrics(tasks, info().model_copy(update={"wall_s": 0.0})).totals.gpu_busy is None
 
 
+def test_gpu_busy_is_the_union_of_each_gpus_intervals_and_stages_add_up():
+    tasks = hand_made_tasks()
+    # on gpu0 two tasks overlap (0-30 and 20-50: 50 s busy); on gpu1 one task is busy 12 s
+    tasks[0] = tasks[0].model_copy(update={"verifications": 1, "device": "gpu0", "gpu_intervals": [(0, 30)],
+                                           "stages": {"build": 40.0, "timing": 3.0, "other": 1.0}})
+    tasks[1] = tasks[1].model_copy(update={"verifications": 1, "device": "gpu0", "gpu_intervals": [(20, 50)],
+                                           "stages": {"build": 20.0, "gpu_wait": 9.0}})
+    tasks[4] = tasks[4].model_copy(update={"verifications": 1, "device": "gpu1", "gpu_intervals": [(5, 10), (60, 67)],
+                                           "builds": 3, "builds_cached": 2})
+    two_gpus = info().model_copy(update={"gpus": ["cuda:0", "cuda:1"], "wall_s": 100.0})
+    t = bench_metrics(tasks, two_gpus).totals
+    assert t.gpu_busy_by_gpu == {"gpu0": 0.5, "gpu1": 0.12} and t.gpu_busy == pytest.approx(0.31)
+    assert t.stages_s["build"] == 60.0 and t.stages_s["gpu_wait"] == 9.0 and list(t.stages_s)[0] == "compile_wait"
+    assert (t.builds, t.builds_cached) == (3, 2)
+
+    from stitchcuda.console import stage_line
+
+    assert stage_line(tasks[0].stages, top=2) == "build (nvcc) 40.0 s, timing 3.0 s"
+
+
 def test_empty_bench_has_no_rates():
     m = group_metrics([TaskResult(task="p", status="pending")])
     assert m.tasks == 0 and m.success_rate is None and m.fast("eager", 1.0).fraction is None
@@ -185,7 +205,8 @@ def report_result(tmp_path: Path, with_attempts: bool = True) -> BenchResult:
                    attempts=attempts),
         TaskResult(task="level1/2_matmul", level=1, status="done", compiled=True, correct=True, passed=True,
                    hacking="partial", speedup={"eager": 0.8, "best": 0.5}, milliseconds=1.5,
-                   origin_share={"own": 0.1, "pytorch": 0.9}),
+                   origin_share={"own": 0.1, "pytorch": 0.9},
+                   stages={"capture": 4.0, "build": 31.0, "gpu_wait": 12.0, "timing": 2.5, "kb_timing": 6.0}),
         TaskResult(task="level2/3_conv_bias", level=2, status="failed", error="nvcc: error <&> 'x'"),
         TaskResult(task="suite_task", status="done", compiled=True, correct=True, passed=True, hacking="total",
                    speedup={"eager": 40.0}),
@@ -207,7 +228,7 @@ def test_report_files_tables_escaping_and_links(tmp_path):
     files = write_report(report_result(tmp_path), tmp_path / "report", compare=compared_result())
     out = tmp_path / "report"
     assert files.html.is_file() and files.markdown.is_file()
-    assert len(files.plots) == 4 and all(p.is_file() and p.parent == out / "plots" for p in files.plots)
+    assert len(files.plots) == 5 and all(p.is_file() and p.parent == out / "plots" for p in files.plots)
 
     html = files.html.read_text()
     for table in ("summary-table", "level-table", "task-table"):
@@ -226,10 +247,11 @@ def test_report_files_tables_escaping_and_links(tmp_path):
     assert len(programs) == 1
     assert all((out / unquote(h)).is_file() for h in programs)
     assert (out / unquote(programs[0])).read_text() == "class ModelNew: ...\n"
-    assert len(links.imgs) == 4
+    assert len(links.imgs) == 5
     for img in links.imgs:
         assert (out / unquote(img["src"])).is_file() and img["alt"]
-    assert set(links.figures) == {"plot-speedup", "plot-distribution", "plot-shares", "plot-timeline"}
+    assert set(links.figures) == {"plot-speedup", "plot-distribution", "plot-shares", "plot-stages", "plot-timeline"}
+    assert "build (nvcc)" in (out / "plots" / "stages.svg").read_text()  # the stacked bar's legend
 
     md = files.markdown.read_text()
     assert "**strict**" in md and "NVIDIA H200" in md and "**paper**" in md
@@ -248,7 +270,7 @@ def test_report_without_attempts_notes_the_missing_timeline(tmp_path):
     files = write_report(report_result(tmp_path, with_attempts=False), tmp_path / "report")
     html = files.html.read_text()
     assert 'id="plot-timeline"' not in html and "no timeline" in html
-    assert len(files.plots) == 3 and not (tmp_path / "report" / "plots" / "timeline.svg").exists()
+    assert len(files.plots) == 4 and not (tmp_path / "report" / "plots" / "timeline.svg").exists()
     assert "compared" not in html
 
 
@@ -270,13 +292,13 @@ def test_report_renders_in_headless_chromium(tmp_path):
     url = files.html.resolve().as_uri()
 
     dom = _chromium(["--dump-dom", url], tmp_path / "chromium-dom").stdout
-    for plot_id in ("plot-speedup", "plot-distribution", "plot-shares", "plot-timeline"):
+    for plot_id in ("plot-speedup", "plot-distribution", "plot-shares", "plot-stages", "plot-timeline"):
         assert f'id="{plot_id}"' in dom
     body = re.search(r"<body([^>]*)>", dom)
     assert body is not None
     loaded = re.search(r'data-loaded="(\d+)"', body.group(1))
     assert loaded is not None, "the page's load script did not run"
-    assert int(loaded.group(1)) == len(files.plots) == 4
+    assert int(loaded.group(1)) == len(files.plots) == 5
 
     screenshot = tmp_path / "page.png"
     _chromium([f"--screenshot={screenshot}", "--window-size=1280,2000", url], tmp_path / "chromium-shot")

@@ -103,3 +103,31 @@ def test_busy_seconds_is_the_length_of_the_union():
     assert busy_seconds([]) == 0.0
     assert busy_seconds([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == 4.0
     assert busy_seconds([(4, 5), (0, 1)]) == 2.0
+
+
+def test_a_worker_takes_the_gate_around_its_gpu_work(tmp_path, cache):
+    """A verification waits while another holds the GPU alone, and records its sections: shared
+    around the reference and the trials, exclusive around the timing."""
+    from stitchcuda.task import load_candidate, load_task_file
+    from stitchcuda.verify import PRESETS, Verifier
+    from tests.conftest import CPU
+
+    gate = GpuGate("cpu", tmp_path / "locks")
+    verifier = Verifier(PRESETS["tiny-debug"].model_copy(update={"timeout_s": 120}), cache=cache)
+    verifier.gate_path = str(gate.path)
+    held = threading.Event()
+
+    def hold() -> None:
+        with gate.exclusive():
+            held.set()
+            time.sleep(3.0)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(5.0)
+    verdict = verifier.verify(load_task_file(CPU / "tiny_mlp.py"), load_candidate(CPU / "pure_torch.py"))
+    holder.join()
+    wall = verdict.wall
+    assert verdict.correct and wall.gpu_wait_s > 0.5  # it waited for the holder
+    assert wall.gpu_shared_s > 0 and wall.gpu_exclusive_s > 0 and len(wall.gpu_intervals) >= 2
+    assert wall.split()["gpu_wait"] == wall.gpu_wait_s

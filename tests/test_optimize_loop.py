@@ -195,6 +195,11 @@ def test_cli_optimize_then_runs(task, verifier, tmp_path):
     assert json.loads(listing.stdout)[0]["id"] == summary["run"]
     shown = cli.invoke(app, ["runs", "last", "--workspace", str(workspace)])
     assert shown.exit_code == 0 and "done" in shown.stdout
+    assert "went:" in shown.stdout and "correctness trials" in shown.stdout  # where its time went
+    from stitchcuda.store import RunStore
+
+    stages = RunStore(workspace).load_state(summary["run"]).stages
+    assert stages["correctness"] > 0 and stages["timing"] > 0 and "other" in stages
 
     # an unreachable server: the run fails with a message that names it, and can be resumed later
     failed = cli.invoke(app, ["optimize", str(CPU / "tiny_mlp.py"), "--base-url", "http://127.0.0.1:9/v1",
