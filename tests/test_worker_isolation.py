@@ -26,7 +26,8 @@ def task():
 
 
 def run(verifier, task, name):
-    return verifier.verify(task, load_candidate(CPU / f"{name}.py"))
+    folder = CPU if (CPU / f"{name}.py").exists() else CPU.parent / "agents"
+    return verifier.verify(task, load_candidate(folder / f"{name}.py"))
 
 
 def test_pure_pytorch_is_correct_but_a_total_hack(verifier, task):
@@ -219,15 +220,15 @@ def test_warm_workers_serve_clean_runs_again_and_retire_after_anything_else(cach
         return {w.proc.pid for w in verifier._pool(False)._idle}
 
     try:
-        clean = run(verifier, task, "cpp_mlp")  # built here, then a clean run: its worker stays
+        clean = run(verifier, task, "tiny_mlp_full_cpp")  # built here, then a clean run: its worker stays
         assert clean.passed and clean.hacking.level == "none", clean.errors + clean.hacking.findings
         kept = pids()
-        again = run(verifier, task, "cpp_mlp")
+        again = run(verifier, task, "tiny_mlp_full_cpp")
         assert again.wall.warm_start and again.wall.spawn_s < clean.wall.spawn_s and again.build.cache_hit
         before = pids()
         hacked = run(verifier, task, "pure_torch")  # a finding: its worker exits
         crashed = run(verifier, task, "segfault")
-        after = run(verifier, task, "cpp_mlp")
+        after = run(verifier, task, "tiny_mlp_full_cpp")
         served = sorted(kept | before | pids())
     finally:
         verifier.close()

@@ -140,7 +140,7 @@ class GateClient:
 
 
 def busy_seconds(intervals: list[tuple[float, float]]) -> float:
-    """The length of the union of ``intervals``: time in which at least one of them ran."""
+    """The length of the union of ``intervals`` (any unit): time in which at least one of them ran."""
     total, end = 0.0, float("-inf")
     for start, stop in sorted(intervals):
         if stop <= end:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from stitchcuda.verify.gate import busy_seconds
 from stitchcuda.verify.kernel_names import is_library_kernel
 from stitchcuda.verify.verdict import KernelStat, OpStat, Peaks, ProgramProfile, Roofline
 
@@ -73,16 +74,6 @@ def _innermost(evt: Any, prefix: str) -> Any:
             return evt
         evt = evt.cpu_parent
     return None
-
-
-def _union_us(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for start, stop in sorted(intervals):
-        if stop <= end:
-            continue
-        total += stop - max(start, end)
-        end = stop
-    return total
 
 
 def _launch_owner(kernel: Any, runtime: dict[int, Any], frontend: dict[int, Any]) -> Any:
@@ -196,7 +187,7 @@ def _summarize(items: list[tuple[Any, Any]], cpu: list[Any], scope: Any, shapes:
 
     gpu_us = sum(k.total_us for k in kernels.values())
     window = (max(e for _, e in intervals) - min(s for s, _ in intervals)) if intervals else 0.0
-    busy = _union_us(intervals)
+    busy = busy_seconds(intervals)
     by_origin: dict[str, float] = defaultdict(float)
     for k in kernels.values():
         k.share = k.total_us / gpu_us if gpu_us else 0.0
