@@ -143,6 +143,9 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
     check = check_reference(task)  # before anything else runs: its inputs, Model and forward, time-limited
     if check.problem:
         raise SessionError(check.problem)
+    verifier = Verifier(config.verify)
+    if verifier.gpu is not None:
+        verifier.warm_up()  # a worker's start (torch, the CUDA context) overlaps the capture
     if config.coder.provider == "offline":
         try:
             coder_llm = OfflineCoder(task, config.verify.tolerance)
@@ -160,7 +163,6 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
             coder_llm = planner_llm if config.coder == config.planner else make_client(config.coder, price_table)
         except (LLMError, OSError, ValueError) as exc:
             raise SessionError(str(exc)) from None
-    verifier = Verifier(config.verify)
     try:
         verifier.require_device()
     except DeviceUnavailable as exc:
