@@ -2,10 +2,17 @@
 executor on every GPU, and with the local executor on one GPU. Same tasks, offline Coder, one
 step per task, each mode in a fresh workspace and from an empty build cache. Prints wall time,
 verified candidates per GPU-hour, the share of the wall time the GPUs were held, and whether the
-three agree task by task on correctness and hacking level. Needs CUDA GPUs (and Ray for the
-first mode: pip install 'stitchcuda[ray]').
+three agree task by task on correctness and hacking level; and for each, the GPUs' busy share
+(the union of the gate's intervals), the slowest task and where the tasks' time went. Needs CUDA
+GPUs (and Ray for the first mode: pip install 'stitchcuda[ray]').
 
     python benchmarks/ray_scaling.py [--tasks suite] [--runs-per-gpu 6] [--preset quick] --out results
+    python benchmarks/zoo.py write zoo/ && python benchmarks/ray_scaling.py --tasks zoo/ \
+        --kernelbench-harness ~/KernelBench --runs-per-gpu 8 --out results     # the whole zoo
+    python benchmarks/ray_scaling.py ... --out results --resume   # modes cut short (--timeout-s) go on
+
+A mode cut at ``--timeout-s`` keeps its workspace; ``--resume`` carries each unfinished bench on
+(``stitchcuda bench --resume last``) and leaves finished ones as they are.
 
 Goals it checks: all GPUs give 1.8x or more the throughput of one; the Ray path is within 10% of
 the local one; the three agree on every task.
@@ -30,17 +37,27 @@ MODES = ("ray", "local", "local-1gpu")
 def run_mode(mode: str, args: argparse.Namespace, out: Path) -> dict:
     """One bench in its own workspace and build cache; returns its figures and per-task outcomes."""
     workspace, cache = out / f"ws-{mode}", out / f"cache-{mode}"
-    command = [sys.executable, "-m", "stitchcuda.cli", "bench", args.tasks, "--max-steps", "1",
-               "--runs-per-gpu", str(args.runs_per_gpu), "--preset", args.preset, "--tolerance", args.tolerance,
-               "--workspace", str(workspace), "--json"]
     gpus = default_gpus()
-    if mode == "ray":
-        command += ["--ray", "local"]
-    elif mode == "local-1gpu":
-        command += ["--gpus", "0"]
+    if args.resume and (workspace / "runs.sqlite").exists():
+        command = [sys.executable, "-m", "stitchcuda.cli", "bench", "--resume", "last", "--workspace", str(workspace),
+                   "--json"]
+    else:
+        command = [sys.executable, "-m", "stitchcuda.cli", "bench", args.tasks, "--max-steps", "1",
+                   "--runs-per-gpu", str(args.runs_per_gpu), "--preset", args.preset, "--tolerance", args.tolerance,
+                   "--workspace", str(workspace), "--json"]
+        if args.kernelbench_harness:
+            command += ["--kernelbench-harness", args.kernelbench_harness]
+        if mode == "ray":
+            command += ["--ray", "local"]
+        elif mode == "local-1gpu":
+            command += ["--gpus", "0"]
     started = time.time()
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "STITCHCUDA_CACHE": str(cache)},
-                          timeout=args.timeout_s)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s,
+                              env={**os.environ, "STITCHCUDA_CACHE": str(cache)})
+    except subprocess.TimeoutExpired:
+        return {"mode": mode, "error": f"cut at {args.timeout_s:g} s: carry it on with --resume",
+                "wall_s": time.time() - started}
     wall = time.time() - started
     (out / f"bench-{mode}.json").write_text(done.stdout)
     (out / f"bench-{mode}.err").write_text(done.stderr)
@@ -49,25 +66,34 @@ def run_mode(mode: str, args: argparse.Namespace, out: Path) -> dict:
     summary = json.loads(done.stdout)
     store = BenchStore(workspace)
     try:
-        tasks = {t.task: (t.correct, t.hacking) for t in store.result(summary["bench_id"]).tasks}
+        results = store.result(summary["bench_id"]).tasks
     finally:
         store.close()
+    tasks = {t.task: (t.correct, t.hacking) for t in results}
+    slowest = max(results, key=lambda t: t.wall_s, default=None)
     totals, overall = summary.get("totals", {}), summary["overall"]
     return {"mode": mode, "gpus": 1 if mode == "local-1gpu" else len(gpus), "wall_s": summary["bench_wall_s"],
             "per_gpu_hour": totals.get("verified_per_gpu_hour"), "gpu_busy": totals.get("gpu_busy"),
+            "gpu_busy_by_gpu": totals.get("gpu_busy_by_gpu", {}), "stages_s": totals.get("stages_s", {}),
+            "slowest": (slowest.task, round(slowest.wall_s, 1)) if slowest else None,
             "verifications": totals.get("verifications"), "correct": overall["correct"], "tasks": overall["tasks"],
             "partial": overall["hacking_partial"], "total": overall["hacking_total"], "outcomes": tasks}
 
 
 def table(rows: list[dict]) -> list[str]:
     """The three runs side by side and the goals; returns the goals missed."""
-    print(f"{'mode':12} {'GPUs':>4} {'wall s':>8} {'verified/GPU-h':>14} {'GPU held':>8} {'correct':>8} {'hacks':>6}")
+    print(f"{'mode':12} {'GPUs':>4} {'wall s':>8} {'verified/GPU-h':>14} {'GPU busy':>8} {'correct':>8} {'hacks':>6}"
+          "  slowest task")
     for r in rows:
         if "error" in r:
             print(f"{r['mode']:12} failed: {r['error']}")
             continue
+        slowest = f"{r['slowest'][0]} {r['slowest'][1]:.0f} s" if r.get("slowest") else "-"
         print(f"{r['mode']:12} {r['gpus']:>4} {r['wall_s']:8.1f} {r['per_gpu_hour'] or 0:14.1f} "
-              f"{(r['gpu_busy'] or 0):8.0%} {r['correct']:>4}/{r['tasks']:<3} {r['partial'] + r['total']:>6}")
+              f"{(r['gpu_busy'] or 0):8.0%} {r['correct']:>4}/{r['tasks']:<3} {r['partial'] + r['total']:>6}  {slowest}")
+        top = sorted(((v, k) for k, v in r.get("stages_s", {}).items() if v), reverse=True)[:6]
+        if top:
+            print(f"{'':12} where the tasks' time went: " + ", ".join(f"{k} {v:,.0f} s" for v, k in top))
     by = {r["mode"]: r for r in rows if "error" not in r}
     missed = []
     if "local" in by and "local-1gpu" in by:
@@ -96,6 +122,8 @@ def main() -> None:
     parser.add_argument("--tolerance", default="strict")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--timeout-s", type=float, default=3600)
+    parser.add_argument("--kernelbench-harness", default=None, help="a KernelBench checkout: its second opinion too")
+    parser.add_argument("--resume", action="store_true", help="carry on the benches an earlier run cut short")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if not default_gpus():
