@@ -445,3 +445,34 @@ def test_the_llm_planner_reads_the_compiler_capture_in_the_model_mode(tmp_path):
     path.write_text(path.read_text().replace("return torch.dropout(x, 0.5, True)", "return torch.poisson(x.abs())"))
     text, why = graph_text(load_task_file(path))
     assert text is None and "aten.poisson" in why  # the Planner is told why, and the run goes on without it
+
+
+def test_the_first_program_is_built_while_the_planner_profiles(tmp_path):
+    """The offline Coder knows its first program before the plan: a run on a GPU builds it in the
+    background at its start, so the first verification finds it in the build cache."""
+    import threading
+
+    from stitchcuda.agents.loop import OptimizeConfig, Optimizer
+    from stitchcuda.agents.offline import OFFLINE, OfflineCoder
+    from stitchcuda.agents.records import CoderRequest, RunState
+    from stitchcuda.task import resolve_tasks
+
+    task = resolve_tasks("mlp")[0]
+    coder = OfflineCoder(task)
+    built, done = [], threading.Event()
+
+    class Verifier:
+        gpu = None
+
+        def build(self, candidate):
+            built.append(candidate.source)
+            done.set()
+
+    verifier = Verifier()
+    optimizer = Optimizer(task, OptimizeConfig(planner=OFFLINE, coder=OFFLINE), coder, coder, verifier, store=None)
+    state = RunState(run_id="r", task=task.name, task_sha256=task.sha256)
+    optimizer._build_ahead(state)  # no GPU: nothing built ahead
+    assert not done.wait(0.5) and built == []
+    verifier.gpu = "H100"
+    optimizer._build_ahead(state)
+    assert done.wait(30) and built[0] in coder.answer(CoderRequest(skill="scratch")).text

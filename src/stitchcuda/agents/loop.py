@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -130,6 +131,7 @@ class Optimizer:
         compiled = {k: state.stages.get(k, 0.0) for k in ("capture", "lower", "emit")}  # before this process's
         try:
             if state.plan is None:
+                self._build_ahead(state)
                 self.report(state, "planning")
                 self._make_plan(state, previous=None, why="")
             while state.status == "running":
@@ -164,6 +166,21 @@ class Optimizer:
             self._write_best(state)
             self.report(state, f"{state.status}: {state.stop_reason or ''}")
         return state
+
+    def _build_ahead(self, state: RunState) -> None:
+        """A Coder that knows its first program before the plan (the offline compiler) has it built
+        while the Planner profiles the reference: the first verification then finds the build in
+        the cache (the same source builds the same extensions)."""
+        first = getattr(self.coder, "first_program", None)
+        build = getattr(self.verifier, "build", None)
+        if first is None or build is None or state.steps_done or getattr(self.verifier, "gpu", None) is None:
+            return  # on a CPU the programs' CUDA cannot link: nothing worth building twice
+        try:
+            source = first()
+        except Exception:  # the step itself will say why it cannot write one
+            return
+        candidate = Candidate(name="first-program", source=source)
+        threading.Thread(target=build, args=(candidate,), name="build-ahead", daemon=True).start()
 
     def _close_stages(self, state: RunState, compiled: dict[str, float]) -> None:
         """The run's stages so far: the offline Coder's compile times in this process on top of those

@@ -250,6 +250,11 @@ class OfflineCoder:
                 self._variant_ms = []
         return self._variant_ms or None
 
+    def first_program(self) -> str:
+        """The program a run's first step gets (nothing tried, no verdict yet: the first variant)."""
+        return self.compiled.program(CodegenOptions.model_validate(self.variants[choose_next(self.variants, [],
+                                                                                            Signals())]))
+
     def _variant(self, program: str | None) -> int | None:
         if program is None:
             return None
