@@ -1,12 +1,14 @@
 """The worker: the only place where candidate code runs.
 
-Started by the orchestrator as ``python -m stitchcuda.verify.worker REQUEST.json`` in a fresh
-process (and process group) per verification, or ahead of time as ``--standby``: torch imported
-and CUDA up while the previous verification runs, the request path then read from stdin. Either
-way one process serves one candidate. It always tries to write a
-:class:`WorkerResult`; when it cannot (segfault, kill, hang), the orchestrator reads the
-exit status, the phase file and the output tail instead. After any CUDA error the context
-is unusable, so the worker records what happened and exits at once with ``os._exit``.
+Started by the orchestrator as ``python -m stitchcuda.verify.worker REQUEST.json`` for one request
+(a fresh process and process group), or as ``--standby``: a warm worker (verify/workers.py),
+torch imported and CUDA up before any candidate exists, that reads request paths from stdin and
+serves them one at a time. A warm worker forgets each candidate before the next and exits after
+anything that could carry over (:func:`retire_after`). It always tries to write a
+:class:`WorkerResult`; when it cannot (segfault, kill, hang), the orchestrator reads the exit
+status, the phase file and the output tail instead. After any CUDA error the context is
+unusable, so the worker records what happened and exits at once with ``os._exit``. Around its
+GPU work it takes the GPU's gate (verify/gate.py).
 
 Phases, in order: ``reference`` (import and construct the reference), ``build`` (import the
 candidate, which builds its extensions), ``construct``, ``correctness`` (verify/trials.py),
