@@ -365,3 +365,32 @@ def test_an_incorrect_at_its_fp32_tolerance_is_asked_again_at_its_v01_tolerance(
 
     lines = [t.plain for t in second_opinion_view(Verdict.model_construct(correct=True, second_opinion=opinion))]
     assert any("v0/v0.1 fp32 tolerance 1e-2" in t and t.endswith("correct") for t in lines)
+
+
+def test_a_warm_harness_process_judges_clean_programs_one_after_another(tmp_path):
+    """Kept warm (KernelBench's package imported once), a harness process judges the next program
+    only after a clean one: ours found it correct and no hack, and KernelBench judged it correct."""
+    import os
+
+    from stitchcuda.verify.second_opinion import harness_pool
+
+    checkout = str(fake_checkout(tmp_path / "kb"))
+    pool = harness_pool(dict(os.environ))
+
+    def ask(candidate: str = CANDIDATE, clean: bool = True) -> SecondOpinion:
+        return judge(checkout, REFERENCE, candidate, cache=tmp_path / "cache", pool=pool, clean=clean)
+
+    try:
+        first = ask()
+        kept = [w.proc.pid for w in pool._idle]
+        second = ask()
+        reused = [w.proc.pid for w in pool._idle]
+        wrong = ask(CANDIDATE + "\n# WRONG\n")  # KernelBench says incorrect: its process retires
+        after_wrong = [w.proc.pid for w in pool._idle]
+        hacked = ask(clean=False)  # ours found something: retired whatever KernelBench says
+        after_hacked = [w.proc.pid for w in pool._idle]
+    finally:
+        pool.close()
+    assert first.correct and second.correct and wrong.correct is False and hacked.correct
+    assert len(kept) == 1 and reused == kept and after_wrong == [] and after_hacked == []
+    assert second.stages["start"] < first.stages["start"]  # no process start, no imports

@@ -233,7 +233,8 @@ def _optimize(job: Job, verifier: GatedVerifier, compiling: dict[str, float]) ->
         if harness and result.program and Path(result.program).is_file():
             # its process takes the GPU gate itself, shared for its trials and exclusive for its timing
             result.second_opinion = for_verifier(verifier.inner, job.task.source, Path(result.program).read_text(),
-                                                 result.correct, checkout=harness)
+                                                 result.correct, checkout=harness,
+                                                 clean=result.correct and result.hacking == "none")
             verifier.count_second_opinion(result.second_opinion)
             if result.second_opinion.speedup is not None:
                 result.speedup["kernelbench"] = result.second_opinion.speedup

@@ -216,6 +216,8 @@ class HarnessRequest(BaseModel):
                                                      "extensions our Verifier built there instead of running nvcc again")
     gate_path: str | None = Field(None, description="the GPU gate: shared around its correctness, exclusive around "
                                                     "its timing (verify/gate.py)")
+    reusable: bool = Field(False, description="our Verifier found the program correct and no hack: a warm harness "
+                                              "process may serve another after it, if its own run was clean too")
     trials: int = 5  # what KernelBench's scripts run (its function's own default is 1)
     perf_trials: int = 100  # likewise (the function's default is 10)
     measure_performance: bool = True
@@ -230,6 +232,7 @@ class HarnessReply(BaseModel):
     stages: dict[str, float] = Field({}, description="build, correctness, timing: seconds")
     builds_cached: bool | None = Field(None, description="every extension came from our build cache")
     gate: GateUse = GateUse()
+    retiring: bool = Field(True, description="the process exits after this request")
 
 
 class _Session:
@@ -301,10 +304,55 @@ class _Session:
         return all(r.cache_hit for r in records) if records else None
 
 
+# a warm harness process serves this many programs, then a fresh one takes over
+MAX_SERVED = 40
+LEFT_BEHIND_BYTES = 256 << 20  # GPU memory still allocated after a program: kept alive by it
+
+
 def main(argv: list[str] | None = None) -> int:
-    """The harness process: one request in, one reply file out (written whole, or not at all)."""
+    """The harness process: one request in, one reply file out (written whole, or not at all); or,
+    with ``--standby --ready FILE``, a warm one serving the request paths read from stdin one at a
+    time (verify/workers.py), for as long as every run is clean."""
     args = sys.argv[1:] if argv is None else argv
-    request = HarnessRequest.model_validate_json(Path(args[0]).read_text())
+    if args[:1] == ["--standby"]:
+        _standby(args[args.index("--ready") + 1] if "--ready" in args else None)
+    serve(args[0])
+    return 0
+
+
+def _standby(ready_path: str | None) -> None:
+    from stitchcuda.verify.workers import write_ready
+
+    served = 0
+    write_ready(ready_path, served)
+    while True:
+        line = sys.stdin.readline().strip()
+        if not line:
+            os._exit(0)
+        served += 1
+        if not serve(line, last=served >= MAX_SERVED) or not _forget():
+            os._exit(0)
+        write_ready(ready_path, served)
+
+
+def _forget() -> bool:
+    """Between two programs: the cached GPU memory back; True when none is left allocated."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if not torch.cuda.is_initialized():
+        return True
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated() < LEFT_BEHIND_BYTES
+
+
+def serve(request_path: str, last: bool = True) -> bool:
+    """One request; True when this process may serve another: our Verifier found the program
+    clean, and KernelBench judged it correct without an error of its own."""
+    request = HarnessRequest.model_validate_json(Path(request_path).read_text())
     ready_at = time.time()
     session: _Session | None = None
     try:
@@ -322,10 +370,14 @@ def main(argv: list[str] | None = None) -> int:
         reply.stages = session.stages(time.time() - ready_at)
         reply.builds_cached = session.builds_cached
         reply.gate = session.gate.use
+    clean = reply.verdict is not None and reply.verdict.compiled and reply.verdict.correct and reply.error is None
+    reply.retiring = last or not (request.reusable and clean)
     tmp = Path(request.result_path + ".tmp")
     tmp.write_text(reply.model_dump_json())
     os.replace(tmp, request.result_path)  # a reader never sees half a reply
-    return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return not reply.retiring
 
 
 def _judge(request: HarnessRequest) -> HarnessReply:

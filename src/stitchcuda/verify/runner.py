@@ -141,6 +141,7 @@ class Verifier:
         self.cache = Path(cache) if cache else cache_root()
         self.gpu = machine.physical_gpu(self.config.device) if self.config.device.startswith("cuda") else None
         self._pools: dict[bool, WorkerPool] = {}  # warm workers, by whether they hide the GPU
+        self._harness_pools: dict[str, WorkerPool] = {}  # warm KernelBench harness processes, by checkout
         self._pools_lock = threading.Lock()
         # the GPU gate its workers and KernelBench's harness take around their GPU work (verify/gate.py);
         # None: a lone verification, nobody to share the GPU with
@@ -266,8 +267,19 @@ class Verifier:
     def _pool(self, hide_gpu: bool) -> WorkerPool:
         with self._pools_lock:
             if hide_gpu not in self._pools:
-                self._pools[hide_gpu] = WorkerPool(self._env(hide_gpu), profile=self.config.profile and not hide_gpu)
+                profile = ("--profile",) if self.config.profile and not hide_gpu else ()
+                self._pools[hide_gpu] = WorkerPool(self._env(hide_gpu), args=profile)
             return self._pools[hide_gpu]
+
+    def harness_pool(self, checkout: str | None) -> WorkerPool | None:
+        """Warm KernelBench harness processes for ``checkout`` where workers are kept warm."""
+        if not self.prewarm or not checkout:
+            return None
+        key = str(Path(checkout).expanduser().resolve())
+        with self._pools_lock:
+            if key not in self._harness_pools:
+                self._harness_pools[key] = second_opinion.harness_pool(self._env(hide_gpu=False))
+            return self._harness_pools[key]
 
     def warm_up(self) -> None:
         """Start a worker now, unless one waits: a fresh process (a Ray task, the bench's first job)
@@ -279,7 +291,8 @@ class Verifier:
     def close(self) -> None:
         """Stop the warm workers (they also exit when this process does: their stdin closes)."""
         with self._pools_lock:
-            pools, self._pools = list(self._pools.values()), {}
+            pools = [*self._pools.values(), *self._harness_pools.values()]
+            self._pools, self._harness_pools = {}, {}
         for pool in pools:
             pool.close()
 
@@ -398,7 +411,9 @@ class Verifier:
         if self.config.kernelbench_harness:  # after ours, in its own process; ours stands whatever it says
             if on_phase is not None:
                 on_phase("KernelBench's harness")
-            verdict.second_opinion = second_opinion.for_verifier(self, task.source, candidate.source, verdict.correct)
+            verdict.second_opinion = second_opinion.for_verifier(
+                self, task.source, candidate.source, verdict.correct,
+                clean=verdict.correct and verdict.hacking.level == "none")
             if verdict.second_opinion.speedup is not None:  # KernelBench's own, beside ours
                 verdict.speedup["kernelbench"] = verdict.second_opinion.speedup
             add_second_opinion(wall, verdict.second_opinion)

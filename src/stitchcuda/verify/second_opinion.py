@@ -25,34 +25,40 @@ from typing import Any
 
 from stitchcuda.verify.kernelbench_harness import HarnessReply, HarnessRequest, harness_problem
 from stitchcuda.verify.verdict import SecondOpinion
+from stitchcuda.verify.workers import WorkerPool
 
 _TAIL_CHARS = 2000
+HARNESS = "stitchcuda.verify.kernelbench_harness"
 _POLL_S = 0.1
 NO_GPU = "KernelBench's harness needs a CUDA GPU"
 
 
 def for_verifier(verifier: Any, reference: str, candidate: str, our_correct: bool | None,
-                 checkout: str | None = None) -> SecondOpinion:
+                 checkout: str | None = None, clean: bool = False) -> SecondOpinion:
     """The second opinion on ``candidate`` under a :class:`~stitchcuda.verify.Verifier`'s device,
-    cache and limits (the harness builds inside its run: both limits are its time)."""
+    cache, limits and warm harness processes (the harness builds inside its run: both limits are
+    its time). ``clean``: our verdict found the program correct and no hack, so the harness process
+    that judges it may judge another after it."""
     config = verifier.config
     checkout = checkout or config.kernelbench_harness
     if not config.device.startswith("cuda"):
         return SecondOpinion(checkout=checkout, error=NO_GPU)
     return judge(checkout, reference, candidate, cache=Path(verifier.cache), env=verifier._env(hide_gpu=False),
                  limit_s=config.build_timeout_s + config.timeout_s, our_correct=our_correct,
-                 gate_path=getattr(verifier, "gate_path", None))
+                 gate_path=getattr(verifier, "gate_path", None), pool=verifier.harness_pool(checkout), clean=clean)
 
 
 def judge(checkout: str, reference: str, candidate: str, *, cache: Path, env: dict[str, str] | None = None,
-          limit_s: float = 1200.0, our_correct: bool | None = None, gate_path: str | None = None) -> SecondOpinion:
-    """KernelBench's verdict from a fresh process, killed past ``limit_s``; never raises for what
-    the checkout, the harness or the candidate do. The program's extensions are loaded from our
-    build cache ``cache`` (built there by the verification before it; built there now otherwise),
-    and the process takes the GPU gate at ``gate_path`` around its GPU work."""
+          limit_s: float = 1200.0, our_correct: bool | None = None, gate_path: str | None = None,
+          pool: WorkerPool | None = None, clean: bool = False) -> SecondOpinion:
+    """KernelBench's verdict from a process of its own (a warm one of ``pool``, else a fresh one),
+    killed past ``limit_s``; never raises for what the checkout, the harness or the candidate do.
+    The program's extensions are loaded from our build cache ``cache`` (built there by the
+    verification before it; built there now otherwise), and the process takes the GPU gate at
+    ``gate_path`` around its GPU work."""
     started = time.time()
     try:
-        opinion = _judge(checkout, reference, candidate, cache, env, limit_s, gate_path)
+        opinion = _judge(checkout, reference, candidate, cache, env, limit_s, gate_path, pool, clean)
     except OSError as exc:  # an unwritable cache, no room for the sources: said, not raised
         opinion = SecondOpinion(error=f"KernelBench's harness could not be started: {exc}")
     opinion.checkout = str(checkout)
@@ -63,7 +69,7 @@ def judge(checkout: str, reference: str, candidate: str, *, cache: Path, env: di
 
 
 def _judge(checkout: str, reference: str, candidate: str, cache: Path, env: dict[str, str] | None,
-           limit_s: float, gate_path: str | None) -> SecondOpinion:
+           limit_s: float, gate_path: str | None, pool: WorkerPool | None, clean: bool) -> SecondOpinion:
     if why := harness_problem(checkout):  # a wrong path is said at once, without starting a process
         return SecondOpinion(error=why)
     build_dir = build_dir_for(cache, candidate)  # its own builds, kept for the next run
@@ -75,18 +81,29 @@ def _judge(checkout: str, reference: str, candidate: str, cache: Path, env: dict
                                  reference_path=str(work / "reference.py"),
                                  candidate_path=str(work / "candidate.py"),
                                  result_path=str(work / "reply.json"), build_dir=str(build_dir),
-                                 cache_root=str(cache), gate_path=gate_path)
+                                 cache_root=str(cache), gate_path=gate_path, reusable=clean)
         (work / "request.json").write_text(request.model_dump_json())
-        log_path = work / "harness.log"
+        reply_path = Path(request.result_path)
         spawned = time.time()
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "stitchcuda.verify.kernelbench_harness", str(work / "request.json")],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=work,
-                env=_child_env(env), start_new_session=True)
-            timed_out = _wait(proc, limit_s)
-        tail = _tail(log_path)
-        reply = _read_reply(Path(request.result_path))
+        if pool is not None:
+            worker, _ = pool.take()
+            spawned = time.time()
+            worker.hand_over(work / "request.json")
+            proc = worker.proc
+            timed_out = _wait(proc, limit_s, reply_path)
+            tail = worker.tail(_TAIL_CHARS)
+            reply = _read_reply(reply_path)
+            pool.give_back(worker, not timed_out and reply is not None and not reply.retiring)
+        else:
+            log_path = work / "harness.log"
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", HARNESS, str(work / "request.json")],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=work,
+                    env=_child_env(env), start_new_session=True)
+                timed_out = _wait(proc, limit_s)
+            tail = _tail(log_path)
+            reply = _read_reply(reply_path)
     if timed_out:
         return SecondOpinion(error=f"KernelBench's harness ran past its limit of {limit_s:g} s and was killed"
                                    + _last(tail))
@@ -107,6 +124,12 @@ def _judge(checkout: str, reference: str, candidate: str, cache: Path, env: dict
 
 def build_dir_for(cache: Path, candidate: str) -> Path:
     return Path(cache) / "kernelbench-harness" / hashlib.sha256(candidate.encode()).hexdigest()[:20]
+
+
+def harness_pool(env: dict[str, str]) -> WorkerPool:
+    """Warm harness processes of one environment (one KernelBench checkout each: its package stays
+    imported in them)."""
+    return WorkerPool(_child_env(env), module=HARNESS)
 
 
 def _child_env(env: dict[str, str] | None) -> dict[str, str]:
@@ -134,11 +157,12 @@ def _exclusive(build_dir: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _wait(proc: subprocess.Popen, limit_s: float) -> bool:
-    """Wait for the process; past the limit kill its whole group (ninja, nvcc): True when killed."""
+def _wait(proc: subprocess.Popen, limit_s: float, reply: Path | None = None) -> bool:
+    """Wait for the process (a warm one: for its ``reply``); past the limit kill its whole group
+    (ninja, nvcc): True when killed."""
     deadline = time.time() + limit_s
     try:
-        while proc.poll() is None:
+        while proc.poll() is None and not (reply is not None and reply.exists()):
             if time.time() > deadline:
                 _kill_group(proc)
                 return True

@@ -57,6 +57,7 @@ from stitchcuda.verify.verdict import (
     WeightsTrial,
 )
 from stitchcuda.verify.weights_trial import follows_weights
+from stitchcuda.verify.workers import write_ready
 
 # a warm worker serves this many candidates, then a fresh one takes over (what leaks, leaks for a while only)
 MAX_SERVED = 40
@@ -471,7 +472,7 @@ def standby(profile: bool, ready_path: str | None, max_served: int) -> None:
         torch.cuda.init()
         torch.cuda.synchronize()  # the context exists now
     served = 0
-    _ready(ready_path, served)
+    write_ready(ready_path, served)
     while True:
         line = sys.stdin.readline().strip()
         if not line:
@@ -480,14 +481,7 @@ def standby(profile: bool, ready_path: str | None, max_served: int) -> None:
         served += 1
         if not serve(line, last=served >= max_served or ready_path is None) or not _forget():
             os._exit(0)
-        _ready(ready_path, served)
-
-
-def _ready(path: str | None, served: int) -> None:
-    if path is not None:
-        tmp = Path(path + ".tmp")
-        tmp.write_text(str(served))
-        tmp.replace(path)
+        write_ready(ready_path, served)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+WORKER = "stitchcuda.verify.worker"
 _POLL_S = 0.02
 READY_LIMIT_S = 180.0  # a worker not ready this long after its start or its last request is stopped
 
@@ -51,12 +52,14 @@ class WarmWorker:
         return self.folder / "ready"
 
     @classmethod
-    def start(cls, env: dict[str, str], profile: bool) -> WarmWorker:
+    def start(cls, env: dict[str, str], module: str = WORKER, args: tuple[str, ...] = ()) -> WarmWorker:
+        """``python -m MODULE --standby --ready FILE ARGS...``: a process that reads request paths
+        from stdin, writes each result where its request says, and its count to FILE when ready."""
         folder = Path(tempfile.mkdtemp(prefix="stitchcuda-worker-"))
-        command = [sys.executable, "-m", "stitchcuda.verify.worker", "--standby", "--ready", str(folder / "ready")]
+        command = [sys.executable, "-m", module, "--standby", "--ready", str(folder / "ready"), *args]
         with open(folder / "worker.log", "wb") as log:
-            proc = subprocess.Popen(command + (["--profile"] if profile else []), stdin=subprocess.PIPE, stdout=log,
-                                    stderr=subprocess.STDOUT, cwd=folder, env=env, start_new_session=True)
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=folder,
+                                    env=env, start_new_session=True)
         return cls(proc, folder)
 
     def alive(self) -> bool:
@@ -107,11 +110,12 @@ class WarmWorker:
 
 
 class WorkerPool:
-    """Warm workers of one environment. :meth:`take` gives a ready worker (or starts one, warm
-    from then on); :meth:`give_back` keeps it for the next request when it can serve one."""
+    """Warm workers of one environment and one kind (``module``: the verification worker, or
+    KernelBench's harness process). :meth:`take` gives a ready worker (or starts one, warm from
+    then on); :meth:`give_back` keeps it for the next request when it can serve one."""
 
-    def __init__(self, env: dict[str, str], profile: bool = False):
-        self.env, self.profile = env, profile
+    def __init__(self, env: dict[str, str], module: str = WORKER, args: tuple[str, ...] = ()):
+        self.env, self.module, self.args = env, module, args
         self._idle: list[WarmWorker] = []
         self._lock = threading.Lock()
         self.started = 0
@@ -132,7 +136,7 @@ class WorkerPool:
                     self.started += 1
                     break
             time.sleep(_POLL_S)
-        return WarmWorker.start(self.env, self.profile), False
+        return WarmWorker.start(self.env, self.module, self.args), False
 
     def give_back(self, worker: WarmWorker, reusable: bool) -> None:
         if reusable and worker.alive():
@@ -146,7 +150,7 @@ class WorkerPool:
         """Start workers until ``count`` are idle (ready or getting ready)."""
         with self._lock:
             missing = count - len([w for w in self._idle if w.alive()])
-            self._idle += [WarmWorker.start(self.env, self.profile) for _ in range(max(missing, 0))]
+            self._idle += [WarmWorker.start(self.env, self.module, self.args) for _ in range(max(missing, 0))]
             self.started += max(missing, 0)
 
     def close(self) -> None:
@@ -154,3 +158,11 @@ class WorkerPool:
             idle, self._idle = self._idle, []
         for worker in idle:
             worker.stop()
+
+
+def write_ready(path: str | None, served: int) -> None:
+    """A warm worker's side: it has served ``served`` requests and waits for the next."""
+    if path is not None:
+        tmp = Path(path + ".tmp")
+        tmp.write_text(str(served))
+        tmp.replace(path)
