@@ -58,12 +58,6 @@ class GateUse(BaseModel):
     exclusive_s: float = Field(0.0, description="inside exclusive sections (timing, alone)")
     intervals: list[tuple[float, float]] = Field([], description="(start, end) unix times of its sections")
 
-    def add(self, other: GateUse) -> None:
-        self.waited_s += other.waited_s
-        self.shared_s += other.shared_s
-        self.exclusive_s += other.exclusive_s
-        self.intervals += other.intervals
-
 
 class GateClient:
     """One process's sections of a gate, one at a time. ``path`` None: no gate (a lone verification),
