@@ -304,49 +304,17 @@ class _Session:
         return all(r.cache_hit for r in records) if records else None
 
 
-# a warm harness process serves this many programs, then a fresh one takes over
-MAX_SERVED = 40
-LEFT_BEHIND_BYTES = 256 << 20  # GPU memory still allocated after a program: kept alive by it
-
-
 def main(argv: list[str] | None = None) -> int:
     """The harness process: one request in, one reply file out (written whole, or not at all); or,
     with ``--standby --ready FILE``, a warm one serving the request paths read from stdin one at a
     time (verify/workers.py), for as long as every run is clean."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["--standby"]:
-        _standby(args[args.index("--ready") + 1] if "--ready" in args else None)
+        from stitchcuda.verify.workers import gpu_memory_returned, serve_requests
+
+        serve_requests(serve, gpu_memory_returned, args[args.index("--ready") + 1] if "--ready" in args else None)
     serve(args[0])
     return 0
-
-
-def _standby(ready_path: str | None) -> None:
-    from stitchcuda.verify.workers import write_ready
-
-    served = 0
-    write_ready(ready_path, served)
-    while True:
-        line = sys.stdin.readline().strip()
-        if not line:
-            os._exit(0)
-        served += 1
-        if not serve(line, last=served >= MAX_SERVED) or not _forget():
-            os._exit(0)
-        write_ready(ready_path, served)
-
-
-def _forget() -> bool:
-    """Between two programs: the cached GPU memory back; True when none is left allocated."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    if not torch.cuda.is_initialized():
-        return True
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    return torch.cuda.memory_allocated() < LEFT_BEHIND_BYTES
 
 
 def serve(request_path: str, last: bool = True) -> bool:

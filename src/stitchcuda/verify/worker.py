@@ -57,12 +57,7 @@ from stitchcuda.verify.verdict import (
     WeightsTrial,
 )
 from stitchcuda.verify.weights_trial import follows_weights
-from stitchcuda.verify.workers import write_ready
-
-# a warm worker serves this many candidates, then a fresh one takes over (what leaks, leaks for a while only)
-MAX_SERVED = 40
-# GPU memory still allocated after a candidate and its models are gone: kept alive by the candidate
-LEFT_BEHIND_BYTES = 256 << 20
+from stitchcuda.verify.workers import MAX_SERVED, gpu_memory_returned, serve_requests
 
 
 class Progress:
@@ -153,18 +148,11 @@ def retire_after(result: WorkerResult) -> bool:
 def _forget() -> bool:
     """Between two candidates: drop the modules, the models and the cached GPU memory; True when
     the GPU memory came back (a candidate that keeps some alive retires its worker)."""
-    import gc
-
     for name in ("stitchcuda_candidate", "stitchcuda_reference"):
         sys.modules.pop(name, None)
     if "torch._dynamo" in sys.modules:  # the torch.compile baseline's graphs
         torch._dynamo.reset()
-    gc.collect()
-    if not torch.cuda.is_initialized():
-        return True
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    return torch.cuda.memory_allocated() < LEFT_BEHIND_BYTES
+    return gpu_memory_returned()
 
 
 def _import_candidate(request: WorkerRequest, result: WorkerResult, progress: Progress) -> ModuleType | None:
@@ -460,10 +448,8 @@ def _batch_statistics(name: str) -> bool:
 
 def standby(profile: bool, ready_path: str | None, max_served: int) -> None:
     """A warm worker: get ready before any candidate exists, then serve the requests named on stdin
-    one at a time (EOF: exit), until one of them retires it or it has served ``max_served``. After
-    each request it forgets the candidate and writes how many it has served to ``ready_path``: the
-    orchestrator hands it the next request only then. Importing this module already loaded torch
-    and every module a verification uses."""
+    one at a time (verify/workers.py: ``serve_requests``). Importing this module already loaded
+    torch and every module a verification uses."""
     if torch.cuda.is_available():
         if profile:  # see _init_device: the profiler's first session is free before CUDA is up
             activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
@@ -471,17 +457,7 @@ def standby(profile: bool, ready_path: str | None, max_served: int) -> None:
                 pass
         torch.cuda.init()
         torch.cuda.synchronize()  # the context exists now
-    served = 0
-    write_ready(ready_path, served)
-    while True:
-        line = sys.stdin.readline().strip()
-        if not line:
-            os._exit(0)
-        os.chdir(Path(line).parent)
-        served += 1
-        if not serve(line, last=served >= max_served or ready_path is None) or not _forget():
-            os._exit(0)
-        write_ready(ready_path, served)
+    serve_requests(serve, _forget, ready_path, max_served)
 
 
 if __name__ == "__main__":

@@ -25,10 +25,15 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 WORKER = "stitchcuda.verify.worker"
+# a warm process serves this many requests, then a fresh one takes over (what leaks, leaks for a while only)
+MAX_SERVED = 40
+# GPU memory still allocated after a request and its models are gone: kept alive by the candidate
+LEFT_BEHIND_BYTES = 256 << 20
 _POLL_S = 0.02
 READY_LIMIT_S = 180.0  # a worker not ready this long after its start or its last request is stopped
 
@@ -160,9 +165,45 @@ class WorkerPool:
             worker.stop()
 
 
+# --- the warm process's side -------------------------------------------------------------------
+
+
 def write_ready(path: str | None, served: int) -> None:
-    """A warm worker's side: it has served ``served`` requests and waits for the next."""
+    """It has served ``served`` requests and waits for the next."""
     if path is not None:
         tmp = Path(path + ".tmp")
         tmp.write_text(str(served))
         tmp.replace(path)
+
+
+def serve_requests(serve: Callable[[str, bool], bool], forget: Callable[[], bool], ready_path: str | None,
+                   max_served: int = MAX_SERVED) -> None:
+    """A warm process's loop: ``serve(request_path, last)`` for each path read from stdin (EOF:
+    exit), then ``forget()`` what the request left, then say it is ready. It exits as soon as
+    either says it must not serve another (``serve`` returned False: the request retired it;
+    ``forget`` returned False: something stayed behind), and after ``max_served`` requests."""
+    served = 0
+    write_ready(ready_path, served)
+    while True:
+        line = sys.stdin.readline().strip()
+        if not line:
+            os._exit(0)
+        os.chdir(Path(line).parent)
+        served += 1
+        if not serve(line, served >= max_served or ready_path is None) or not forget():
+            os._exit(0)
+        write_ready(ready_path, served)
+
+
+def gpu_memory_returned() -> bool:
+    """The cached GPU memory given back after a request; True when almost none is left allocated."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if not torch.cuda.is_initialized():
+        return True
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.memory_allocated() < LEFT_BEHIND_BYTES
