@@ -23,23 +23,10 @@ from stitchcuda.compiler.capture.graph import CaptureError
 from stitchcuda.compiler.emit.codegen import Unsupported
 from stitchcuda.task.load import load_kernelbench
 from stitchcuda.task.record import Task
+from tests.program_stub import exec_program
 
 KERNELBENCH = Path(__file__).resolve().parents[2] / "shared" / "kernelbench"
 SECONDS_PER_PROGRAM = 30.0  # the issue's bound on writing one program on the CPU
-
-
-class _StubExtension:
-    def forward(self, *args):  # never called: the test checks construction only
-        raise AssertionError("the build is stubbed")
-
-
-def _exec_program(source: str, monkeypatch) -> types.ModuleType:
-    import torch.utils.cpp_extension as cpp
-
-    monkeypatch.setattr(cpp, "load_inline", lambda **kwargs: _StubExtension())
-    module = types.ModuleType("program_under_test")
-    exec(compile(source, "program.py", "exec"), module.__dict__)
-    return module
 
 
 def _same_parameters(task: Task, program: str, monkeypatch, seed: int = 42) -> str:
@@ -47,7 +34,7 @@ def _same_parameters(task: Task, program: str, monkeypatch, seed: int = 42) -> s
     persistence), else what differs."""
     reference = types.ModuleType("reference_under_test")
     exec(compile(task.source, task.name, "exec"), reference.__dict__)
-    candidate = _exec_program(program, monkeypatch)
+    candidate = exec_program(program, monkeypatch)
     init = reference.get_init_inputs()
     torch.manual_seed(seed)
     model = reference.Model(*init)
@@ -146,7 +133,7 @@ def get_init_inputs():
     assert "def forward" not in program.split("# ---- end of the reference")[0]  # no reference compute carried
     for seed in (0, 1234):
         assert _same_parameters(task, program, monkeypatch, seed) == ""
-    module = _exec_program(program, monkeypatch)
+    module = exec_program(program, monkeypatch)
     model = module.ModelNew(4, 0.5)
     assert "offset" not in model.state_dict() and "offset" in dict(model.named_buffers())
 

@@ -25,6 +25,7 @@ from stitchcuda.compiler import compile_task
 from stitchcuda.compiler.capture.graph import CaptureError
 from stitchcuda.task.load import load_task_file
 from tests.conftest import sampled
+from tests.program_stub import exec_program
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES = Path(__file__).parent / "fixtures" / "compiler_classes"
@@ -140,13 +141,10 @@ def test_tensors_made_in_forward_are_recreated_outside_the_state_dict(monkeypatc
     import types
 
     import torch
-    import torch.utils.cpp_extension as cpp
 
     task = load_task_file(CLASSES / "constants_in_forward.py")
     program = compile_task(task).program()
-    monkeypatch.setattr(cpp, "load_inline", lambda **kwargs: object())
-    module = types.ModuleType("program_under_test")
-    exec(compile(program, "program.py", "exec"), module.__dict__)
+    module = exec_program(program, monkeypatch)
     reference = types.ModuleType("reference_under_test")
     exec(compile(task.source, "reference.py", "exec"), reference.__dict__)
     torch.manual_seed(1)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from stitchcuda.compiler import compile_task
-from stitchcuda.compiler.check import cuda_source
+from stitchcuda.compiler.check import cuda_source, host_source, program_spec
 from stitchcuda.compiler.emit.codegen import CodegenOptions, generate, lower
 from stitchcuda.compiler.lowering.cutlass_conv import CutlassConv, compile_check_conv
 from stitchcuda.compiler.lowering.cutlass_gemm import CutlassGemm, compile_check_gemm, cutlass_include
@@ -65,11 +65,11 @@ def test_convolutions_run_as_cutlass_implicit_gemm_where_it_applies():
 def test_the_program_module_builds_and_binds_its_kernel_extensions():
     task, compiled, low = _lowered("mlp")
     program = generate(task, compiled.graph, compiled.groups, CUTLASS)
-    assert "CUTLASS_KERNELS = [" in program and "_ext.bind_cutlass(_slot, _address)" in program
+    assert "CUTLASS_KERNELS = [" in program and "_kernels.bind_cutlass(_slot, _address)" in program
     assert program.count("stitchcuda_cutlass_") >= len(low.cutlass)
     assert "OpMultiplyAddFastF32" in program  # the kernel sources travel inside the program
-    # CUTLASS's 16-byte operands: every argument checked (a misaligned view copied) in the extension
-    assert "realigned[i] = args[i]->clone();" in program
+    # CUTLASS's 16-byte operands: every argument checked (a misaligned view copied) by the host
+    assert program_spec(program).realign and "realigned_.push_back(t->clone());" in host_source(program)
     assert "importlib" not in program  # the static checks read it as a way to reach the reference
     assert "via CUTLASS 3xTF32" in program
     cuda = cuda_source(program)
@@ -79,7 +79,9 @@ def test_the_program_module_builds_and_binds_its_kernel_extensions():
 def test_the_default_variant_is_unchanged():
     task, compiled, low = _lowered("mlp", CodegenOptions())
     assert not low.cutlass and all(g.cutlass is None for g in _gemms(low))
-    assert "CUTLASS" not in generate(task, compiled.graph, compiled.groups, CodegenOptions())
+    program = generate(task, compiled.graph, compiled.groups, CodegenOptions())
+    assert not any(mark in program for mark in ("CUTLASS_KERNELS", "sc_cutlass", "cutlass/", "SC_GEMM_ABI"))
+    assert not program_spec(program).realign
 
 
 @pytest.mark.nvcc

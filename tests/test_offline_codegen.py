@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from stitchcuda.compiler.capture.graph import OpGraph, capture
+from stitchcuda.compiler.check import program_spec
 from stitchcuda.compiler.emit.codegen import (
     CodegenOptions,
     Unsupported,
@@ -37,6 +38,7 @@ from stitchcuda.verify.static_checks import static_findings
 from tests.conftest import split_sample
 from tests.cuda_headers import HeadersMissing, toolkit
 from tests.cuda_headers import include_dirs as cuda_include_dirs
+from tests.program_stub import ProgramExtensions, exec_program
 
 GEMM = {"aten.linear", "aten.mm", "aten.matmul", "aten.bmm", "aten.addmm"}
 ROW = {"aten.softmax", "aten._softmax", "aten.log_softmax", "aten.layer_norm", "aten.mean", "aten.sum", "aten.amax"}
@@ -90,36 +92,18 @@ def tiny(name: str) -> str:
     return resolve_tasks(name, preset="tiny")[0].source
 
 
-def extension_stub(graph: OpGraph, groups: list[FusionGroup]):
-    """A stand-in for load_inline's module: checks forward's arguments against the placeholders
-    the program reads (order, shapes and dtypes) and returns an empty output."""
+def extension_stub(graph: OpGraph, groups: list[FusionGroup]) -> ProgramExtensions:
+    """A stand-in for the program's extensions: its forward checks the arguments against the
+    placeholders the program reads (order, shapes and dtypes) and returns an empty output."""
     entry = {v for v, _, _ in lower(graph, groups).args}
     expected = [(p.meta.shape, p.meta.dtype) for p in graph.placeholders if p.name in entry]
-    calls = []
 
     def forward(args):
-        assert isinstance(args, tuple)  # one tuple, unpacked by reference in the binding
+        assert isinstance(args, tuple)  # one tuple, unpacked by reference in the host
         assert [(list(a.shape), str(a.dtype).removeprefix("torch.")) for a in args] == expected
-        calls.append(args)
         return torch.empty(graph.meta(graph.outputs[0]).shape, device="meta")
 
-    return types.SimpleNamespace(forward=forward, calls=calls)
-
-
-def exec_candidate(source: str, stub, monkeypatch) -> types.ModuleType:
-    import torch.utils.cpp_extension as cpp
-
-    seen = {}
-
-    def fake_load_inline(**kwargs):
-        seen.update(kwargs)
-        return stub
-
-    monkeypatch.setattr(cpp, "load_inline", fake_load_inline)
-    module = types.ModuleType("candidate_under_test")
-    exec(compile(source, "candidate.py", "exec"), module.__dict__)
-    module.build_args = seen
-    return module
+    return ProgramExtensions(on_call=forward)
 
 
 def _run_family_node(graph: OpGraph, low, lg, flat: dict) -> None:
@@ -482,14 +466,17 @@ def test_bundled_programs_are_clean_and_take_the_weights(name, bundled, monkeypa
     if any(g.kind == "gemm" for g in groups):
         assert any(x.startswith(("cublasSgemm", "cublasLtMatmul")) for x in report.libraries)
     stub = extension_stub(graph, groups)
-    module = exec_candidate(source, stub, monkeypatch)
-    # its own binding in the C++ source, no torch/extension.h anywhere
-    assert "functions" not in module.build_args and module.build_args["no_implicit_headers"] is True
-    assert 'm.def("forward"' in module.build_args["cpp_sources"] and "#include <torch/extension.h>" not in source
-    assert module.build_args["extra_cuda_cflags"] == ["-O3"]
-    assert ("-lcublas" in module.build_args.get("extra_ldflags", [])) == ("cublasSgemm" in source)
-    assert ("-lcublasLt" in module.build_args.get("extra_ldflags", [])) == ("cublasLtMatmul(" in source)
-    assert module.build_args["name"].startswith("stitchcuda_offline_")
+    module = exec_program(source, monkeypatch, stub)
+    # two builds: the program host (torch's side, one source for every program) binds itself; the
+    # kernel library includes no torch header, and neither includes torch/extension.h
+    host, kernels = stub.build("stitchcuda_host_"), stub.build("stitchcuda_offline_")
+    assert "functions" not in kernels and kernels["no_implicit_headers"] is True and host["no_implicit_headers"]
+    assert 'm.def("forward"' in host["cpp_sources"] and "#include <torch/extension.h>" not in source
+    assert "#include <Python.h>" in kernels["cpp_sources"] and "torch" not in kernels["cpp_sources"]
+    assert not re.search(r"#include <(torch|ATen|c10)/", kernels["cuda_sources"])
+    assert kernels["extra_cuda_cflags"] == ["-O3"]
+    assert ("-lcublas" in kernels.get("extra_ldflags", [])) == ("cublasSgemm" in source)
+    assert ("-lcublasLt" in kernels.get("extra_ldflags", [])) == ("cublasLtMatmul(" in source)
     ref = reference_module(task)
     with torch.device("meta"):
         reference_model = ref.Model(*ref.get_init_inputs())
@@ -512,7 +499,7 @@ def test_fused_norm_softmax_gate_is_one_row_kernel(bundled):
     source = generate(task, graph, groups, CodegenOptions(graph=False))
     cuda = cuda_source(source)
     assert cuda.count("__global__") == 1 and "<<<65536, 256, 0, stream>>>" in cuda
-    assert "cudaStreamBeginCapture" not in cuda and hacking_level(static_findings(source).findings) == "none"
+    assert program_spec(source).graph is False and hacking_level(static_findings(source).findings) == "none"
 
 
 def test_mlp_gemm_is_true_fp32_row_major(bundled):
@@ -520,7 +507,9 @@ def test_mlp_gemm_is_true_fp32_row_major(bundled):
     cuda = cuda_source(generate(task, graph, greedy_groups(graph), CodegenOptions(vector_width=1, cublaslt=False)))
     assert "cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, 4096, 4096, 4096, &kOne, a.p_fc1_weight, 4096, a.x, 4096" in cuda
     assert "cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH)" in cuda and "_v4" not in cuda
-    assert "cudaStreamBeginCapture" in cuda and "cublasSetWorkspace" in cuda
+    # the host captures the launches into a CUDA graph, handing cuBLAS a workspace of its own
+    assert program_spec(generate(task, graph, greedy_groups(graph), CodegenOptions(vector_width=1))).graph
+    assert "cublasSetWorkspace" in cuda
     # through cuBLASLt (the default): the bias in its epilogue, true fp32, layouts of C^T = W x^T
     lt = cuda_source(generate(task, graph, greedy_groups(graph), CodegenOptions(vector_width=1)))
     assert "cublasSgemm" not in lt and "cublasLtMatmulDescCreate(&made->lt_desc0, CUBLAS_COMPUTE_32F, CUDA_R_32F)" in lt
@@ -879,11 +868,10 @@ def _toolkit_or_skip() -> tuple[str, Path]:
 
 
 def _compile_together(sources: list[str], tmp_path: Path) -> None:
-    """One nvcc run over several programs' CUDA: the first whole, the others without their entry
-    point (their namespaces differ), against torch's headers and the real CUDA library headers
-    (tests/cuda_headers.py: the toolkit's, an installed nvidia wheel's, or fetched from one)."""
-    from torch.utils.cpp_extension import include_paths
-
+    """One nvcc run over several programs' kernel libraries: the first whole, the others without
+    their table of entry points (their namespaces differ), against the real CUDA library headers
+    (tests/cuda_headers.py: the toolkit's, an installed nvidia wheel's, or fetched from one) and no
+    torch header at all."""
     nvcc, cuda_home = _toolkit_or_skip()
     try:
         library_includes = cuda_include_dirs(cuda_home)
@@ -892,13 +880,7 @@ def _compile_together(sources: list[str], tmp_path: Path) -> None:
     (head1, entry1), *rest = (split_cuda(s) for s in sources)
     unit = tmp_path / "programs.cu"
     unit.write_text(head1 + entry1 + "".join(head for head, _ in rest))
-    flags = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
-    flags += [f"-I{p}" for p in library_includes]
-    if not any((Path(p) / "c10/cuda/impl/cuda_cmake_macros.h").exists() for p in include_paths()):
-        # a CPU build of torch ships c10/cuda's headers without this one, which its CMake writes
-        (tmp_path / "torch-cpu/c10/cuda/impl").mkdir(parents=True)
-        (tmp_path / "torch-cpu/c10/cuda/impl/cuda_cmake_macros.h").write_text("#pragma once\n")
-        flags.append(f"-I{tmp_path / 'torch-cpu'}")
+    flags = [f"-I{p}" for p in library_includes]
     cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-O3", "-c", str(unit), "-o", str(tmp_path / "programs.o"), *flags]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -933,28 +915,50 @@ def test_every_bundled_program_compiles_for_sm90(tmp_path, names):
 
 
 @pytest.mark.nvcc
-def test_python_binding_compiles_without_torch_extension_h(tmp_path):
-    """The C++ half load_inline builds beside the CUDA: torch's pybind casters and the entry
-    point's declaration, for one output and for several (a list back in Python)."""
+def test_binding_and_host_compile(tmp_path):
+    """The C++ load_inline builds beside the kernels: the kernel library's binding with Python's
+    header alone, and the program host against torch's headers (its pybind casters, ATen's CUDA
+    context); one program host serves one output and several (a tuple back in Python)."""
     import shutil
 
     from torch.utils.cpp_extension import include_paths
 
-    from stitchcuda.compiler.check import cpp_source
+    from stitchcuda.compiler.check import cpp_source, host_source
 
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is None:
         pytest.skip("needs a C++ compiler: neither c++ nor g++ is on PATH")
-    flags = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
+    nvcc, cuda_home = _toolkit_or_skip()
+    try:
+        library_includes = cuda_include_dirs(cuda_home)
+    except HeadersMissing as exc:
+        pytest.skip(f"no real CUDA library headers for this machine: {exc}")
+    python = f"-I{sysconfig.get_paths()['include']}"
+    hosts = set()
     for name, source in (("mlp", None), ("pair", TINY_PAIR)):
         task = resolve_tasks(name)[0] if source is None else task_from(name, source)
         graph = capture(task)
+        program = generate(task, graph, fuse(graph), CodegenOptions())
         unit = tmp_path / f"{name}.cpp"
-        unit.write_text(cpp_source(generate(task, graph, fuse(graph), CodegenOptions())))
-        done = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=x", str(unit), *flags],
+        unit.write_text(cpp_source(program))
+        done = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=x", str(unit), python],
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
-    assert "std::vector<at::Tensor> forward(" in unit.read_text()
+        hosts.add(host_source(program))
+        assert len(program_spec(program).output_shapes) == (1 if name == "mlp" else 2)
+    assert len(hosts) == 1
+    host = tmp_path / "host.cpp"
+    host.write_text(hosts.pop())
+    flags = [f"-I{p}" for p in include_paths()] + [python, f"-I{cuda_home / 'include'}"]
+    flags += [f"-I{p}" for p in library_includes]
+    if not any((Path(p) / "c10/cuda/impl/cuda_cmake_macros.h").exists() for p in include_paths()):
+        # a CPU build of torch ships c10/cuda's headers without this one, which its CMake writes
+        (tmp_path / "torch-cpu/c10/cuda/impl").mkdir(parents=True)
+        (tmp_path / "torch-cpu/c10/cuda/impl/cuda_cmake_macros.h").write_text("#pragma once\n")
+        flags.append(f"-I{tmp_path / 'torch-cpu'}")
+    done = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=x", str(host), *flags],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("case", ["mlp", "gate300", "misc", "mixer", "swiglu"])

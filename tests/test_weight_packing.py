@@ -3,9 +3,12 @@ calls, remade when its data_ptr or version counter moves. Run on the GPU: tests/
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from stitchcuda.compiler import compile_task
+from stitchcuda.compiler.check import host_source, program_spec
 from stitchcuda.compiler.emit.codegen import CodegenOptions, generate
 from stitchcuda.compiler.emit.program import split_cuda
 from stitchcuda.compiler.lowering import packing
@@ -29,10 +32,16 @@ def test_weights_are_split_once_and_activations_every_call():
     assert len(low.pack_launches) == len(low.pack_params) == 3 and low.pack_bytes > 0
     program = generate(task, compiled.graph, compiled.groups, SPLIT)
     head, entry = split_cuda(cuda_source(program))
-    forward = head[head.index("forward_impl("):]
-    assert forward.count("sc_split_tf32") == 0  # no weight split in the forward's launches
-    assert "refresh_packs(P, a," in forward and "t->_version()" in head and "P.pack_held.push_back(*t)" in head
-    assert "void pack_weights(" in head and "Weights split once: 3 packed" in program
+    per_call = head[head.index("void launch_all("):head.index("void pack_weights(")]
+    # the activations split every call, the weights only in pack_weights
+    assert not re.search(r"sc_split_tf32\w*<<<[^;]*\(a\.p_fc\d_weight", per_call) and "(a.x, a.x_split_a" in per_call
+    assert len(re.findall(r"sc_split_tf32\w*<<<[^;]*\(a\.p_fc\d_weight", head[head.index("void pack_weights("):])) == 3
+    # the host remakes the packs when a weight's storage or version moves, and holds the weights
+    spec = program_spec(program)
+    assert sorted(spec.names[i] for i in spec.packed) == ["p_fc1_weight", "p_fc2_weight", "p_fc3_weight"]
+    host = host_source(program)
+    assert "t._version()" in host and "d.pack_held.push_back(t)" in host and "&sc_pack" in entry
+    assert "Weights split once: 3 packed" in program
 
 
 def test_without_packing_or_beyond_the_budget_weights_split_every_call(monkeypatch):

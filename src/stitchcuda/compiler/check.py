@@ -12,13 +12,21 @@ import sysconfig
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from stitchcuda import cuda_headers, machine
 
+if TYPE_CHECKING:
+    from stitchcuda.compiler.emit.program import ProgramSpec
+
 # the one header of c10/cuda a CPU build of torch lacks: its CMake writes it for CUDA builds only
 _CMAKE_MACROS = Path("c10/cuda/impl/cuda_cmake_macros.h")
+
+
+# program hosts already syntax-checked in this process (one source serves every program)
+_HOSTS_CHECKED: set[str] = set()
 
 
 class CompileCheck(BaseModel):
@@ -33,8 +41,26 @@ def cuda_source(program: str) -> str:
 
 
 def cpp_source(program: str) -> str:
-    """The C++ text (the Python binding) a generated program hands to load_inline (``CPP_SRC``)."""
+    """The C++ text (its kernel library's Python binding) a generated program hands to load_inline
+    (``CPP_SRC``)."""
     return _string_constant(program, "CPP_SRC")
+
+
+def host_source(program: str) -> str:
+    """The program host's C++ text (the torch side, the same for every program: ``HOST_SRC``)."""
+    return _string_constant(program, "HOST_SRC")
+
+
+def program_spec(program: str) -> ProgramSpec:
+    """What the program tells its host (``_program = _host.Program(table, ...)``): argument shapes and
+    types, buffers, outputs, the packed weights' arguments, graph, cuBLAS, alignment."""
+    from stitchcuda.compiler.emit.program import ProgramSpec  # the lowerings import this module
+
+    for node in ast.walk(ast.parse(program)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Program":
+            values = [ast.literal_eval(a) for a in node.args[1:]]
+            return ProgramSpec(**dict(zip(ProgramSpec.model_fields, values, strict=True)))
+    raise ValueError("the program makes no Program")
 
 
 def _string_constant(program: str, name: str) -> str:
@@ -46,7 +72,9 @@ def _string_constant(program: str, name: str) -> str:
 
 
 def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> CompileCheck:
-    """nvcc -c of the program's CUDA against torch's headers, for ``arch``.
+    """nvcc -c of the program's CUDA (its kernel library) for ``arch``; the C++ compiler's syntax check
+    of its binding and of the program host against torch's headers (the host once per process: it is
+    the same for every program).
 
     Works with a CPU build of torch too: its headers lack only the one torch's CMake writes for CUDA
     builds, which a stand-in replaces. The CUDA library headers the program needs (cuBLAS, ...) come
@@ -61,7 +89,7 @@ def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> 
     source = cuda_source(program)
     home = machine.toolkit_home()  # not None: nvcc was found
     assert home is not None
-    headers = cuda_headers.locate(home, cuda_headers.needed_by(source, includes))
+    headers = cuda_headers.locate(home, cuda_headers.needed_by(source + host_source(program), includes))
     if headers.missing:
         return CompileCheck(status="skipped", detail="the program needs CUDA library headers that are not here: "
                                                      + headers.missing_detail())
@@ -71,14 +99,19 @@ def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> 
     with tempfile.TemporaryDirectory(prefix="stitchcuda-nvcc-") as tmp:
         if not any((p / _CMAKE_MACROS).exists() for p in includes):
             flags.append(f"-I{_cpu_torch_shim(Path(tmp))}")
-        unit, binding = Path(tmp) / "program.cu", Path(tmp) / "binding.cpp"
+        unit, binding, host = Path(tmp) / "program.cu", Path(tmp) / "binding.cpp", Path(tmp) / "host.cpp"
         unit.write_text(source)
         binding.write_text(cpp_source(program))
+        host_text = host_source(program)
+        host.write_text(host_text)
         steps = [("nvcc", [nvcc, "-std=c++17", f"-arch={arch}", "-O3", "-c", str(unit), "-o",
                            str(Path(tmp) / "program.o"), *flags])]
         if cxx := shutil.which("c++") or shutil.which("g++"):
-            steps.append(("the C++ compiler", [cxx, "-std=c++17", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=check",
-                                               str(binding), *flags]))
+            syntax = [cxx, "-std=c++17", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=check", *flags,
+                      f"-I{home / 'include'}"]
+            steps.append(("the C++ compiler (binding)", [*syntax, str(binding)]))
+            if host_text not in _HOSTS_CHECKED:
+                steps.append(("the C++ compiler (program host)", [*syntax, str(host)]))
         for tool, cmd in steps:
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
@@ -89,7 +122,9 @@ def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> 
                 errors = [line for line in done.stderr.splitlines() if "error" in line][:5]
                 return CompileCheck(status="failed", detail=f"{tool} failed:\n" + ("\n".join(errors) or done.stderr[-1500:]),
                                     seconds=time.perf_counter() - started)
-    what = "the program's CUDA" + (" and its Python binding" if len(steps) > 1 else "")
+        if len(steps) > 2:
+            _HOSTS_CHECKED.add(host_text)
+    what = "the program's CUDA" + (" and its C++ (binding, program host)" if len(steps) > 1 else "")
     return CompileCheck(status="compiled", detail=f"{what} compiled for {arch}", seconds=time.perf_counter() - started)
 
 

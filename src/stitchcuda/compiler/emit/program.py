@@ -11,8 +11,10 @@ import math
 from collections import Counter
 from typing import Any
 
+from pydantic import BaseModel
+
 from stitchcuda.compiler.capture.graph import OpGraph
-from stitchcuda.compiler.emit.emit import Emitter
+from stitchcuda.compiler.emit.emit import TEMPLATES, Emitter
 from stitchcuda.compiler.emit.loops import fold_repeats, new_folder
 from stitchcuda.compiler.emit.pymodule import REFERENCE_CLASS, reference_init_source
 from stitchcuda.compiler.ir.expr import Unsupported
@@ -42,36 +44,46 @@ from stitchcuda.compiler.lowering.split_tf32 import ConvSplit
 from stitchcuda.task.record import Task
 from stitchcuda.verify.verdict import CostEstimate
 
-TORCH_TYPES = {"float": "at::kFloat", "bool": "at::kBool", "int64_t": "at::kLong", "int32_t": "at::kInt"}
 ENTRY_MARK = "// ---- stitchcuda entry point ----"
+HOST_SOURCE = "program_host.cpp"  # in the templates folder; read as is (C++ braces are not Jinja's)
 
 
-# The entry point takes its tensors as one tuple and unpacks them by reference: pybind's
-# per-argument casters cost about 0.4 us a tensor on a fast host, which for a model's hundreds of
-# weights is more host time per call than a small model's kernels take on the GPU (and they recurse
-# once per argument: a DenseNet's 600 parameters exceeded the compiler's constexpr depth).
-ENTRY_BINDING = r"""#include <torch/csrc/utils/pybind.h>
-#include <torch/csrc/autograd/python_variable.h>
-#include <vector>
-RET forward(const at::Tensor* const* args, int64_t count);
-RET forward_tuple(pybind11::handle args) {
-  PyObject* tuple = args.ptr();
-  TORCH_CHECK(PyTuple_Check(tuple), "stitchcuda: forward takes one tuple of tensors");
-  const Py_ssize_t count = PyTuple_GET_SIZE(tuple);
-  std::vector<const at::Tensor*> tensors(static_cast<size_t>(count));
-  for (Py_ssize_t i = 0; i < count; ++i) {
-    PyObject* item = PyTuple_GET_ITEM(tuple, i);
-    TORCH_CHECK(THPVariable_Check(item), "stitchcuda: argument ", i, " is not a tensor");
-    tensors[static_cast<size_t>(i)] = &THPVariable_Unpack(item);  // the tuple keeps it alive
-  }
-  return forward(tensors.data(), count);
-}
-"""
+def host_source() -> str:
+    """StitchCUDA's program host: the torch side of every program (one source, one build per machine)."""
+    return (TEMPLATES / HOST_SOURCE).read_text()
+
+
+def host_name(source: str) -> str:
+    """The host extension's name: by its content, so every program of one StitchCUDA shares its build."""
+    return "stitchcuda_host_" + hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+class ProgramSpec(BaseModel):
+    """What the program host needs to know of a program's kernel library: its arguments (names for
+    messages, shapes and element types to check), its intermediate buffers and outputs (to allocate),
+    the arguments its packed weights come from, and whether it replays a CUDA graph, calls cuBLAS
+    (the host hands it torch's handle) or launches CUTLASS (whose operands must be 16-byte aligned)."""
+
+    names: list[str]
+    arg_shapes: list[list[int]]
+    arg_types: list[str]
+    buffer_shapes: list[list[int]]
+    buffer_types: list[str]
+    output_shapes: list[list[int]]
+    output_types: list[str]
+    packed: list[int]
+    graph: bool
+    blas: bool
+    realign: bool
+
+    def arguments(self) -> list[tuple[str, str]]:
+        """(name, Python literal) of each field, in the order ``Program(table, ...)`` takes them."""
+        return [(name, repr(getattr(self, name))) for name in type(self).model_fields]
 
 
 def split_cuda(cuda_src: str) -> tuple[str, str]:
     """(everything before the entry point, the entry point): the tests compile several programs'
-    bodies in one translation unit (their namespaces differ), without their ``forward``."""
+    bodies in one translation unit (their namespaces differ), without their table of entry points."""
     head, _, entry = cuda_src.partition(ENTRY_MARK)
     return head, entry
 
@@ -244,7 +256,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     low.outputs.sort(key=lambda o: graph.outputs.index(o[0]))
     dnn_math = "CUDNN_TENSOR_OP_MATH" if options.tf32 else "CUDNN_FMA_MATH"
     cuda_src = emitter.env.get_template("program.cu.j2").render(
-        ns=prefix, task=task.name, torch_types=TORCH_TYPES, options=options.model_dump(), blas=low.uses_blas, bf16=bf16,
+        ns=prefix, task=task.name, options=options.model_dump(), blas=low.uses_blas, bf16=bf16,
         blas_math="CUBLAS_TF32_TENSOR_OP_MATH" if options.tf32 else "CUBLAS_DEFAULT_MATH", kernels=kernels,
         dnn=bool(low.convs) or low.uses_dnn, dnn_math=dnn_math, ctypes=low.ctypes, dnn_members=[m for c in low.convs for m in conv_members(c)],
         lt=bool(low.lt_gemms), lt_members=[m for g in low.lt_gemms for m in lt_members(g)],
@@ -256,13 +268,18 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         entry_mark=ENTRY_MARK, prelude=emitter.env.get_template("prelude.cu.j2").render(),
         cutlass=bool(low.cutlass), cutlass_slots=low.cutlass_slot_count, cutlass_abi=GEMM_ABI + CONV_ABI,
         cutlass_setup=[cutlass_conv_setup(c) for c in low.cutlass_convs])
-    ret = "at::Tensor" if len(low.outputs) == 1 else "std::vector<at::Tensor>"
-    # torch's pybind headers instead of torch/extension.h: the binding compiles in seconds
-    bind = 'm.def("bind_cutlass", &bind_cutlass, "a CUTLASS launcher\'s address"); ' if low.cutlass else ""
-    cpp_src = (ENTRY_BINDING.replace("RET", ret)
-               + ("void bind_cutlass(int64_t slot, int64_t address);\n" if low.cutlass else "")
-               + 'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("forward", &forward_tuple, "the whole forward pass"); '
-               + bind + "}\n")
+    cpp_src = emitter.env.get_template("program_binding.cpp.j2").render(cutlass=bool(low.cutlass))
+    host_src = host_source()
+    arg_index = {i: k for k, (_, i, _, _) in enumerate(inputs)}
+    spec = ProgramSpec(
+        names=[v for v, _, _, _ in inputs], arg_shapes=[list(s) for _, _, s, _ in inputs],
+        arg_types=[c for _, _, _, c in inputs],
+        buffer_shapes=[list(s) for _, s in low.intermediates],
+        buffer_types=[low.ctypes.get(i, "float") for i, _ in low.intermediates],
+        output_shapes=[list(s) for _, _, s in low.outputs],
+        output_types=[low.ctypes.get(i, "float") for _, i, _ in low.outputs],
+        packed=[arg_index[i] for i in low.pack_params], graph=options.graph, blas=low.uses_blas,
+        realign=bool(low.cutlass))
     name = "stitchcuda_offline_" + hashlib.sha256((cuda_src + cpp_src).encode()).hexdigest()[:16]
     fwd_args = _signature(task, "forward")
     entry_inputs = [p for p in graph.placeholders if p.kind == "input"]
@@ -289,6 +306,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         raise Unsupported("generated CUDA contains a triple quote")
     return emitter.env.get_template("module.py.j2").render(
         task=task.name, options=options.model_dump(), name=name, cuda_src=cuda_src, cpp_src=cpp_src,
+        host_src=host_src, host_name=host_name(host_src), spec=spec.arguments(),
         blas=low.uses_blas, lt=bool(low.lt_gemms), dnn=bool(low.convs) or low.uses_dnn,
         reference_init=reference_init_source(task), reference_class=REFERENCE_CLASS,
         fwd_args=", ".join(["self", *fwd_names]), call_args=call_args, state_reads=reads.lines, state=_state_owners(graph.state),
@@ -297,6 +315,6 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         cutlass=bool(low.cutlass), cutlass_sources=cutlass_sources, cutlass_flags=repr(CUDA_CFLAGS),
         cutlass_describe=[c.describe for c in low.cutlass],
         estimate=json.dumps(estimate.model_dump(exclude_none=True)) if estimate else "", estimate_text=_estimate_text(low),
-        multi=len(low.outputs) > 1, groups=[f"group {lg.group.id} ({lg.group.kind}): {lg.describe}"
+        groups=[f"group {lg.group.id} ({lg.group.kind}): {lg.describe}"
                                             + (" [from the weights alone: run when they change]" if lg.hoisted else "")
                                             for lg in low.groups])
