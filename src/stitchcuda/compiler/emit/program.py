@@ -284,7 +284,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     fwd_args = _signature(task, "forward")
     entry_inputs = [p for p in graph.placeholders if p.kind == "input"]
     fwd_names = [a.arg for a in fwd_args.args[1:]] if fwd_args is not None and not fwd_args.vararg else []
-    if len(fwd_names) != len(entry_inputs) or any(x in ("self", "_ext", "torch", "nn") for x in fwd_names):
+    if len(fwd_names) != len(entry_inputs) or any(x in ("self", "_host", "_kernels", "_program", "torch", "nn") for x in fwd_names):
         fwd_names = [to_ident(p.name) for p in entry_inputs]
     by_name = dict(zip((p.name for p in entry_inputs), fwd_names, strict=True))
     call_args = []
