@@ -7,9 +7,11 @@ import types
 
 
 class ProgramExtensions:
-    """What ``load_inline`` returns for either build: ``table()`` (the kernel library), ``Program``
-    and ``forward`` (the host). ``forward`` hands each call to ``on_call`` (none: an error) and
-    ``calls`` keeps them; ``builds`` keeps every ``load_inline`` call's arguments."""
+    """What ``load_inline`` returns for each build, by its name: the host's ``Program`` and
+    ``forward``, the kernel library's ``table()`` and ``bind_cutlass``, a CUTLASS kernel extension's
+    launcher addresses; each has only its own. ``forward`` hands each call to ``on_call`` (none: an
+    error) and ``calls`` keeps them; ``builds`` keeps every ``load_inline`` call's arguments,
+    ``bound`` every CUTLASS address bound."""
 
     def __init__(self, on_call=None):
         self.on_call = on_call
@@ -18,9 +20,18 @@ class ProgramExtensions:
         self.builds: list[dict] = []
         self.bound: list[tuple[int, int]] = []
 
-    def load_inline(self, **kwargs) -> ProgramExtensions:
+    def load_inline(self, **kwargs) -> types.SimpleNamespace:
         self.builds.append(kwargs)
-        return self
+        name = kwargs["name"]
+        if name.startswith("stitchcuda_host_"):
+            return types.SimpleNamespace(Program=self.Program, forward=self.forward)
+        if name.startswith("stitchcuda_offline_"):
+            return types.SimpleNamespace(table=self.table, bind_cutlass=self.bind_cutlass)
+        if name.startswith("stitchcuda_cutlass_"):
+            address = 4096 * len(self.builds)
+            return types.SimpleNamespace(launcher_address=lambda: address, **(
+                {"workspace_address": lambda: address + 16} if "workspace_address" in kwargs["cpp_sources"] else {}))
+        raise AssertionError(f"a build the program should not make: {name}")
 
     def table(self) -> int:
         return 0

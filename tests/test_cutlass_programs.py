@@ -16,6 +16,7 @@ from stitchcuda.compiler.emit.codegen import CodegenOptions, generate, lower
 from stitchcuda.compiler.lowering.cutlass_conv import CutlassConv, compile_check_conv
 from stitchcuda.compiler.lowering.cutlass_gemm import CutlassGemm, compile_check_gemm, cutlass_include
 from stitchcuda.task import resolve_tasks
+from tests.program_stub import exec_program
 
 CUTLASS = CodegenOptions(cutlass=True)
 
@@ -62,9 +63,12 @@ def test_convolutions_run_as_cutlass_implicit_gemm_where_it_applies():
     assert max(slots) + 2 <= low.cutlass_slot_count  # the launcher and its workspace function
 
 
-def test_the_program_module_builds_and_binds_its_kernel_extensions():
+def test_the_program_module_builds_and_binds_its_kernel_extensions(monkeypatch):
     task, compiled, low = _lowered("mlp")
     program = generate(task, compiled.graph, compiled.groups, CUTLASS)
+    # run: each kernel extension's launcher bound to the program's kernel library, slot by slot
+    stub = exec_program(program, monkeypatch).extensions
+    assert [slot for slot, _ in stub.bound] == list(range(low.cutlass_slot_count)) and stub.programs
     assert "CUTLASS_KERNELS = [" in program and "_kernels.bind_cutlass(_slot, _address)" in program
     assert program.count("stitchcuda_cutlass_") >= len(low.cutlass)
     assert "OpMultiplyAddFastF32" in program  # the kernel sources travel inside the program
