@@ -67,7 +67,7 @@ class WorkerOutcome:
     result: WorkerResult | None
     crash: CrashReport | None
     output_tail: str
-    spawned_at: float
+    spawned_at: float  # when it asked for a worker: the wait for a ready one counts as its start
     ended_at: float
     warm: bool = False  # served by a worker started ahead, in standby
 
@@ -195,6 +195,7 @@ class Verifier:
         result_path = Path(request.result_path)
         worker: WarmWorker | None = None
         warm = False
+        asked = time.time()  # the wait for a ready worker counts as its start
         if not prefix and request.mode in ("verify", "profile", "build") and self.prewarm:
             pool = self._pool(hide_gpu)
             worker, warm = pool.take()
@@ -255,7 +256,7 @@ class Verifier:
             )
         elif result is not None and result.crash is not None:
             result.crash.output_tail = tail
-        return WorkerOutcome(result, crash, tail, spawned, ended, warm)
+        return WorkerOutcome(result, crash, tail, asked, ended, warm)
 
     @property
     def prewarm(self) -> bool:

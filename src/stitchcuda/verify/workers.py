@@ -121,27 +121,38 @@ class WorkerPool:
 
     def __init__(self, env: dict[str, str], module: str = WORKER, args: tuple[str, ...] = ()):
         self.env, self.module, self.args = env, module, args
-        self._idle: list[WarmWorker] = []
+        self._idle: list[WarmWorker] = []  # ready, or starting, or cleaning up after a request
+        self._waiting = 0  # callers of take() not served yet
         self._lock = threading.Lock()
         self.started = 0
 
     def take(self) -> tuple[WarmWorker, bool]:
-        """(a worker, whether it was warm: started before this request). A worker still starting
-        or cleaning up is waited for rather than another started: it is ready sooner."""
-        while True:
+        """(a ready worker, whether it was warm: started before this request). Every caller waiting
+        has a worker starting for it: jobs that ask at once (a bench's first tasks, each profiling
+        its reference) wait for one start each, side by side, not for one start after another."""
+        asked = time.time()
+        with self._lock:
+            self._waiting += 1
+        try:
+            while True:
+                with self._lock:
+                    for worker in list(self._idle):
+                        if not worker.alive():
+                            self._idle.remove(worker)
+                            worker.stop()
+                        elif worker.ready():
+                            self._idle.remove(worker)
+                            return worker, worker.since < asked
+                        elif time.time() - worker.since > READY_LIMIT_S:  # stuck starting or cleaning up
+                            self._idle.remove(worker)
+                            worker.stop()
+                    if len(self._idle) < self._waiting:
+                        self._idle.append(WarmWorker.start(self.env, self.module, self.args))
+                        self.started += 1
+                time.sleep(_POLL_S)
+        finally:
             with self._lock:
-                for worker in list(self._idle):
-                    if not worker.alive() or time.time() - worker.since > READY_LIMIT_S:
-                        self._idle.remove(worker)
-                        worker.stop()
-                    elif worker.ready():
-                        self._idle.remove(worker)
-                        return worker, True
-                if not self._idle:
-                    self.started += 1
-                    break
-            time.sleep(_POLL_S)
-        return WarmWorker.start(self.env, self.module, self.args), False
+                self._waiting -= 1
 
     def give_back(self, worker: WarmWorker, reusable: bool) -> None:
         if reusable and worker.alive():

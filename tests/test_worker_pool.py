@@ -1,0 +1,68 @@
+"""The warm-worker pool (verify/workers.py): who waits for which worker, with a stand-in process
+that becomes ready after a delay."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+from stitchcuda.verify import workers
+from stitchcuda.verify.workers import WorkerPool
+
+START_S = 1.5  # the stand-in's start: a torch import and a CUDA context, in a real worker
+
+STANDIN = f'''
+import sys, time
+time.sleep({START_S})
+ready = sys.argv[sys.argv.index("--ready") + 1]
+served = 0
+open(ready, "w").write("0")
+for line in sys.stdin:  # a request: "served" at once
+    served += 1
+    open(ready, "w").write(str(served))
+'''
+
+
+def _pool(tmp_path) -> WorkerPool:
+    (tmp_path / "standin_worker.py").write_text(STANDIN)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    return WorkerPool(env, module="standin_worker")
+
+
+def test_callers_asking_at_once_wait_for_one_start_each_side_by_side(tmp_path):
+    pool = _pool(tmp_path)
+    got: list[tuple[object, bool]] = []
+    started = time.time()
+    threads = [threading.Thread(target=lambda: got.append(pool.take())) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        elapsed = time.time() - started
+        assert len(got) == 4 and len({id(w) for w, _ in got}) == 4 and pool.started == 4
+        assert not any(warm for _, warm in got)  # each started for a request
+        assert elapsed < 3 * START_S, elapsed  # one start after another would take four
+    finally:
+        for w, _ in got:
+            w.stop()
+        pool.close()
+
+
+def test_a_ready_worker_is_served_however_long_it_waited(tmp_path, monkeypatch):
+    monkeypatch.setattr(workers, "READY_LIMIT_S", START_S + 1.0)  # for a worker still starting, not a ready one
+    pool = _pool(tmp_path)
+    try:
+        pool.warm_up(1)
+        first, warm = pool.take()
+        assert warm  # started ahead of the request
+        first.hand_over(tmp_path / "request")
+        pool.give_back(first, reusable=True)
+        time.sleep(START_S + 2.0)
+        again, warm = pool.take()
+        assert again is first and warm and pool.started == 1
+        pool.give_back(again, reusable=True)
+    finally:
+        pool.close()
