@@ -171,3 +171,19 @@ def test_a_reference_that_asks_for_cuda_by_name_is_not_refused_by_the_check(tmp_
                                                               'torch.randn(16, 64, device="cuda")'))
     check = check_reference(load_task_file(path))
     assert check.ok and "CUDA" in check.forward
+
+
+def test_references_checked_side_by_side_keep_their_order_past_a_hang(monkeypatch):
+    """Two children share the tasks: the one on the hanging forward is replaced for the rest of its
+    share, and every check comes back in the tasks' order."""
+    from stitchcuda.task import load_task_file
+    from stitchcuda.task.probe import check_references
+
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    good, hang, raising = (load_task_file(p) for p in (CPU / "tiny_mlp.py", BROKEN / "references" / "hanging_forward.py",
+                                                       BROKEN / "references" / "raising_forward.py"))
+    tasks = [good, hang, raising, good, good, good]
+    checks = check_references(tasks, timeout_s=5)
+    assert [c.task for c in checks] == [t.name for t in tasks]
+    assert [c.ok for c in checks] == [True, False, False, True, True, True]
+    assert "did not finish within 5 s" in checks[1].problem and "line 16" in checks[2].problem
