@@ -84,8 +84,10 @@ def test_sources_carry_symbol_math_and_abi():
     assert "cutlass::arch::OpMultiplyAddFastF32" in cuda and "IteratorAlgorithm::kOptimized" in cuda
     assert CONV_ABI in cuda and not re.search(r"#include\s*[<\"](torch|ATen|c10)/", cuda)
     assert "v < 0.0f ? 0.0f : v" in cuda and "kHasBias = true" in cuda
-    assert "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)" in cpp and "launcher_address" in cpp
-    assert "workspace_address" in cpp and "#include <torch/csrc/utils/pybind.h>" in cpp
+    # its binding: Python's header alone, the two addresses
+    assert "#include <Python.h>" in cpp and "#include <torch" not in cpp and "pybind" not in cpp
+    assert '{"launcher_address", sc_launcher_address, METH_NOARGS' in cpp
+    assert '{"workspace_address", sc_workspace_address, METH_NOARGS' in cpp
 
     cuda1, _ = kernel_sources(UNALIGNED)
     assert "IteratorAlgorithm::kAnalytic" in cuda1 and "kHasBias = false" in cuda1

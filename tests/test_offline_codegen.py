@@ -946,6 +946,19 @@ def test_binding_and_host_compile(tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
         hosts.add(host_source(program))
         assert len(program_spec(program).output_shapes) == (1 if name == "mlp" else 2)
+    from stitchcuda.compiler.lowering.cutlass_conv import CutlassConv
+    from stitchcuda.compiler.lowering.cutlass_conv import kernel_sources as conv_sources
+    from stitchcuda.compiler.lowering.cutlass_gemm import CutlassGemm
+    from stitchcuda.compiler.lowering.cutlass_gemm import kernel_sources as gemm_sources
+
+    gemm = CutlassGemm(math="3xtf32", a_col=False, b_col=True, align_a=4, align_b=4, align_c=4)
+    conv = CutlassConv(math="3xtf32", align=4, bias=True, activation="relu")
+    for kind, binding in (("gemm", gemm_sources(gemm)[1]), ("conv", conv_sources(conv)[1])):
+        unit = tmp_path / f"cutlass_{kind}.cpp"  # a CUTLASS kernel extension's binding
+        unit.write_text(binding)
+        done = subprocess.run([cxx, "-std=c++17", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=x", str(unit), python],
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
     assert len(hosts) == 1
     host = tmp_path / "host.cpp"
     host.write_text(hosts.pop())

@@ -99,16 +99,10 @@ def kernel_sources(cfg: CutlassConv) -> tuple[str, str]:
         describe=cfg.describe, abi=CONV_ABI, align=cfg.align, tile=cfg.tile, warp=cfg.warp, stages=cfg.stages,
         math_op=_MATH_OPS[cfg.math], iterator=_ITERATORS[cfg.align], bias=cfg.bias,
         activation_body=_ACTIVATIONS[cfg.activation], symbol=cfg.symbol)
-    cpp = (f"// Binding of {cfg.extension_name}: {cfg.describe}.\n"
-           "#include <torch/csrc/utils/pybind.h>\n"
-           "#include <cstdint>\n"
-           "int64_t launcher_address();\n"
-           "int64_t workspace_address();\n"
-           "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n"
-           f'  m.def("launcher_address", &launcher_address, "address of {cfg.symbol} (ScConvFn)");\n'
-           f'  m.def("workspace_address", &workspace_address, "address of {cfg.symbol}_workspace '
-           '(ScConvWorkspaceFn)");\n'
-           "}\n")
+    cpp = templates().get_template("address_binding.cpp.j2").render(
+        name=cfg.extension_name, describe=cfg.describe,
+        functions=[("launcher_address", f"address of {cfg.symbol} (ScConvFn)"),
+                   ("workspace_address", f"address of {cfg.symbol}_workspace (ScConvWorkspaceFn)")])
     return cuda, cpp
 
 

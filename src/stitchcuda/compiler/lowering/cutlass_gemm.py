@@ -173,8 +173,9 @@ def kernel_sources(cfg: CutlassGemm) -> tuple[str, str]:
         epilogue_header=header, epilogue=epilogue, layout_a=major[cfg.a_col], layout_b=major[cfg.b_col],
         tile=cfg.tile, warp=cfg.warp, stages=cfg.stages, align_a=cfg.align_a, align_b=cfg.align_b,
         align_c=cfg.align_c, math_op=_MATH_OPS[cfg.math], gelu_tanh=cfg.activation == "gelu_tanh")
-    cpp_src = ("#include <torch/csrc/utils/pybind.h>\nint64_t launcher_address();\n"
-               'PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("launcher_address", &launcher_address); }\n')
+    cpp_src = env.get_template("address_binding.cpp.j2").render(
+        name=cfg.extension_name, describe=cfg.describe,
+        functions=[("launcher_address", f"address of {cfg.symbol} (ScGemmFn)")])
     return cuda_src, cpp_src
 
 
