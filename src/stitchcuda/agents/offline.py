@@ -25,10 +25,11 @@ from stitchcuda.agents.planner import CallHook, PlanContext
 from stitchcuda.agents.records import Best, CoderRequest, Plan
 from stitchcuda.compiler import Compiled, compile_task
 from stitchcuda.compiler.emit.codegen import CodegenOptions
+from stitchcuda.compiler.emit.program import host_module
 from stitchcuda.compiler.ir.expr import Unsupported
 from stitchcuda.compiler.lowering.cost import Estimate, fixed_path
 from stitchcuda.llm.base import Completion, LLMConfig, Message, Usage
-from stitchcuda.task.record import Task
+from stitchcuda.task.record import Candidate, Task
 from stitchcuda.verify.verdict import Verdict
 
 OFFLINE = LLMConfig(provider="offline", model="stitchcuda-offline")
@@ -206,6 +207,25 @@ def choose_next(options: list[dict], tried: list[int], signals: Signals, base: i
         return (0, round(estimates[i], 3) if estimates else 0.0) if changed else (1, 0.0)
 
     return min(allowed, key=lambda i: (distance(i), want_rank(i), path_first(i), i))
+
+
+_HOSTS_STARTED: set[str] = set()  # build caches a program host build was started for, in this process
+_HOSTS_LOCK = threading.Lock()
+
+
+def build_host_ahead(verifier: object) -> None:
+    """Start building the program host (the torch side every generated program shares, about 15 s
+    of C++) into ``verifier``'s build cache, in the background, once per cache and process: a fresh
+    cache then pays for it while the task is captured, not after its first program is written."""
+    build, cache = getattr(verifier, "build", None), getattr(verifier, "cache", None)
+    if build is None or cache is None or getattr(verifier, "gpu", None) is None:
+        return  # on a CPU the program cannot link: nothing worth building
+    with _HOSTS_LOCK:
+        if str(cache) in _HOSTS_STARTED:
+            return
+        _HOSTS_STARTED.add(str(cache))
+    candidate = Candidate(name="program-host", source=host_module())
+    threading.Thread(target=build, args=(candidate,), name="host-build-ahead", daemon=True).start()
 
 
 class OfflineCoder:

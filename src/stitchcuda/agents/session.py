@@ -14,7 +14,7 @@ from typing import Any
 
 from stitchcuda.agents.knowledge import KnowledgeBase
 from stitchcuda.agents.loop import Budget, OptimizeConfig, Optimizer, Reporter, RunCrashed, summarize
-from stitchcuda.agents.offline import OFFLINE, OfflineCoder, OfflinePlannerAgent
+from stitchcuda.agents.offline import OFFLINE, OfflineCoder, OfflinePlannerAgent, build_host_ahead
 from stitchcuda.agents.routing import RoutingConfig
 from stitchcuda.compiler.capture.graph import CaptureError
 from stitchcuda.compiler.check import compile_check
@@ -147,6 +147,7 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
     if verifier.gpu is not None:
         verifier.warm_up()  # a worker's start (torch, the CUDA context) overlaps the capture
     if config.coder.provider == "offline":
+        build_host_ahead(verifier)  # beside the capture
         try:
             coder_llm = OfflineCoder(task, config.verify.tolerance)
         except CaptureError as exc:

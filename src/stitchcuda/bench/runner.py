@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from stitchcuda import machine
 from stitchcuda.agents.loop import OptimizeConfig, Optimizer
-from stitchcuda.agents.offline import OfflineCoder, OfflinePlannerAgent
+from stitchcuda.agents.offline import OfflineCoder, OfflinePlannerAgent, build_host_ahead
 from stitchcuda.bench.compiling import compile_apart
 from stitchcuda.bench.records import Attempt, BenchInfo, BenchResult, TaskResult
 from stitchcuda.bench.store import BenchRow, BenchStore
@@ -123,6 +123,8 @@ def run_job(job: Job, device: str | None = None, built: tuple[str, Any] | None =
     try:
         verifier = _verifier_for(config, device, job.workspace, second_opinion=job.candidate is not None)
         verifier.inner.warm_up()  # overlaps the worker's start with this job's capture and builds
+        if config.optimize.coder.provider == "offline" and job.candidate is None:
+            build_host_ahead(verifier.inner)
         if built is not None:
             verifier.prebuilt[built[0]] = built[1]
         compiling: dict[str, float] = {}

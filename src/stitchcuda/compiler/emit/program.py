@@ -42,6 +42,7 @@ from stitchcuda.compiler.lowering.packing import pack_note
 from stitchcuda.compiler.lowering.split_tf32 import KERNEL as SPLIT_KERNEL
 from stitchcuda.compiler.lowering.split_tf32 import ConvSplit
 from stitchcuda.task.record import Task
+from stitchcuda.templating import environment
 from stitchcuda.verify.verdict import CostEstimate
 
 ENTRY_MARK = "// ---- stitchcuda entry point ----"
@@ -56,6 +57,14 @@ def host_source() -> str:
 def host_name(source: str) -> str:
     """The host extension's name: by its content, so every program of one StitchCUDA shares its build."""
     return "stitchcuda_host_" + hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def host_module() -> str:
+    """A module that builds the program host alone, with the very ``load_inline`` call every program
+    makes (one cache entry for both)."""
+    source = host_source()
+    return environment(TEMPLATES).get_template("program_host_module.py.j2").render(
+        host_src=source, host_name=host_name(source))
 
 
 class ProgramSpec(BaseModel):
