@@ -1,6 +1,8 @@
 """The candidate program: every lowered group's kernels and library calls in launch order, rendered
-into the CUDA translation unit (``templates/program.cu.j2``: argument checks, cached
-intermediates, an optional CUDA graph) and the Python module around it (``module.py.j2``)."""
+into the program's kernel library (``templates/program.cu.j2``: CUDA with no torch header, behind a
+table of entry points), and the Python module around it (``module.py.j2``), which hands the table
+and a :class:`ProgramSpec` to the program host (``templates/program_host.cpp``: argument checks,
+allocation, the CUDA graph; one source for every program)."""
 
 from __future__ import annotations
 
