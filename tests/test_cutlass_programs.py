@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from stitchcuda.compiler import compile_task
-from stitchcuda.compiler.check import cuda_source, host_source, program_spec
+from stitchcuda.compiler.check import cuda_source, host_source
 from stitchcuda.compiler.emit.codegen import CodegenOptions, generate, lower
+from stitchcuda.compiler.emit.program import program_spec
 from stitchcuda.compiler.lowering.cutlass_conv import CutlassConv, compile_check_conv
 from stitchcuda.compiler.lowering.cutlass_gemm import CutlassGemm, compile_check_gemm, cutlass_include
 from stitchcuda.task import resolve_tasks

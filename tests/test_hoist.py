@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 
 from stitchcuda.compiler import compile_task
-from stitchcuda.compiler.check import program_spec
 from stitchcuda.compiler.emit.codegen import CodegenOptions, generate
-from stitchcuda.compiler.emit.program import split_cuda
+from stitchcuda.compiler.emit.program import program_spec, split_cuda
 from stitchcuda.compiler.lowering.hoist import static_values
 from stitchcuda.compiler.lowering.lower import lower
 from stitchcuda.task.record import Task

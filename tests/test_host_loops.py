@@ -91,7 +91,7 @@ def get_init_inputs():
 
 def _host(program: str) -> str:
     start = program.index("void launch_all(")
-    return program[start:program.index("\nvoid run_direct(", start)]
+    return program[start:program.index("\n}\n", start)]
 
 
 def test_a_recurrent_layers_steps_are_one_loop_each_and_unfold_to_the_unrolled_program(monkeypatch):

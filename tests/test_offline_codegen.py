@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from stitchcuda.compiler.capture.graph import OpGraph, capture
-from stitchcuda.compiler.check import program_spec
 from stitchcuda.compiler.emit.codegen import (
     CodegenOptions,
     Unsupported,
@@ -25,6 +24,7 @@ from stitchcuda.compiler.emit.codegen import (
     split_cuda,
     supported,
 )
+from stitchcuda.compiler.emit.program import program_spec
 from stitchcuda.compiler.ir.evaluate import evaluate
 from stitchcuda.compiler.ir.expr import OPS, numel
 from stitchcuda.compiler.ir.group import FusionGroup

@@ -7,8 +7,8 @@ import time
 
 from stitchcuda.agents.offline import build_host_ahead
 from stitchcuda.compiler import compile_task
-from stitchcuda.compiler.check import host_source, program_spec
-from stitchcuda.compiler.emit.program import host_module, host_name
+from stitchcuda.compiler.check import host_source
+from stitchcuda.compiler.emit.program import host_module, host_name, program_spec
 from stitchcuda.task import resolve_tasks
 from tests.program_stub import exec_program
 

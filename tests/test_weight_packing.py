@@ -8,9 +8,9 @@ import re
 import pytest
 
 from stitchcuda.compiler import compile_task
-from stitchcuda.compiler.check import host_source, program_spec
+from stitchcuda.compiler.check import host_source
 from stitchcuda.compiler.emit.codegen import CodegenOptions, generate
-from stitchcuda.compiler.emit.program import split_cuda
+from stitchcuda.compiler.emit.program import program_spec, split_cuda
 from stitchcuda.compiler.lowering import packing
 from stitchcuda.compiler.lowering.lower import lower
 from stitchcuda.task import resolve_tasks

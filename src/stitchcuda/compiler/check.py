@@ -12,14 +12,10 @@ import sysconfig
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from stitchcuda import cuda_headers, machine
-
-if TYPE_CHECKING:
-    from stitchcuda.compiler.emit.program import ProgramSpec
 
 # the one header of c10/cuda a CPU build of torch lacks: its CMake writes it for CUDA builds only
 _CMAKE_MACROS = Path("c10/cuda/impl/cuda_cmake_macros.h")
@@ -51,18 +47,6 @@ def host_source(program: str) -> str:
     return _string_constant(program, "HOST_SRC")
 
 
-def program_spec(program: str) -> ProgramSpec:
-    """What the program tells its host (``_program = _host.Program(table, ...)``): argument shapes and
-    types, buffers, outputs, the packed weights' arguments, graph, cuBLAS, alignment."""
-    from stitchcuda.compiler.emit.program import ProgramSpec  # the lowerings import this module
-
-    for node in ast.walk(ast.parse(program)):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Program":
-            values = [ast.literal_eval(a) for a in node.args[1:]]
-            return ProgramSpec(**dict(zip(ProgramSpec.model_fields, values, strict=True)))
-    raise ValueError("the program makes no Program")
-
-
 def _string_constant(program: str, name: str) -> str:
     for node in ast.parse(program).body:
         named = isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
@@ -89,7 +73,11 @@ def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> 
     source = cuda_source(program)
     home = machine.toolkit_home()  # not None: nvcc was found
     assert home is not None
-    headers = cuda_headers.locate(home, cuda_headers.needed_by(source + host_source(program), includes))
+    try:
+        host_text = host_source(program)
+    except ValueError:  # a program of its own making (an LLM's), without StitchCUDA's program host
+        host_text = ""
+    headers = cuda_headers.locate(home, cuda_headers.needed_by(source + host_text, includes))
     if headers.missing:
         return CompileCheck(status="skipped", detail="the program needs CUDA library headers that are not here: "
                                                      + headers.missing_detail())
@@ -102,7 +90,6 @@ def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> 
         unit, binding, host = Path(tmp) / "program.cu", Path(tmp) / "binding.cpp", Path(tmp) / "host.cpp"
         unit.write_text(source)
         binding.write_text(cpp_source(program))
-        host_text = host_source(program)
         host.write_text(host_text)
         steps = [("nvcc", [nvcc, "-std=c++17", f"-arch={arch}", "-O3", "-c", str(unit), "-o",
                            str(Path(tmp) / "program.o"), *flags])]
@@ -110,7 +97,7 @@ def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> 
             syntax = [cxx, "-std=c++17", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=check", *flags,
                       f"-I{home / 'include'}"]
             steps.append(("the C++ compiler (binding)", [*syntax, str(binding)]))
-            if host_text not in _HOSTS_CHECKED:
+            if host_text and host_text not in _HOSTS_CHECKED:
                 steps.append(("the C++ compiler (program host)", [*syntax, str(host)]))
         for tool, cmd in steps:
             try:

@@ -133,6 +133,7 @@ class WorkerPool:
         asked = time.time()
         with self._lock:
             self._waiting += 1
+        served = False
         try:
             while True:
                 with self._lock:
@@ -142,6 +143,8 @@ class WorkerPool:
                             worker.stop()
                         elif worker.ready():
                             self._idle.remove(worker)
+                            self._waiting -= 1  # with the worker, under one lock: no start for a caller served
+                            served = True
                             return worker, worker.since < asked
                         elif time.time() - worker.since > READY_LIMIT_S:  # stuck starting or cleaning up
                             self._idle.remove(worker)
@@ -151,8 +154,9 @@ class WorkerPool:
                         self.started += 1
                 time.sleep(_POLL_S)
         finally:
-            with self._lock:
-                self._waiting -= 1
+            if not served:
+                with self._lock:
+                    self._waiting -= 1
 
     def give_back(self, worker: WarmWorker, reusable: bool) -> None:
         if reusable and worker.alive():

@@ -92,6 +92,16 @@ class ProgramSpec(BaseModel):
         return [(name, repr(getattr(self, name))) for name in type(self).model_fields]
 
 
+def program_spec(program: str) -> ProgramSpec:
+    """What a generated program tells its host (``_program = _host.Program(table, ...)``), read back
+    from its source."""
+    for node in ast.walk(ast.parse(program)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Program":
+            values = [ast.literal_eval(a) for a in node.args[1:]]
+            return ProgramSpec(**dict(zip(ProgramSpec.model_fields, values, strict=True)))
+    raise ValueError("the program makes no Program")
+
+
 def split_cuda(cuda_src: str) -> tuple[str, str]:
     """(everything before the entry point, the entry point): the tests compile several programs'
     bodies in one translation unit (their namespaces differ), without their table of entry points."""
