@@ -7,6 +7,7 @@ allocation, the CUDA graph; one source for every program)."""
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import math
@@ -51,11 +52,13 @@ ENTRY_MARK = "// ---- stitchcuda entry point ----"
 HOST_SOURCE = "program_host.cpp"  # in the templates folder; read as is (C++ braces are not Jinja's)
 
 
+@functools.cache
 def host_source() -> str:
     """StitchCUDA's program host: the torch side of every program (one source, one build per machine)."""
     return (TEMPLATES / HOST_SOURCE).read_text()
 
 
+@functools.cache
 def host_name(source: str) -> str:
     """The host extension's name: by its content, so every program of one StitchCUDA shares its build."""
     return "stitchcuda_host_" + hashlib.sha256(source.encode()).hexdigest()[:16]
