@@ -31,6 +31,28 @@ def test_single_file():
     assert check.ok and check.forward == "meta"  # imported, inputs checked, one forward on the meta device
 
 
+def test_a_constructor_that_reads_tensor_data_still_runs_its_forward_on_the_meta_device(tmp_path):
+    """torchvision's RegNet computes its widths with tensors in ``__init__``, so it cannot be built on
+    the meta device; built on the CPU, its forward still runs on the meta device (a CPU forward of the
+    large ones took minutes and failed the check)."""
+    path = tmp_path / "widths_from_tensors.py"
+    path.write_text(
+        "import torch\nimport torch.nn as nn\n\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        width = int(torch.tensor([4096.0]).round().item())  # needs data: fails on meta\n"
+        "        self.layers = nn.Sequential(*[nn.Linear(width, width) for _ in range(2)])\n\n"
+        "    def forward(self, x):\n"
+        "        for _ in range(2000):  # minutes on a CPU; nothing on the meta device\n"
+        "            x = torch.tanh(self.layers(x))\n"
+        "        return x\n\n"
+        "def get_inputs():\n    return [torch.randn(4096, 4096)]\n\n"
+        "def get_init_inputs():\n    return []\n")
+    check = check_reference(load_task_file(path), timeout_s=60)
+    assert check.ok and check.forward == "meta", check
+
+
 def test_missing_names_are_named():
     with pytest.raises(TaskError, match="lacks get_inputs"):
         load_task_file(TASKS / "no_get_inputs.py")

@@ -13,6 +13,7 @@ Errors name the user's file and line and show only the user's frames, never ours
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import selectors
@@ -34,6 +35,7 @@ from stitchcuda.task.record import Task
 DEFAULT_TIMEOUT_S = 120.0
 _IMPORT_TIMEOUT_S = 300.0
 _TIMEOUT_ENV = "STITCHCUDA_REFERENCE_TIMEOUT"
+_THREADS_ENV = "STITCHCUDA_PROBE_THREADS"
 # where the forward could not run on the meta device, it runs on the CPU only when that is cheap
 _CPU_FORWARD_NUMEL = 1 << 24
 
@@ -97,12 +99,13 @@ def check_references(tasks: list[Task], timeout_s: float | None = None) -> list[
     def probe(part: list[int]) -> dict[int, ReferenceCheck]:
         out: dict[int, ReferenceCheck] = {}
         while part:  # a child that hung or died is replaced for the rest of its part
-            done = _run_child([tasks[i] for i in part], limit)
+            done = _run_child([tasks[i] for i in part], limit, threads)
             out.update(zip(part, done, strict=False))
             part = part[len(done):]
         return out
 
     children = max(1, min(len(pending), (os.cpu_count() or 2) // 2, 8))
+    threads = max(1, (os.cpu_count() or 2) // children)  # each child's share: torch takes every core by default
     with ThreadPoolExecutor(max_workers=children) as pool:
         for part in pool.map(probe, [pending[k::children] for k in range(children)]):
             results.update(part)
@@ -113,12 +116,13 @@ def check_reference(task: Task, timeout_s: float | None = None) -> ReferenceChec
     return check_references([task], timeout_s)[0]
 
 
-def _run_child(tasks: list[Task], limit: float) -> list[ReferenceCheck]:
+def _run_child(tasks: list[Task], limit: float, threads: int = 0) -> list[ReferenceCheck]:
     """Probe ``tasks`` in one child until it finishes, hangs or dies; return the checks it
     completed, plus a failed check for the task it was on when it hung or died."""
     payload = json.dumps([{"name": t.name, "source": t.source, "label": label_of(t)} for t in tasks])
     package_parent = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES="",  # the probe needs no GPU
+               **({_THREADS_ENV: str(threads)} if threads else {}),
                PYTHONPATH=os.pathsep.join(p for p in (package_parent, os.environ.get("PYTHONPATH")) if p))
     done: list[ReferenceCheck] = []
     # a chatty reference writes to a file, never into a pipe it could fill and stall on
@@ -197,7 +201,7 @@ def _probe(name: str, source: str, label: str) -> ReferenceCheck:
         check.problem = f"{label}: Model is not a torch.nn.Module subclass"
         return check
 
-    for device in ("meta", "cpu"):
+    for device in ("meta", "cpu"):  # the model is built on the meta device where its code allows
         try:
             with torch.device(device):
                 init_inputs = module.get_init_inputs()
@@ -220,23 +224,37 @@ def _probe(name: str, source: str, label: str) -> ReferenceCheck:
             if device == "cpu":
                 return failed("Model(*get_init_inputs()) raised", exc)
             continue
+        break
+    cheap = _numel(inputs) + sum(p.numel() for p in model.parameters()) <= _CPU_FORWARD_NUMEL
+    if device == "cpu":
+        # a model whose constructor computes with tensors (torchvision's RegNet) still runs its forward on
+        # the meta device; a large one moves there in place (its CPU forward could take minutes)
+        meta_model = (copy.deepcopy(model) if cheap else model).to("meta")
+        meta_inputs = [x.to("meta") if isinstance(x, torch.Tensor) else x for x in inputs]
+        tries = [("meta", meta_model, meta_inputs)] + ([("cpu", model, inputs)] if cheap else [])
+    else:
+        tries = [("meta", model, inputs)]
+        if cheap:  # a forward the meta device refuses (data-dependent shapes, say) runs on the CPU if cheap
+            tries.append(("cpu", None, None))
+    for where, runner, args in tries:
         try:
+            if runner is None:
+                with torch.device("cpu"):
+                    torch.manual_seed(0)
+                    runner = module.Model(*init_inputs)
+                    args = module.get_inputs()
             with torch.no_grad():
-                output = model(*inputs)
+                output = runner(*args)
         except BaseException as exc:  # noqa: BLE001
-            if device == "cpu":
+            if where == "cpu":
                 return failed("its forward raised", exc)
-            if _numel(inputs) + sum(p.numel() for p in model.parameters()) > _CPU_FORWARD_NUMEL:
-                check.seconds = time.perf_counter() - started
-                return check  # too large to run on the CPU here; the GPU will tell
             continue
         if problem := _output_problem(output):
             check.problem = f"{label}: its forward {problem}"
             return check
-        check.forward = device
-        check.seconds = time.perf_counter() - started
-        return check
-    check.seconds = time.perf_counter() - started
+        check.forward = where
+        break
+    check.seconds = time.perf_counter() - started  # forward "not run": too large for the CPU; the GPU will tell
     return check
 
 
@@ -266,9 +284,11 @@ def _output_problem(output: Any) -> str | None:
 def _child_main() -> None:
     import warnings
 
-    import torch  # noqa: F401 - imported before the clock starts, so a slow import is not a slow reference
+    import torch  # imported before the clock starts, so a slow import is not a slow reference
 
     warnings.simplefilter("ignore")  # torch's notes are not the user's business here
+    if threads := int(os.environ.get(_THREADS_ENV, "0") or 0):
+        torch.set_num_threads(threads)
     records = sys.stdout
     records.write("ready\n")
     records.flush()
