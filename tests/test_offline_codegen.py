@@ -474,7 +474,7 @@ def test_bundled_programs_are_clean_and_take_the_weights(name, bundled, monkeypa
     assert 'm.def("forward"' in host["cpp_sources"] and "#include <torch/extension.h>" not in source
     assert "#include <Python.h>" in kernels["cpp_sources"] and "torch" not in kernels["cpp_sources"]
     assert not re.search(r"#include <(torch|ATen|c10)/", kernels["cuda_sources"])
-    assert kernels["extra_cuda_cflags"] == ["-O3"]
+    assert "extra_cuda_cflags" not in kernels  # nvcc's -O is the host compiler's: gcc -O3 doubled big builds
     assert ("-lcublas" in kernels.get("extra_ldflags", [])) == ("cublasSgemm" in source)
     assert ("-lcublasLt" in kernels.get("extra_ldflags", [])) == ("cublasLtMatmul(" in source)
     ref = reference_module(task)
@@ -881,7 +881,7 @@ def _compile_together(sources: list[str], tmp_path: Path) -> None:
     unit = tmp_path / "programs.cu"
     unit.write_text(head1 + entry1 + "".join(head for head, _ in rest))
     flags = [f"-I{p}" for p in library_includes]
-    cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-O3", "-c", str(unit), "-o", str(tmp_path / "programs.o"), *flags]
+    cmd = [nvcc, "-std=c++17", "-arch=sm_90", "-c", str(unit), "-o", str(tmp_path / "programs.o"), *flags]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-4000:]
     assert (tmp_path / "programs.o").stat().st_size > 0

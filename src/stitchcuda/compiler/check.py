@@ -91,7 +91,7 @@ def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> 
         unit.write_text(source)
         binding.write_text(cpp_source(program))
         host.write_text(host_text)
-        steps = [("nvcc", [nvcc, "-std=c++17", f"-arch={arch}", "-O3", "-c", str(unit), "-o",
+        steps = [("nvcc", [nvcc, "-std=c++17", f"-arch={arch}", "-c", str(unit), "-o",
                            str(Path(tmp) / "program.o"), *flags])]
         if cxx := shutil.which("c++") or shutil.which("g++"):
             syntax = [cxx, "-std=c++17", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=check", *flags,

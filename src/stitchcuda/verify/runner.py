@@ -173,6 +173,9 @@ class Verifier:
         cores = len(split.builds) if split else (os.cpu_count() or 2)
         # Builds run inside the worker: bound ninja's parallelism when several build at once.
         env.setdefault("MAX_JOBS", str(max(1, cores // max(1, self._build_jobs()))))
+        # A worker's CPU work (a model's random init, input draws) is serial; torch's default of a thread
+        # per core in each of dozens of workers only has them contend with the builds.
+        env.setdefault("OMP_NUM_THREADS", env["MAX_JOBS"])
         if split is not None and hide_gpu:  # a build: off the cores the GPU workers time on
             env["STITCHCUDA_BUILD_CPUS"] = ",".join(map(str, split.builds))
         elif split is not None and self.gpu is not None and self.gpu.index in split.timing:

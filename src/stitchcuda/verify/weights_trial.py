@@ -37,14 +37,19 @@ FOLLOW_SHARE = 0.05
 
 
 def perturbed(state: dict[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
-    """A copy of ``state`` with every floating tensor moved (see the module's docstring)."""
-    gen = torch.Generator().manual_seed(seed)
+    """A copy of ``state`` with every floating tensor moved (see the module's docstring). The noise is
+    drawn where each tensor lives, from a generator seeded per device: on the CPU, a ConvNeXt's
+    float64 draws took 10-20 s of a verification while it held the GPU."""
+    generators: dict[torch.device, torch.Generator] = {}
     out = {}
     for key, value in state.items():
         if not value.is_floating_point():
             out[key] = value.clone()
             continue
-        u = (torch.rand(value.shape, generator=gen, dtype=torch.float64) * 2 - 1).to(value.device, value.dtype)
+        if value.device not in generators:
+            generators[value.device] = torch.Generator(value.device).manual_seed(seed)
+        u = torch.rand(value.shape, generator=generators[value.device], device=value.device, dtype=torch.float32)
+        u = (u * 2 - 1).to(value.dtype)
         moved = value * (1 + 0.2 * u)
         out[key] = moved + 0.05 * u if not bool(value.ne(0).any()) else moved
     return out

@@ -239,7 +239,9 @@ def _profile_reference(request: WorkerRequest, result: WorkerResult, progress: P
     progress.gate.switch("exclusive")
     started = time.perf_counter()
     profile = profiling.profile_call(lambda: model(*inputs), model=model, shapes=True, top=25)
-    profile.roofline = profiling.roofline(model, inputs, profiling.measure_peaks(device, Path(request.cache_root)))
+    peaks = profiling.measure_peaks(device, Path(request.cache_root))  # timed (once per GPU and cache)
+    progress.gate.switch("shared")  # counting FLOPs times nothing
+    profile.roofline = profiling.roofline(model, inputs, peaks)
     result.reference_profile = profile
     result.profile_s = time.perf_counter() - started
 
@@ -349,7 +351,6 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
         ))
 
     progress("construct")
-    progress.gate.switch("shared")
     try:
         check_module(module, "ModelNew", needs_inputs=False)
     except TaskError as exc:
@@ -358,7 +359,9 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
     weights = "seeded"
     try:
         torch.manual_seed(config.seed)  # KernelBench's convention: the reference's seed, nothing copied
-        new_model = module.ModelNew(*init_inputs).to(device)
+        new_model = module.ModelNew(*init_inputs)  # its random init on the CPU, outside the gate, as the reference's
+        progress.gate.switch("shared")
+        new_model = new_model.to(device)
         if config.weights == "copy" and same_state_layout(ref_model, new_model):
             new_model.load_state_dict(ref_model.state_dict())
             weights = "copied"
@@ -386,8 +389,9 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
                 request, reference, ref_model, new_model, device, next((t for t in trials if not t.passed), None))
             audit_state("with copied weights")
         if passed:  # then with new weights loaded between two calls; both models' weights and state restored
-            # on the host: the trial itself holds two outputs on the GPU, as any trial does
-            saved = [(m, {k: v.to("cpu", copy=True) for k, v in m.state_dict().items()}) for m in (ref_model, new_model)]
+            # on the GPU where they take little of its free memory, else on the host (the trial itself
+            # holds two outputs on the GPU, as any trial does)
+            saved = [(m, _snapshot(m, device)) for m in (ref_model, new_model)]
             weights_started = time.perf_counter()
             try:
                 with kept(ref_model, new_model):
@@ -431,6 +435,7 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
         time_candidate(request, result, reference, ref_model, new_model, device)
     audit_state("during timing", threads=False)  # torch.compile's baseline starts worker threads
     result.timing_s = time.perf_counter() - started - result.baselines_s
+    progress.gate.switch("shared")  # a trial again: nothing more is timed
     with torch.no_grad():
         try:  # outputs gone stale after the timed calls, or cached on the inputs' identity (verify/caching.py)
             result.findings.extend(stale_outputs(new_model, ref_model, reference.get_inputs, config, device,
@@ -439,6 +444,18 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
             fail(result, exc, "post-timing trial")
     audit_state("in the post-timing trial", threads=False)
     check_speed_of_light(result)
+
+
+def _snapshot(model: torch.nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
+    """A copy of ``model``'s state_dict to restore later: on ``device`` when it takes under a quarter
+    of the GPU's free memory (a ConvNeXt's copies to the host and back took seconds), else on the host."""
+    state = model.state_dict()
+    where = torch.device("cpu")
+    if device.type == "cuda":
+        size = sum(v.numel() * v.element_size() for v in state.values())
+        if size < torch.cuda.mem_get_info(device)[0] // 4:
+            where = device
+    return {k: v.to(where, copy=True) for k, v in state.items()}
 
 
 def _batch_statistics(name: str) -> bool:
