@@ -334,6 +334,43 @@ def test_a_program_that_keeps_stale_weights_is_wrong_and_not_a_hack(verifier, ta
     assert v.correct and v.correctness.weights_follow.passed and not v.correctness.weights_follow.stale
 
 
+def test_new_weights_that_leave_the_reference_ill_conditioned_are_judged_against_fp64(verifier):
+    """The trials pass exactly; the new weights make the fp32 reference miss fp64 by ~1e-3 (Inception
+    v3's logits went to 1e12 so): the trial with them is judged against fp64 too, and a program that
+    kept its first weights still fails it."""
+    task = load_task_file(CPU / "cancels_after_new_weights.py")
+    v = verifier.verify(task, load_candidate(CPU / "cancels_after_new_weights_new.py"))
+    trial = v.correctness.weights_follow
+    assert all(t.passed for t in v.correctness.trials) and v.correct, v.errors
+    assert trial.passed and trial.conditioning is not None and trial.conditioning.passed
+    assert trial.conditioning.reference_max_abs > 1e-4 > trial.conditioning.candidate_max_abs
+    v = verifier.verify(task, load_candidate(CPU / "cancels_after_new_weights_stale.py"))
+    assert not v.correct and not v.correctness.weights_follow.passed and v.correctness.weights_follow.stale
+
+
+def test_new_weights_keep_the_state_dict_metadata():
+    """torchvision's MNASNet refuses a state_dict without its module versions (``_metadata``): the
+    perturbed weights and the saved ones keep them."""
+    from stitchcuda.verify.weights_trial import perturbed
+    from stitchcuda.verify.worker import _snapshot
+
+    class Versioned(torch.nn.Module):
+        _version = 2
+
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args):
+            if local_metadata.get("version") != 2:
+                raise ValueError("version should be set to 1 or 2")
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)
+
+    model = torch.nn.Sequential(Versioned())
+    model.load_state_dict(perturbed(model.state_dict(), 0))
+    model.load_state_dict(_snapshot(model, torch.device("cpu")))
+
+
 def test_the_trial_with_new_weights_is_skipped_where_the_keys_differ(verifier, task):
     renamed = load_candidate(CPU / "pure_torch.py")
     renamed = renamed.model_copy(update={"source": renamed.source.replace("self.fc1", "self.first")})

@@ -128,6 +128,9 @@ class WeightsTrial(BaseModel):
                                                          "(max abs over up to 2^20 sampled elements an output): the "
                                                          "trial only tells where this is large")
     stale: bool = Field(False, description="the candidate's output stayed where it was before the load")
+    conditioning: ConditioningCheck | None = Field(None, description="judged against the reference in fp64: the "
+                                                                     "new weights left its fp32 output uncertain "
+                                                                     "beyond the tolerance")
 
 
 class CorrectnessReport(BaseModel):

@@ -56,7 +56,7 @@ from stitchcuda.verify.verdict import (
     Finding,
     WeightsTrial,
 )
-from stitchcuda.verify.weights_trial import follows_weights
+from stitchcuda.verify.weights_trial import follows_weights, like
 from stitchcuda.verify.workers import MAX_SERVED, gpu_memory_returned, serve_requests
 
 
@@ -395,7 +395,8 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
             weights_started = time.perf_counter()
             try:
                 with kept(ref_model, new_model):
-                    trial = follows_weights(request, reference, ref_model, new_model, device, bool(draws), conditioned)
+                    trial = follows_weights(request, reference, ref_model, new_model, device, bool(draws), conditioned,
+                                            fp64=fp64 is not None)
                 result.correctness.weights_follow = trial
                 passed = not trial.ran or bool(trial.passed)
             except torch.OutOfMemoryError as exc:  # an extra check: it does not fail a program that passed
@@ -455,7 +456,9 @@ def _snapshot(model: torch.nn.Module, device: torch.device) -> dict[str, torch.T
         size = sum(v.numel() * v.element_size() for v in state.values())
         if size < torch.cuda.mem_get_info(device)[0] // 4:
             where = device
-    return {k: v.to(where, copy=True) for k, v in state.items()}
+    saved = like(state)
+    saved.update((k, v.to(where, copy=True)) for k, v in state.items())
+    return saved
 
 
 def _batch_statistics(name: str) -> bool:
