@@ -300,6 +300,7 @@ def test_captures_in_threads_do_not_overlap(monkeypatch):
 def test_a_bench_compiles_its_tasks_in_processes_of_their_own():
     """The same compiled task as in this process; a model that kills the capturing process is that
     task's refusal, and the next task compiles in a new pool."""
+    from stitchcuda.agents.offline import OfflineCoder
     from stitchcuda.bench.compiling import compile_apart
     from stitchcuda.compiler import compile_task
     from stitchcuda.compiler.capture.graph import CaptureError
@@ -308,8 +309,12 @@ def test_a_bench_compiles_its_tasks_in_processes_of_their_own():
 
     task = Task(name="mlp", source=(CPU / "tiny_mlp.py").read_text())
     apart = compile_apart(task, "strict")
+    # its first program came with it, emitted there: the bench's threads share one interpreter
+    assert apart.sources and apart.seconds["capture"] > 0 and apart.seconds["emit"] > 0
+    first = next(iter(apart.sources.values()))
+    coder = OfflineCoder(task, "strict", apart)
+    assert coder.first_program() is first and apart.seconds["emit"] == coder.compiled.seconds["emit"]
     assert apart.program(CodegenOptions()) == compile_task(task).program(CodegenOptions())
-    assert apart.seconds["capture"] > 0 and apart.lowerings  # its first program's lowering came with it
     dying = Task(name="dying", source="import os\nimport torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
                  "    def forward(self, x):\n        os._exit(3)\n\n\ndef get_inputs():\n    return [torch.randn(2)]\n\n\n"
                  "def get_init_inputs():\n    return []\n")

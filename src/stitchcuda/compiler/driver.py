@@ -39,6 +39,7 @@ class Compiled:
     isolated: frozenset[str] = frozenset()  # nodes lowered on their own: their fused group did not lower
     seconds: dict[str, float] = field(default_factory=dict)  # capture, lower, emit: where compiling went
     lowerings: dict[str, Lowering] = field(default_factory=dict)  # by options: each lowered once
+    sources: dict[str, str] = field(default_factory=dict)  # by options: each program emitted once
 
     def lowering(self, options: CodegenOptions) -> Lowering:
         """The groups lowered under ``options``, once per distinct options (the check that every
@@ -52,11 +53,13 @@ class Compiled:
 
     def program(self, options: CodegenOptions | None = None) -> str:
         options = options or CodegenOptions()
-        low = self.lowering(options)
-        started = time.perf_counter()
-        source = generate(self.task, self.graph, self.groups, options, low)
-        self._add("emit", time.perf_counter() - started)
-        return source
+        key = options.model_dump_json()
+        if key not in self.sources:
+            low = self.lowering(options)
+            started = time.perf_counter()
+            self.sources[key] = generate(self.task, self.graph, self.groups, options, low)
+            self._add("emit", time.perf_counter() - started)
+        return self.sources[key]
 
     def _add(self, stage: str, seconds: float) -> None:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
