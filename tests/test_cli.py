@@ -67,3 +67,34 @@ def test_missing_gpu_is_an_unusable_argument(cache, monkeypatch):
     monkeypatch.setattr(machine, "gpus", lambda: ())
     result = runner.invoke(app, ["verify", TINY, str(CPU / "pure_torch.py"), "--device", "cuda:0"])
     assert result.exit_code == 2 and "--device cpu" in result.output
+
+
+def test_version():
+    from stitchcuda import __version__
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"stitchcuda {__version__}"
+
+
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path):
+    """The console script's handler is in place before torch is imported (seconds), so a Ctrl-C
+    then is the same one line as later, never a traceback."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "stitchcuda.cli", "tasks", "suite"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    deadline = time.monotonic() + 30
+    lines = []
+    while time.monotonic() < deadline:  # interrupt once the app's imports have begun
+        line = child.stderr.readline()
+        lines.append(line)
+        if "stitchcuda.cli.application" in line or "torch" in line:
+            break
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    err = "".join(line for line in err.splitlines(keepends=True) if not line.startswith("import time:"))
+    assert child.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted"

@@ -1,25 +1,49 @@
-"""The ``stitchcuda`` command: a thin Typer app over the stages (see each module's commands)."""
+"""The ``stitchcuda`` command: a thin Typer app over the stages (see each module's commands).
+
+The console script enters :func:`main` before anything heavy is imported (the app pulls in torch,
+which takes seconds): a Ctrl-C during start-up is then one line and exit 130 like any other.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 import traceback
+from typing import Any
 
-from stitchcuda.cli import run_commands, verify_commands, workspace_commands  # noqa: F401 - they register
-from stitchcuda.cli.app import EXIT_INTERNAL, app
-from stitchcuda.paths import cache_root
+from stitchcuda.cli.exits import EXIT_INTERNAL, EXIT_INTERRUPTED
+
+
+def _stop_now(signum: int, frame: Any) -> None:
+    os.write(2, b"\nstopped\n")
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    """The first Ctrl-C unwinds (runs record that they stopped, workers are stopped); a second one
+    while that happens stops the process at once."""
+    signal.signal(signal.SIGINT, _stop_now)
+    raise KeyboardInterrupt
 
 
 def main() -> None:
     """The console script. Every expected failure is a message of its command; anything else is a
     bug of ours, said in one line with the traceback kept in a file, never dumped on the user."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored
+        signal.signal(signal.SIGINT, _interrupt)
     try:
+        from stitchcuda.cli import run_commands, verify_commands, workspace_commands  # noqa: F401 - they register
+        from stitchcuda.cli.application import app
+
         app()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:  # noqa: BLE001 - the last line of defence
+        from stitchcuda.paths import cache_root
+
         log = cache_root() / "errors" / f"{time.strftime('%Y%m%d-%H%M%S')}.log"
         try:
             log.parent.mkdir(parents=True, exist_ok=True)
@@ -30,6 +54,16 @@ def main() -> None:
         print(f"internal error: {type(exc).__name__}: {exc}\nThis is a bug in StitchCUDA, not in your input; "
               f"{where}: please report it with that file.", file=sys.stderr)
         sys.exit(EXIT_INTERNAL)
+
+
+def __getattr__(name: str) -> Any:
+    """``from stitchcuda.cli import app`` (tests, embedding) without importing it at start-up."""
+    if name == "app":
+        from stitchcuda.cli import run_commands, verify_commands, workspace_commands  # noqa: F401
+        from stitchcuda.cli.application import app
+
+        return app
+    raise AttributeError(name)
 
 
 __all__ = ["app", "main"]

@@ -15,9 +15,7 @@ from stitchcuda.bench.report import write_report
 from stitchcuda.bench.runner import BenchConfig, BenchError, run_bench
 from stitchcuda.bench.solutions import match_solutions
 from stitchcuda.bench.store import BenchStore
-from stitchcuda.cli.app import (
-    EXIT_FAILED,
-    EXIT_PASSED,
+from stitchcuda.cli.application import (
     CoderKind,
     HarnessOpt,
     KernelBenchOpt,
@@ -30,6 +28,7 @@ from stitchcuda.cli.app import (
     unusable,
     usable_tasks,
 )
+from stitchcuda.cli.exits import EXIT_FAILED, EXIT_PASSED
 from stitchcuda.console import (
     LiveReporter,
     bench_view,
@@ -87,7 +86,7 @@ def optimize(
     level: LevelOpt = None,
     problem: ProblemOpt = None,
 ) -> None:
-    """Plan, write and verify an end-to-end CUDA program for REFERENCE with an LLM; keep the best."""
+    """Plan, write and verify an end-to-end CUDA program for REFERENCE, LLM-free or with --model; keep the best."""
     try:
         summary = run_session(
             reference=reference, kernelbench=kernelbench, level=level, problem=problem, model=model, coder=coder,

@@ -7,10 +7,7 @@ from typing import Annotated
 
 import typer
 
-from stitchcuda.cli.app import (
-    EXIT_FAILED,
-    EXIT_PASSED,
-    EXIT_UNUSABLE,
+from stitchcuda.cli.application import (
     HarnessOpt,
     KernelBenchOpt,
     LevelOpt,
@@ -23,6 +20,7 @@ from stitchcuda.cli.app import (
     unusable,
     usable_tasks,
 )
+from stitchcuda.cli.exits import EXIT_FAILED, EXIT_PASSED, EXIT_UNUSABLE
 from stitchcuda.console import (
     profile_view,
     reward_view,

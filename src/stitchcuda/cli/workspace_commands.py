@@ -11,10 +11,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from stitchcuda.cli.app import (
-    EXIT_FAILED,
-    EXIT_PASSED,
-    EXIT_UNUSABLE,
+from stitchcuda.cli.application import (
     KernelBenchOpt,
     LevelOpt,
     ProblemOpt,
@@ -22,6 +19,7 @@ from stitchcuda.cli.app import (
     named_tasks,
     unusable,
 )
+from stitchcuda.cli.exits import EXIT_FAILED, EXIT_PASSED, EXIT_UNUSABLE
 from stitchcuda.console import (
     doctor_view,
     run_view,

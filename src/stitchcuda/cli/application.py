@@ -1,9 +1,5 @@
-"""The ``stitchcuda`` application and what its commands share: exit codes, options, and the
-one way a command says its input is unusable (a message, with hints; JSON with ``--json``).
-
-Exit codes are part of the interface: 0 success (for ``verify``: the candidate passed),
-1 a negative result (``verify``: it did not pass; ``doctor``: a check failed), 2 unusable
-arguments or tasks, 3 an internal error (a bug of ours, its traceback kept in a file).
+"""The ``stitchcuda`` application and what its commands share: exit codes (``exits.py``), options,
+and the one way a command says its input is unusable (a message, with hints; JSON with ``--json``).
 """
 
 from __future__ import annotations
@@ -15,6 +11,7 @@ from typing import Annotated, Literal
 import typer
 from rich.text import Text
 
+from stitchcuda.cli.exits import EXIT_UNUSABLE
 from stitchcuda.hints import BENCH_SKIP_UNUSABLE, TASKS_CHECK, Hint, render
 from stitchcuda.task import TaskError, resolve_tasks
 from stitchcuda.task.probe import check_references
@@ -34,7 +31,20 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-EXIT_PASSED, EXIT_FAILED, EXIT_UNUSABLE, EXIT_INTERNAL = 0, 1, 2, 3
+
+def _print_version(value: bool) -> None:
+    if value:
+        from stitchcuda import __version__
+
+        print(f"stitchcuda {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="Print the version and exit.")] = False) -> None:
+    """Turn a PyTorch program into a faster, verified end-to-end CUDA program."""
+
 
 LevelOpt = Annotated[int | None, typer.Option("--level", help="KernelBench level (for a checkout or parquet file).")]
 ProblemOpt = Annotated[int | None, typer.Option("--problem", help="KernelBench problem id within the level.")]
