@@ -4,6 +4,7 @@ that becomes ready after a delay."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import threading
 import time
@@ -71,3 +72,57 @@ def test_a_ready_worker_is_served_however_long_it_waited(tmp_path, monkeypatch):
         pool.give_back(again, reusable=True)
     finally:
         pool.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie nobody reaped is gone too
+    except OSError:
+        return False
+
+
+def test_a_worker_dies_with_its_parent_and_takes_its_build_and_folder_along():
+    """A worker (a session of its own, as the pool starts them) busy with a long child process, an
+    nvcc stand-in: its parent is killed, and within seconds the worker, the child and the worker's
+    folder are gone (they used to live on as orphans)."""
+    import subprocess
+    import textwrap
+
+    worker_code = ("import subprocess, time; from stitchcuda.verify.workers import die_with_parent; die_with_parent(); "
+                   "p = subprocess.Popen(['sleep', '300']); print(p.pid, flush=True); time.sleep(300)")
+    parent_code = textwrap.dedent(f"""
+        import subprocess, sys, tempfile, time
+        from stitchcuda.verify.workers import temp_prefix
+        folder = tempfile.mkdtemp(prefix=temp_prefix("worker"))
+        worker = subprocess.Popen([sys.executable, "-c", {worker_code!r}], cwd=folder, stdout=subprocess.PIPE,
+                                  text=True, start_new_session=True)
+        print(worker.pid, worker.stdout.readline().strip(), folder, flush=True)
+        time.sleep(300)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    worker, child, folder = parent.stdout.readline().split()
+    assert _alive(int(worker)) and _alive(int(child))
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (_alive(int(worker)) or _alive(int(child)) or os.path.exists(folder)):
+        time.sleep(0.1)
+    assert not _alive(int(worker)) and not _alive(int(child)) and not os.path.exists(folder)
+
+
+def test_the_next_start_clears_the_folders_of_dead_owners(tmp_path):
+    import subprocess
+    import tempfile
+
+    from stitchcuda.verify.workers import clear_stale_folders, temp_prefix
+
+    dead = subprocess.Popen(["true"])  # a PID that has exited
+    dead.wait()
+    stale = tempfile.mkdtemp(prefix=f"stitchcuda-verify-{dead.pid}-")
+    mine = tempfile.mkdtemp(prefix=temp_prefix("verify"))
+    try:
+        assert clear_stale_folders() >= 1
+        assert not os.path.exists(stale) and os.path.exists(mine)
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)

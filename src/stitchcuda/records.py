@@ -14,7 +14,8 @@ from pydantic import BaseModel, Field
 Action = Literal["fix", "optimize", "next", "replan", "done"]
 Skill = Literal["scratch", "feedback"]
 # unverified: the offline Coder wrote (and compile-checked) a program on a machine without a GPU
-RunStatus = Literal["running", "done", "stopped", "failed", "unverified"]
+# interrupted is never stored: it is how a run stored as running shows once its process is gone
+RunStatus = Literal["running", "done", "stopped", "failed", "unverified", "interrupted"]
 
 
 class Subtask(BaseModel):

@@ -26,15 +26,20 @@ The store imports nothing above ``stitchcuda.records``: it keeps records it is h
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shlex
+import socket
 import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from stitchcuda.records import Plan, RunState, SampleOutcome, StepRecord
 
@@ -82,7 +87,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 2: a resumed step looks up the answers it already has by (run, step, role); without an
     # index that scans every prompt ever stored
     ("CREATE INDEX IF NOT EXISTS llm_calls_by_step ON llm_calls (run_id, step, role)",),
+    # 3: who is running a run (host, PID, the process's start) and when it last said so: a run whose
+    # process is gone shows as interrupted instead of running forever
+    ("ALTER TABLE runs ADD COLUMN owner TEXT", "ALTER TABLE runs ADD COLUMN heartbeat REAL"),
 )
+
+# a run's owner on another host is taken for gone when it has not written for this long (its
+# process beats every HEARTBEAT_S while it runs)
+HEARTBEAT_S = 15.0
+STALE_AFTER_S = 8 * HEARTBEAT_S
 
 
 class StoreError(RuntimeError):
@@ -119,18 +132,82 @@ def migrate(db: sqlite3.Connection) -> int:
     return schema_version(db)
 
 
+def damaged(path: Path, exc: BaseException) -> StoreError:
+    """The error for a store SQLite cannot read: the user's to fix, with the commands that do."""
+    workspace = shlex.quote(str(path.parent))
+    return StoreError(f"the run store {path} is damaged ({exc}): `stitchcuda runs --check --workspace {workspace}` "
+                      f"says what is wrong, and `stitchcuda runs --repair --workspace {workspace}` recovers every "
+                      "readable run into a new store, keeping the damaged file beside it")
+
+
+def read_only(path: Path) -> StoreError:
+    return StoreError(f"the run store {path} is read-only: this command records runs; make it writable, or pass "
+                      "--workspace with a folder you can write")
+
+
+def _is_damage(exc: sqlite3.DatabaseError) -> bool:
+    text = str(exc)
+    return "malformed" in text or "not a database" in text or "file is encrypted" in text
+
+
+def _is_read_only(exc: sqlite3.DatabaseError) -> bool:
+    return "readonly" in str(exc) or "read-only" in str(exc)
+
+
 def connect(workspace: str | Path) -> sqlite3.Connection:
-    """The workspace's run store, created or migrated to the current schema; autocommit."""
+    """The workspace's run store, created or migrated to the current schema; autocommit. A store
+    this process may not write is opened to read (listing works; a write raises StoreError)."""
     root = Path(workspace)
-    root.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(db_path(root), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot create the workspace {root}: {exc.strerror or exc}; pass --workspace with a "
+                         "folder you can write") from None
+    path = db_path(root)
+    if not os.access(root, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return _connect_to_read(path)
+    try:
+        db = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    except sqlite3.DatabaseError as exc:
+        raise damaged(path, exc) from None
     try:
         db.execute("PRAGMA journal_mode=WAL")
         migrate(db)
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        if _is_damage(exc):
+            raise damaged(path, exc) from None
+        if _is_read_only(exc):
+            raise read_only(path) from None
+        raise
     except BaseException:
         db.close()
         raise
     return db
+
+
+def _connect_to_read(path: Path) -> sqlite3.Connection:
+    """A store in a folder (or a file) this process cannot write: read only. SQLite opens a WAL
+    database read-only where it may create its shared-memory file; else it reads the file as it is
+    (``immutable``: changes still only in the write-ahead log are not seen)."""
+    if not path.exists():
+        raise StoreError(f"no run store in {path.parent}, and that folder is read-only: pass --workspace with a "
+                         "folder you can write")
+    for query in ("mode=ro", "immutable=1"):
+        try:
+            db = sqlite3.connect(f"{path.resolve().as_uri()}?{query}", uri=True, timeout=BUSY_TIMEOUT_S,
+                                 isolation_level=None, check_same_thread=False)
+            version = schema_version(db)
+        except sqlite3.DatabaseError as exc:
+            if _is_damage(exc):
+                raise damaged(path, exc) from None
+            continue
+        if version < len(MIGRATIONS):
+            db.close()
+            raise StoreError(f"the run store {path} was written by an older stitchcuda and is read-only here: make "
+                             "it writable once so that it can be upgraded")
+        return db
+    raise StoreError(f"the run store {path} cannot be opened, not even to read: check its permissions")
 
 
 class Database:
@@ -145,28 +222,41 @@ class Database:
     def close(self) -> None:
         self.db.close()
 
+    @contextlib.contextmanager
+    def _faults(self) -> Iterator[None]:
+        """SQLite's errors for a damaged or read-only file, as the StoreError that says what to do."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            if _is_damage(exc):
+                raise damaged(self.path, exc) from None
+            if _is_read_only(exc):
+                raise read_only(self.path) from None
+            raise
+
     def _all(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
+        with self._lock, self._faults():
             return self.db.execute(sql, params).fetchall()
 
     def _one(self, sql: str, params: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
-        with self._lock:
+        with self._lock, self._faults():
             return self.db.execute(sql, params).fetchone()
 
     def _write(self, sql: str, params: tuple[Any, ...] = ()) -> None:
-        with self._lock:
+        with self._lock, self._faults():
             self.db.execute(sql, params)
 
     def _write_many(self, statements: list[tuple[str, list[tuple[Any, ...]]]]) -> None:
         """Several writes in one transaction: all of them land or none."""
-        with self._lock:
+        with self._lock, self._faults():
             self.db.execute("BEGIN IMMEDIATE")
             try:
                 for sql, rows in statements:
                     self.db.executemany(sql, rows)
                 self.db.execute("COMMIT")
             except BaseException:
-                self.db.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):
+                    self.db.execute("ROLLBACK")
                 raise
 
     def _resolve(self, table: str, prefix: str, what: str) -> str:
@@ -182,10 +272,47 @@ class Database:
         return rows[0][0]
 
 
+class Owner(BaseModel):
+    """The process running a run: on this host, alive when its PID is and was started when it was
+    (a PID is reused); elsewhere, while its heartbeat is recent."""
+
+    host: str
+    pid: int
+    started: float | None = Field(None, description="the process's start, from /proc (None where unknown)")
+
+    @classmethod
+    def this_process(cls) -> Owner:
+        return cls(host=socket.gethostname(), pid=os.getpid(), started=_process_start(os.getpid()))
+
+    def alive(self, heartbeat: float | None) -> bool:
+        if self.host != socket.gethostname():
+            return heartbeat is not None and time.time() - heartbeat < STALE_AFTER_S
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except OSError:  # another user's process: alive
+            return True
+        started = _process_start(self.pid)
+        return self.started is None or started is None or abs(started - self.started) < 1.0
+
+
+def _process_start(pid: int) -> float | None:
+    """When process ``pid`` started, in seconds since boot (Linux); None elsewhere or for a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    if fields[0] == "Z":
+        return None
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
 class RunSummary(BaseModel):
     id: str
     task: str
-    status: str
+    status: str = Field(description="as stored, or interrupted: stored as running by a process that is gone")
     created: float
     updated: float
     steps: int
@@ -193,6 +320,12 @@ class RunSummary(BaseModel):
     llm_calls: int
     cost_usd: float
     stop_reason: str | None
+
+
+def _shown_status(status: str, owner: str | None, heartbeat: float | None) -> str:
+    if status == "running" and (owner is None or not Owner.model_validate_json(owner).alive(heartbeat)):
+        return "interrupted"  # a run stored before owners were recorded has none: its process is long gone
+    return status
 
 
 class RunStore(Database):
@@ -210,14 +343,44 @@ class RunStore(Database):
         return path
 
     def create_run(self, state: RunState, config: BaseModel) -> None:
+        """A new run, owned by this process."""
         now = time.time()
-        self._write("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?)", (
-            state.run_id, state.task, state.task_sha256, state.status, now, now, config.model_dump_json(),
-            state.model_dump_json()))
+        self._write("INSERT INTO runs (id, task, task_sha256, status, created, updated, config, state, owner, "
+                    "heartbeat) VALUES (?,?,?,?,?,?,?,?,?,?)", (
+                        state.run_id, state.task, state.task_sha256, state.status, now, now,
+                        config.model_dump_json(), state.model_dump_json(), Owner.this_process().model_dump_json(),
+                        now))
 
     def save_state(self, state: RunState) -> None:
-        self._write("UPDATE runs SET state=?, status=?, updated=? WHERE id=?",
-                    (state.model_dump_json(), state.status, time.time(), state.run_id))
+        self._write("UPDATE runs SET state=?, status=?, updated=?, heartbeat=? WHERE id=?",
+                    (state.model_dump_json(), state.status, time.time(), time.time(), state.run_id))
+
+    def claim(self, run_id: str) -> None:
+        """Make this process the run's owner (a resume). Raises StoreError while another live
+        process runs it."""
+        found = self.owner(run_id)
+        if found is not None and found[0].pid != os.getpid() and self.status(run_id) == "running":
+            raise StoreError(f"run {run_id} is still running (PID {found[0].pid} on {found[0].host}): wait for it "
+                             "or stop it first")
+        self._write("UPDATE runs SET owner=?, heartbeat=? WHERE id=?",
+                    (Owner.this_process().model_dump_json(), time.time(), run_id))
+
+    def beat(self, run_id: str) -> None:
+        """This run's process is alive (its heartbeat thread calls this every HEARTBEAT_S)."""
+        self._write("UPDATE runs SET heartbeat=? WHERE id=?", (time.time(), run_id))
+
+    def owner(self, run_id: str) -> tuple[Owner, float | None] | None:
+        row = self._one("SELECT owner, heartbeat FROM runs WHERE id=?", (run_id,))
+        if row is None or row[0] is None:
+            return None
+        return Owner.model_validate_json(row[0]), row[1]
+
+    def status(self, run_id: str) -> str:
+        """The run's status, with ``interrupted`` for one stored as running by a process that is gone."""
+        row = self._one("SELECT status, owner, heartbeat FROM runs WHERE id=?", (run_id,))
+        if row is None:
+            raise KeyError(run_id)
+        return _shown_status(*row)
 
     def load_state(self, run_id: str) -> RunState:
         row = self._one("SELECT state FROM runs WHERE id=?", (run_id,))
@@ -236,11 +399,13 @@ class RunStore(Database):
         return self._resolve("runs", prefix, "runs")
 
     def runs(self, limit: int = 50) -> list[RunSummary]:
-        rows = self._all("SELECT id, state, created, updated FROM runs ORDER BY created DESC LIMIT ?", (limit,))
+        rows = self._all("SELECT id, state, created, updated, status, owner, heartbeat FROM runs "
+                         "ORDER BY created DESC LIMIT ?", (limit,))
         out = []
-        for run_id, state_json, created, updated in rows:
+        for run_id, state_json, created, updated, status, owner, heartbeat in rows:
             s = RunState.model_validate_json(state_json)
-            out.append(RunSummary(id=run_id, task=s.task, status=s.status, created=created, updated=updated,
+            out.append(RunSummary(id=run_id, task=s.task, status=_shown_status(status, owner, heartbeat),
+                                  created=created, updated=updated,
                                   steps=s.steps_done, best_speedup=s.best.speedup_eager if s.best else None,
                                   llm_calls=s.llm_calls, cost_usd=s.cost_usd, stop_reason=s.stop_reason))
         return out

@@ -9,9 +9,9 @@ twice.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-import shutil
 import threading
 import time
 import traceback
@@ -28,8 +28,9 @@ from stitchcuda.agents.planner import PlanContext, Planner
 from stitchcuda.agents.records import Best, CoderRequest, Plan, RunState, SampleOutcome, StepRecord
 from stitchcuda.agents.routing import RoutingConfig, accepted, route
 from stitchcuda.compiler.capture.describe import graph_text
+from stitchcuda.files import copy_atomic, write_atomic
 from stitchcuda.llm.base import Completion, LLMClient, LLMConfig, LLMError, LLMTimeout, Message
-from stitchcuda.store import RunStore
+from stitchcuda.store import HEARTBEAT_S, RunStore
 from stitchcuda.task.record import Candidate, Task
 from stitchcuda.verify import stages
 from stitchcuda.verify.config import VerifyConfig
@@ -115,13 +116,16 @@ class Optimizer:
         state = RunState(run_id=self.store.new_run_id(self.task.name), task=self.task.name,
                          task_sha256=self.task.sha256)
         self.store.create_run(state, self.config)
-        (self.store.run_dir(state.run_id) / "task.py").write_text(self.task.source)
+        write_atomic(self.store.run_dir(state.run_id) / "task.py", self.task.source)
         return self.run(state)
 
     def resume(self, run_id: str) -> RunState:
+        """Carry run ``run_id`` on from its last recorded step: stopped, failed, or interrupted (left
+        running by a process that is gone). Raises StoreError while a live process runs it."""
         state = self.store.load_state(run_id)
         if state.task_sha256 != self.task.sha256:
             raise ValueError(f"run {run_id} optimized another version of {state.task!r}; resume it with its task")
+        self.store.claim(run_id)
         if state.status in ("stopped", "failed", "unverified"):
             state.status, state.stop_reason = "running", None
         return self.run(state)
@@ -129,6 +133,9 @@ class Optimizer:
     def run(self, state: RunState) -> RunState:
         started = time.time() - state.seconds
         compiled = {k: state.stages.get(k, 0.0) for k in ("capture", "lower", "emit")}  # before this process's
+        beating = threading.Event()
+        threading.Thread(target=self._heartbeat, args=(state.run_id, beating), name="run-heartbeat",
+                         daemon=True).start()
         try:
             if state.plan is None:
                 self._build_ahead(state)
@@ -160,12 +167,20 @@ class Optimizer:
             raise RunCrashed(f"run {state.run_id} failed: {state.stop_reason}; it is kept in the run store "
                              f"(`stitchcuda runs {state.run_id}`)") from exc
         finally:
+            beating.set()
             state.seconds = time.time() - started
             self._close_stages(state, compiled)
             self.store.save_state(state)
             self._write_best(state)
             self.report(state, f"{state.status}: {state.stop_reason or ''}")
         return state
+
+    def _heartbeat(self, run_id: str, done: threading.Event) -> None:
+        """The run's process says it is alive (``stitchcuda runs`` on another host tells a live run
+        from one whose process is gone by it) until the run ends."""
+        while not done.wait(HEARTBEAT_S):
+            with contextlib.suppress(Exception):  # a busy or read-only store: the next beat may land
+                self.store.beat(run_id)
 
     def _build_ahead(self, state: RunState) -> None:
         """A Coder that knows its first program before the plan (the offline compiler) has it built
@@ -208,7 +223,7 @@ class Optimizer:
             state.stages["gpu_wait"] = state.stages.get("gpu_wait", 0.0) + waited
             profile = result.reference_profile
             if profile is not None:
-                cached.write_text(profile.model_dump_json(indent=1))
+                write_atomic(cached, profile.model_dump_json(indent=1))
             else:
                 note = "the profile failed: " + (result.reference_error or "; ".join(result.errors))[:200]
         elif self.profile_reference:
@@ -338,7 +353,7 @@ class Optimizer:
                 outcomes.append(known.model_copy(update={"sample": sample}))
                 continue
             path = run_dir / f"step{index:03d}-s{sample}.py"
-            path.write_text(source)
+            write_atomic(path, source)
             to_verify.append((len(outcomes), Candidate(name=path.stem, source=source, path=str(path))))
             outcomes.append(SampleOutcome(sample=sample, sha256=sha, path=str(path)))
         if len(to_verify) > 1:
@@ -349,7 +364,7 @@ class Optimizer:
             verdict = self.verifier.verify(self.task, candidate)
             stages.add_phases(state.stages, verdict.wall.split(), verdict.wall.second_opinion)
             verdict_path = Path(candidate.path).with_suffix(".verdict.json")  # type: ignore[arg-type]
-            verdict_path.write_text(verdict.model_dump_json(indent=1))
+            write_atomic(verdict_path, verdict.model_dump_json(indent=1))
             outcome = outcome_from(verdict, outcomes[position].sample, candidate.path or "", str(verdict_path))
             outcomes[position] = outcome
             self.store.save_candidate(state.run_id, index, outcome)
@@ -458,9 +473,9 @@ class Optimizer:
         run_dir = self.store.run_dir(state.run_id)
         best_path = run_dir / "best.py"
         if Path(state.best.path).resolve() != best_path.resolve():
-            shutil.copyfile(state.best.path, best_path)
+            copy_atomic(state.best.path, best_path)
         summary = summarize(state)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=1))
 
 
 def summarize(state: RunState) -> dict:

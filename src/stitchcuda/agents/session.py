@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import shutil
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,9 @@ from stitchcuda.agents.loop import Budget, OptimizeConfig, Optimizer, Reporter, 
 from stitchcuda.agents.offline import OFFLINE, OfflineCoder, OfflinePlannerAgent, build_host_ahead
 from stitchcuda.agents.routing import RoutingConfig
 from stitchcuda.compiler.capture.graph import CaptureError
-from stitchcuda.compiler.check import compile_check
+from stitchcuda.compiler.check import CompileCheck, compile_check
 from stitchcuda.compiler.emit.codegen import CodegenOptions, Unsupported
+from stitchcuda.files import copy_atomic, write_atomic
 from stitchcuda.hints import NO_GPU, OPTIMIZE_OFFLINE, OPTIMIZE_RESUME, OPTIMIZE_WITH_LLM, Hint
 from stitchcuda.llm import LLMError, PriceTable, make_client
 from stitchcuda.llm.base import LLMConfig
@@ -85,31 +86,43 @@ def build_config(*, model: str | None, coder: str | None, provider: str, base_ur
 
 
 def _generate_without_gpu(task: Task, coder, config: OptimizeConfig, store: RunStore, out: Path | None,
-                          why: str) -> dict:
+                          why: str, run_id: str | None = None) -> dict:
     """No GPU: the offline Coder still writes the program and nvcc compile-checks it; nothing is
     verified. The run is kept in the store like any other, with the program, its notes (the
-    program's docstring) and the compile check."""
-    try:  # what a one-step run on a GPU gets first: the first variant (the cost model's choices)
-        program = coder.compiled.program(CodegenOptions.model_validate(coder.variants[0]))
-    except Unsupported as exc:
-        raise SessionError(f"the offline Coder does not support {task.name} yet: {exc}",
-                           hints=[OPTIMIZE_WITH_LLM]) from None
-    state = RunState(run_id=store.new_run_id(task.name), task=task.name, task_sha256=task.sha256)
-    store.create_run(state, config)
+    program's docstring) and the compile check. ``run_id``: the run to carry on (a resume): what it
+    recorded is kept, and only what it had not finished is done."""
+    if run_id is None:
+        state = RunState(run_id=store.new_run_id(task.name), task=task.name, task_sha256=task.sha256)
+        store.create_run(state, config)
+    else:
+        state = store.load_state(run_id)
+        store.claim(run_id)
     run_dir = store.run_dir(state.run_id)
-    (run_dir / "task.py").write_text(task.source)
-    (run_dir / "program.py").write_text(program)
+    write_atomic(run_dir / "task.py", task.source)
+    kept, checked = run_dir / "program.py", run_dir / "compile_check.json"
+    if kept.exists():  # written before it was stopped: the same program, not made again
+        program = kept.read_text()
+    else:
+        try:  # what a one-step run on a GPU gets first: the first variant (the cost model's choices)
+            program = coder.compiled.program(CodegenOptions.model_validate(coder.variants[0]))
+        except Unsupported as exc:
+            raise SessionError(f"the offline Coder does not support {task.name} yet: {exc}",
+                               hints=[OPTIMIZE_WITH_LLM]) from None
+        write_atomic(kept, program)
     target = out or Path(f"{task.file_stem}_stitchcuda.py")
-    target.write_text(program)
-    check = compile_check(program)
-    (run_dir / "compile_check.json").write_text(check.model_dump_json(indent=1))
-    verify_hint = f"stitchcuda verify {task.path or task.name} {target}"
+    write_atomic(target, program)
+    if checked.exists():
+        check = CompileCheck.model_validate_json(checked.read_text())
+    else:
+        check = compile_check(program)
+        write_atomic(checked, check.model_dump_json(indent=1))
+    verify_hint = f"stitchcuda verify {shlex.quote(task.path or task.name)} {shlex.quote(str(target))}"
     store.save_step(state.run_id, StepRecord(index=0, subtask=1, skill="scratch", chosen=0, samples=[SampleOutcome(
-        sample=0, sha256=hashlib.sha256(program.encode()).hexdigest(), path=str(run_dir / "program.py"), compiled=check.status == "compiled",
+        sample=0, sha256=hashlib.sha256(program.encode()).hexdigest(), path=str(kept), compiled=check.status == "compiled",
         feedback=f"not verified (no CUDA GPU); nvcc {check.status}: {check.detail}")]))
     state.status = "unverified"
     state.steps_done = 1
-    state.program = str(run_dir / "program.py")
+    state.program = str(kept)
     state.stop_reason = f"no CUDA GPU here: program written, nvcc {check.status}; verify it on a GPU: {verify_hint}"
     store.save_state(state)
     return {"run": state.run_id, "task": task.name, "status": "unverified", "stop_reason": "no CUDA GPU here: " + why,
@@ -168,7 +181,7 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
         verifier.require_device()
     except DeviceUnavailable as exc:
         if config.coder.provider == "offline":
-            return _generate_without_gpu(task, coder_llm, config, store or RunStore(workspace), out, str(exc))
+            return _generate_without_gpu(task, coder_llm, config, store or RunStore(workspace), out, str(exc), run_id)
         raise SessionError(str(exc), hints=NO_GPU["optimize"]) from None
     store = store or RunStore(workspace)  # made only once the arguments are known to be usable
     optimizer = Optimizer(task, config, planner_llm, coder_llm, verifier, store, reporter=reporter,
@@ -183,6 +196,6 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
     summary["workspace"] = str(workspace)
     if state.best is not None:
         target = out or Path(f"{task.file_stem}_stitchcuda.py")
-        shutil.copyfile(store.run_dir(state.run_id) / "best.py", target)
+        copy_atomic(store.run_dir(state.run_id) / "best.py", target)
         summary["output"] = str(target)
     return summary

@@ -11,6 +11,7 @@ Only successful tasks have a speedup here: a failed or hacked task is drawn as a
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ from pydantic import BaseModel
 
 from stitchcuda.bench.metrics import GroupMetrics, measured_speedup, succeeded
 from stitchcuda.bench.records import BASELINES, TaskResult
+from stitchcuda.files import write_atomic
 from stitchcuda.verify.stages import LABELS, STAGES
 
 if TYPE_CHECKING:
@@ -56,8 +58,10 @@ def _save(fig: Figure, path: Path) -> Path:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     # A fixed hash salt and no date keep the SVG identical for identical data.
+    buffer = io.BytesIO()
     with matplotlib.rc_context({"svg.hashsalt": "stitchcuda", "svg.fonttype": "path"}):
-        fig.savefig(path, format="svg", metadata={"Date": None})
+        fig.savefig(buffer, format="svg", metadata={"Date": None})
+    write_atomic(path, buffer.getvalue())
     return path
 
 

@@ -13,7 +13,6 @@ in Markdown.
 from __future__ import annotations
 
 import re
-import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
@@ -32,6 +31,7 @@ from stitchcuda.bench.metrics import (
 )
 from stitchcuda.bench.metrics import compare as compare_metrics  # write_report's argument takes the name
 from stitchcuda.bench.records import BASELINES, BenchResult, TaskResult
+from stitchcuda.files import copy_atomic, write_atomic
 from stitchcuda.templating import environment
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -306,7 +306,7 @@ def copy_programs(tasks: list[TaskResult], programs_dir: Path) -> dict[str, Path
         used.add(name)
         programs_dir.mkdir(parents=True, exist_ok=True)
         target = programs_dir / name
-        shutil.copyfile(source, target)
+        copy_atomic(source, target)
         copied[task.task] = target
     return copied
 
@@ -358,6 +358,6 @@ def write_report(result: BenchResult, out_dir: Path, compare: BenchResult | None
     html = out_dir / "index.html"
     markdown = out_dir / "summary.md"
     env = environment(TEMPLATES, md=md_escape)
-    html.write_text(env.get_template("report.html.j2").render(**values), encoding="utf-8")
-    markdown.write_text(env.get_template("summary.md.j2").render(**values), encoding="utf-8")
+    write_atomic(html, env.get_template("report.html.j2").render(**values))
+    write_atomic(markdown, env.get_template("summary.md.j2").render(**values))
     return ReportFiles(html=html, markdown=markdown, plots=[p.path for p in drawn], programs=programs)

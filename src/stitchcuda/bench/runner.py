@@ -36,6 +36,7 @@ from stitchcuda.bench.records import Attempt, BenchInfo, BenchResult, TaskResult
 from stitchcuda.bench.store import BenchRow, BenchStore
 from stitchcuda.compiler.capture.graph import CaptureError
 from stitchcuda.compiler.emit.codegen import Unsupported
+from stitchcuda.files import write_atomic
 from stitchcuda.llm import PriceTable, make_client
 from stitchcuda.store import RunStore
 from stitchcuda.task import TaskError, load_candidate
@@ -179,7 +180,7 @@ def _evaluate(job: Job, verifier: GatedVerifier) -> TaskResult:
     out = Path(job.workspace) / "benches" / job.bench_id / "verdicts"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{job.idx:04d}-{job.task.file_stem}.verdict.json"
-    path.write_text(verdict.model_dump_json(indent=1))
+    write_atomic(path, verdict.model_dump_json(indent=1))
     result = result_from_verdict(job.task.name, job.level, verdict, job.candidate)
     result.verdict = str(path)
     return result
@@ -407,7 +408,7 @@ def run_bench(store: BenchStore, jobs_for: list[tuple[Task, int | None, str | No
         store.create(info, config.model_dump_json(), rows)
         for i, (t, _, _) in enumerate(jobs_for):
             (store.bench_dir(bench_id) / "tasks").mkdir(exist_ok=True)
-            (store.bench_dir(bench_id) / "tasks" / f"{i:04d}-{t.file_stem}.py").write_text(t.source)
+            write_atomic(store.bench_dir(bench_id) / "tasks" / f"{i:04d}-{t.file_stem}.py", t.source)
     else:
         bench_id = store.resolve(resume)
         info = store.info(bench_id)

@@ -6,6 +6,7 @@ which takes seconds): a Ctrl-C during start-up is then one line and exit 130 lik
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -13,7 +14,7 @@ import time
 import traceback
 from typing import Any
 
-from stitchcuda.cli.exits import EXIT_INTERNAL, EXIT_INTERRUPTED
+from stitchcuda.cli.exits import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_UNUSABLE
 
 
 def _stop_now(signum: int, frame: Any) -> None:
@@ -43,6 +44,13 @@ def main() -> None:
         sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:  # noqa: BLE001 - the last line of defence
         from stitchcuda.paths import cache_root
+        from stitchcuda.store import StoreError
+
+        if isinstance(exc, StoreError):  # a damaged, read-only or uncreatable store: the user's to fix
+            if "--json" in sys.argv:
+                print(json.dumps({"error": str(exc), "exit_code": EXIT_UNUSABLE, "reasons": [str(exc)], "hints": []}))
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(EXIT_UNUSABLE)
 
         log = cache_root() / "errors" / f"{time.strftime('%Y%m%d-%H%M%S')}.log"
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -11,6 +12,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
+from stitchcuda import store_repair
 from stitchcuda.cli.application import (
     KernelBenchOpt,
     LevelOpt,
@@ -105,11 +107,17 @@ def runs(
     run: Annotated[str | None, typer.Argument(help="Show one run (id, unique prefix or 'last').")] = None,
     workspace: Annotated[Path, typer.Option(help="Where the run store lives.")] = Path(".stitchcuda"),
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Run SQLite's integrity check of the run store.")] = False,
+    repair: Annotated[bool, typer.Option("--repair", help="Recover a damaged run store: the damaged file is kept "
+                                                          "beside it, every readable row goes into a new one.")] = False,
 ) -> None:
     """List the runs of a workspace, or show one: plan, steps, decisions, usage."""
     if not db_path(workspace).exists():
         raise unusable(f"no run store in {workspace} (runs are kept where `stitchcuda optimize` ran, "
                         "or pass --workspace)", json_out=json_out)
+    if check or repair:
+        _check_or_repair(workspace, repair, json_out)
+        return
     store = RunStore(workspace)
     if run is None:
         found = store.runs()
@@ -123,12 +131,39 @@ def runs(
     except KeyError as exc:
         raise unusable(f"no such run: {exc.args[0]}", json_out=json_out) from None
     state, plans, steps = store.load_state(run_id), store.plans(run_id), store.steps(run_id)
+    if store.status(run_id) == "interrupted":
+        resume = f"stitchcuda optimize --resume {shlex.quote(run_id)} --workspace {shlex.quote(str(workspace))}"
+        state = state.model_copy(update={"status": "interrupted",
+                                         "stop_reason": f"its process is gone; resume with: {resume}"})
     if json_out:
         print(json.dumps({"state": state.model_dump(), "plans": [p.model_dump() for p in plans],
                           "steps": [s.model_dump() for s in steps], "llm_calls": store.llm_calls(run_id)},
                          indent=1, default=str))
     else:
         console().print(run_view(state, plans, steps))
+
+
+def _check_or_repair(workspace: Path, repair: bool, json_out: bool) -> None:
+    found = store_repair.check(workspace)
+    if not repair:
+        if json_out:
+            print(found.model_dump_json(indent=1))
+        else:
+            print(f"{found.path}: " + ("ok" if found.ok else "damaged\n  " + "\n  ".join(found.problems[:20])))
+            if not found.ok:
+                print(f"recover it with: stitchcuda runs --repair --workspace {shlex.quote(str(workspace))}")
+        raise typer.Exit(EXIT_PASSED if found.ok else EXIT_FAILED)
+    if found.ok:
+        message = f"{found.path} passes SQLite's integrity check: nothing to repair"
+        print(json.dumps({"repaired": False, "check": found.model_dump()}) if json_out else message)
+        return
+    done = store_repair.repair(workspace)
+    if json_out:
+        print(json.dumps({"repaired": True, **done.model_dump(), "runs": done.runs}, indent=1))
+    else:
+        print(f"repaired {done.path}: {done.runs} run(s) came back "
+              f"({', '.join(f'{n} {t}' for t, n in done.rows.items() if n) or 'no readable rows'}); "
+              f"the damaged file is kept as {done.damaged_copy}")
 
 
 @app.command()

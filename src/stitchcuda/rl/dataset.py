@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 
 from stitchcuda.agents.coder import feedback_in_prompt, scratch_prompt
 from stitchcuda.agents.planner import PlanContext, default_plan
+from stitchcuda.files import write_atomic
 from stitchcuda.store import RunStore
 from stitchcuda.task import resolve_tasks
 from stitchcuda.task.record import Task
@@ -136,7 +137,9 @@ def write_dataset(samples: list[SkillSample], out_dir: Path, runs: list[str], ta
             r["prompt"] = [{"role": m["role"], "content": m["content"]} for m in r["prompt"]]
         table = pa.Table.from_pylist(rows, schema=_schema())
         path = out_dir / f"{split}.parquet"
-        pq.write_table(table, path)
+        buffer = pa.BufferOutputStream()
+        pq.write_table(table, buffer)
+        write_atomic(path, buffer.getvalue().to_pybytes())
         files[split] = str(path)
     manifest = DatasetManifest(
         samples={sp: sum(s.split == sp for s in samples) for sp in ("train", "eval")},
@@ -144,7 +147,7 @@ def write_dataset(samples: list[SkillSample], out_dir: Path, runs: list[str], ta
                   for sp in ("train", "eval")},
         tasks={sp: sorted({s.task for s in samples if s.split == sp}) for sp in ("train", "eval")},
         duplicates_dropped=dropped, runs=runs, task_sources=task_sources, files=files)
-    (out_dir / "manifest.json").write_text(manifest.model_dump_json(indent=1))
+    write_atomic(out_dir / "manifest.json", manifest.model_dump_json(indent=1))
     return manifest
 
 

@@ -18,6 +18,7 @@ and under ``ncu``, every request gets a fresh process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -53,7 +54,7 @@ from stitchcuda.verify.verdict import (
     Verdict,
     WallTimes,
 )
-from stitchcuda.verify.workers import WarmWorker, WorkerPool
+from stitchcuda.verify.workers import WarmWorker, WorkerPool, clear_stale_folders, temp_prefix
 
 _TAIL_CHARS = 4000
 # how cached baselines were judged: 2, on every correctness trial's inputs (baselines.baseline_accuracy);
@@ -129,6 +130,12 @@ def _tail(path: Path) -> str:
         return ""
 
 
+@functools.cache
+def _clear_stale_once() -> int:
+    """A killed run's temporary folders go at the next start (its workers remove them when they can)."""
+    return clear_stale_folders()
+
+
 class DeviceUnavailable(RuntimeError):
     """The configured device does not exist on this machine; the message says what to do."""
 
@@ -146,6 +153,7 @@ class Verifier:
         # the GPU gate its workers and KernelBench's harness take around their GPU work (verify/gate.py);
         # None: a lone verification, nobody to share the GPU with
         self.gate_path: str | None = None
+        _clear_stale_once()
 
     def require_device(self) -> None:
         """Raise :class:`DeviceUnavailable` unless the configured device exists here."""
@@ -323,7 +331,7 @@ class Verifier:
 
     def build(self, candidate: Candidate) -> BuildReport:
         """Build a candidate's extensions into the cache, GPU hidden; returns its build report."""
-        with tempfile.TemporaryDirectory(prefix="stitchcuda-build-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=temp_prefix("build")) as tmp:
             workdir = Path(tmp)
             path = workdir / "candidate.py"
             path.write_text(candidate.source)
@@ -368,7 +376,7 @@ class Verifier:
         static = static_findings(candidate.source)
         cached = self._cached_baselines(task)
         cached_profile = self._cached_profile(task)
-        with tempfile.TemporaryDirectory(prefix="stitchcuda-verify-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=temp_prefix("verify")) as tmp:
             workdir = Path(tmp)
             ref_path, cand_path = workdir / "reference.py", workdir / "candidate.py"
             ref_path.write_text(task.source)
@@ -453,7 +461,7 @@ class Verifier:
     def profile(self, task: Task) -> WorkerResult:
         """The reference alone under the profiler (``stitchcuda profile``), in a worker."""
         self.require_device()
-        with tempfile.TemporaryDirectory(prefix="stitchcuda-profile-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=temp_prefix("profile")) as tmp:
             workdir = Path(tmp)
             ref_path = workdir / "reference.py"
             ref_path.write_text(task.source)

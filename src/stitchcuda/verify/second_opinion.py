@@ -25,7 +25,7 @@ from typing import Any
 
 from stitchcuda.verify.kernelbench_harness import HarnessReply, HarnessRequest, harness_problem
 from stitchcuda.verify.verdict import SecondOpinion
-from stitchcuda.verify.workers import WorkerPool
+from stitchcuda.verify.workers import WorkerPool, temp_prefix
 
 _TAIL_CHARS = 2000
 HARNESS = "stitchcuda.verify.kernelbench_harness"
@@ -73,7 +73,7 @@ def _judge(checkout: str, reference: str, candidate: str, cache: Path, env: dict
     if why := harness_problem(checkout):  # a wrong path is said at once, without starting a process
         return SecondOpinion(error=why)
     build_dir = build_dir_for(cache, candidate)  # its own builds, kept for the next run
-    with _exclusive(build_dir), tempfile.TemporaryDirectory(prefix="stitchcuda-kernelbench-") as tmp:
+    with _exclusive(build_dir), tempfile.TemporaryDirectory(prefix=temp_prefix("kernelbench")) as tmp:
         work = Path(tmp)
         (work / "reference.py").write_text(reference)
         (work / "candidate.py").write_text(candidate)

@@ -57,7 +57,7 @@ from stitchcuda.verify.verdict import (
     WeightsTrial,
 )
 from stitchcuda.verify.weights_trial import follows_weights, like
-from stitchcuda.verify.workers import MAX_SERVED, gpu_memory_returned, serve_requests
+from stitchcuda.verify.workers import MAX_SERVED, die_with_parent, gpu_memory_returned, serve_requests
 
 
 class Progress:
@@ -99,6 +99,7 @@ def import_from_path(path: str, module_name: str) -> ModuleType:
 
 def main(request_path: str) -> None:
     """One request, then exit."""
+    die_with_parent()
     serve(request_path)
     # Skip interpreter teardown: after a CUDA error it can hang or crash.
     os._exit(0)

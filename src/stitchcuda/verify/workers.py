@@ -60,7 +60,7 @@ class WarmWorker:
     def start(cls, env: dict[str, str], module: str = WORKER, args: tuple[str, ...] = ()) -> WarmWorker:
         """``python -m MODULE --standby --ready FILE ARGS...``: a process that reads request paths
         from stdin, writes each result where its request says, and its count to FILE when ready."""
-        folder = Path(tempfile.mkdtemp(prefix="stitchcuda-worker-"))
+        folder = Path(tempfile.mkdtemp(prefix=temp_prefix("worker")))
         command = [sys.executable, "-m", module, "--standby", "--ready", str(folder / "ready"), *args]
         with open(folder / "worker.log", "wb") as log:
             proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, cwd=folder,
@@ -183,6 +183,53 @@ class WorkerPool:
 # --- the warm process's side -------------------------------------------------------------------
 
 
+def temp_prefix(kind: str) -> str:
+    """The prefix of a temporary folder this process owns: its PID in the name lets a later start
+    tell a dead owner's folder (:func:`clear_stale_folders`)."""
+    return f"stitchcuda-{kind}-{os.getpid()}-"
+
+
+def _ours(folder: Path) -> bool:
+    return folder.name.startswith("stitchcuda-") and folder.parent == Path(tempfile.gettempdir())
+
+
+def clear_stale_folders() -> int:
+    """Remove the temporary folders whose owner process is gone (a killed run's); how many."""
+    removed = 0
+    for folder in Path(tempfile.gettempdir()).glob("stitchcuda-*-*-*"):
+        owner = folder.name.split("-")[2]
+        if not owner.isdigit() or not folder.is_dir():
+            continue
+        try:
+            os.kill(int(owner), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+        except OSError:  # alive, another user's
+            pass
+    return removed
+
+
+def die_with_parent() -> None:
+    """End this process, its process group (ninja, nvcc) and its temporary folders once the process
+    that started it is gone: a worker of a killed run used to finish its build as an orphan and
+    leave its folders behind. A thread polls the parent's PID (the parent-death signal would follow
+    the thread that started the worker, and a bench starts them from threads that come and go)."""
+    parent, home = os.getppid(), Path.cwd()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        for folder in {home, Path.cwd()}:
+            if _ours(folder):
+                shutil.rmtree(folder, ignore_errors=True)
+        if os.getpgrp() == os.getpid():  # a session of its own: everything it started goes too
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
 def write_ready(path: str | None, served: int) -> None:
     """It has served ``served`` requests and waits for the next."""
     if path is not None:
@@ -197,6 +244,7 @@ def serve_requests(serve: Callable[[str, bool], bool], forget: Callable[[], bool
     exit), then ``forget()`` what the request left, then say it is ready. It exits as soon as
     either says it must not serve another (``serve`` returned False: the request retired it;
     ``forget`` returned False: something stayed behind), and after ``max_served`` requests."""
+    die_with_parent()
     served = 0
     write_ready(ready_path, served)
     while True:
