@@ -98,3 +98,15 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path):
     err = "".join(line for line in err.splitlines(keepends=True) if not line.startswith("import time:"))
     assert child.returncode == 130, err
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted"
+
+
+def test_an_unusable_option_value_is_a_json_error_with_json(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "stitchcuda.cli", "optimize", "mlp", "--tolerance", "bogus", "--json",
+                           "--workspace", str(tmp_path / "ws")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    error = json.loads(done.stdout)
+    assert error["exit_code"] == 2 and "'bogus' is not one of 'strict', 'paper'" in error["error"]
+    assert "Value error" not in error["error"] and "Traceback" not in done.stderr

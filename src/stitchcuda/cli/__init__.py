@@ -38,7 +38,7 @@ def main() -> None:
         from stitchcuda.cli import run_commands, verify_commands, workspace_commands  # noqa: F401 - they register
         from stitchcuda.cli.application import app
 
-        app()
+        code = app(standalone_mode=False)  # usage errors come here, to be said as every other error
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
@@ -46,10 +46,16 @@ def main() -> None:
         from stitchcuda.paths import cache_root
         from stitchcuda.store import StoreError
 
-        if isinstance(exc, StoreError):  # a damaged, read-only or uncreatable store: the user's to fix
+        usage = getattr(exc, "format_message", None) if hasattr(exc, "exit_code") else None
+        if isinstance(exc, StoreError) or usage is not None:  # the user's to fix: a store, an argument
+            message = str(exc) if usage is None else usage().replace("Value error, ", "")
+            if not message.strip():  # `stitchcuda` alone: the help was the answer
+                sys.exit(EXIT_UNUSABLE)
+            if usage is not None and getattr(exc, "ctx", None) is not None:
+                message += f"\n(see `{exc.ctx.command_path} --help`)"
             if "--json" in sys.argv:
-                print(json.dumps({"error": str(exc), "exit_code": EXIT_UNUSABLE, "reasons": [str(exc)], "hints": []}))
-            print(f"error: {exc}", file=sys.stderr)
+                print(json.dumps({"error": message, "exit_code": EXIT_UNUSABLE, "reasons": [message], "hints": []}))
+            print(f"error: {message}", file=sys.stderr)
             sys.exit(EXIT_UNUSABLE)
 
         log = cache_root() / "errors" / f"{time.strftime('%Y%m%d-%H%M%S')}.log"
@@ -62,6 +68,7 @@ def main() -> None:
         print(f"internal error: {type(exc).__name__}: {exc}\nThis is a bug in StitchCUDA, not in your input; "
               f"{where}: please report it with that file.", file=sys.stderr)
         sys.exit(EXIT_INTERNAL)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def __getattr__(name: str) -> Any:

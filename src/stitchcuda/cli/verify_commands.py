@@ -121,8 +121,9 @@ def profile(
     level: LevelOpt = None,
     problem: ProblemOpt = None,
 ) -> None:
-    """The reference's profile for planning: GPU time per operator and module, launches, idle
-    share, copies and syncs, FLOPs and bytes against this GPU's roofline."""
+    """The reference's profile for planning: GPU time per operator and module, launches, idle share, copies, syncs.
+
+    And its FLOPs and bytes against this GPU's roofline."""
     task = one_task(named_tasks(reference, kernelbench, level, problem, json_out), json_out)
     usable_tasks([task], json_out)
     if not device.startswith("cuda"):
