@@ -110,3 +110,17 @@ def test_an_unusable_option_value_is_a_json_error_with_json(tmp_path):
     error = json.loads(done.stdout)
     assert error["exit_code"] == 2 and "'bogus' is not one of 'strict', 'paper'" in error["error"]
     assert "Value error" not in error["error"] and "Traceback" not in done.stderr
+
+
+def test_suggested_commands_are_shell_quoted_and_never_wrapped(tmp_path, cache):
+    """A task file named with spaces gives a run ID with spaces: the command printed for it pastes
+    as one argument, on one line however narrow the terminal."""
+    import re
+
+    task = tmp_path / "my model.py"
+    task.write_text((CPU / "tiny_mlp.py").read_text())
+    result = CliRunner().invoke(app, ["optimize", str(task), "--workspace", str(tmp_path / "ws"),
+                                      "-o", str(tmp_path / "out.py")], env={"COLUMNS": "50"})
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if "stitchcuda runs " in line)
+    assert " " in re.search(r"stitchcuda runs '([^']+)'", line).group(1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
@@ -295,7 +297,8 @@ def optimize_summary_view(summary: dict) -> Group:
             Text(f"{summary['task']}: program written to {summary['output']}, NOT VERIFIED", style="bold yellow"),
             Text(f"nvcc: {check['status']}: {check['detail']}", style="red" if check["status"] == "failed" else ""),
             Text(summary["note"]),
-            Text(f"run {summary['run']} kept: `stitchcuda runs {summary['run']}`" if summary.get("run") else "",
+            Text(f"run {summary['run']} kept: `stitchcuda runs {shlex.quote(summary['run'])}`" if summary.get("run")
+                 else "",
                  style="dim"))
     best = summary.get("best")
     style = {"done": "bold green", "stopped": "yellow", "failed": "bold red"}.get(summary["status"], "")
@@ -306,7 +309,7 @@ def optimize_summary_view(summary: dict) -> Group:
                  "cost", f"${summary['cost_usd']:.2f}")
     parts: list = [head, grid]
     if not best:
-        parts.append(Text("no verified program: see `stitchcuda runs " + summary["run"] + "`", style="red"))
+        parts.append(Text("no verified program: see `stitchcuda runs " + shlex.quote(summary["run"]) + "`", style="red"))
         return Group(*parts)
     table = Table(title="best program", title_justify="left")
     for col in ("against", "speedup"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import shlex
 import threading
 import time
 import traceback
@@ -157,7 +158,7 @@ class Optimizer:
         except LLMError as exc:  # the Planner's LLM: same rule, the run stops and can be resumed
             state.status, state.stop_reason = "failed", f"the Planner's LLM failed: {exc}"
         except KeyboardInterrupt:
-            state.status, state.stop_reason = "stopped", "interrupted; resume with --resume " + state.run_id
+            state.status, state.stop_reason = "stopped", "interrupted; resume with --resume " + shlex.quote(state.run_id)
             raise
         except Exception as exc:
             log = self.store.run_dir(state.run_id) / "error.log"

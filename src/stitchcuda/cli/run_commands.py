@@ -104,7 +104,7 @@ def optimize(
     if json_out:
         print(json.dumps(summary, indent=1))
     else:
-        console().print(optimize_summary_view(summary))
+        console().print(optimize_summary_view(summary), soft_wrap=True)  # commands it suggests stay on one line, to be pasted
     if summary["status"] == "unverified":  # written (and compile-checked) without a GPU: said, not verified
         raise typer.Exit(EXIT_FAILED if summary["compile_check"]["status"] == "failed" else EXIT_PASSED)
     raise typer.Exit(EXIT_PASSED if summary.get("best") else EXIT_FAILED)

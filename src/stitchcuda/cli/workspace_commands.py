@@ -140,7 +140,7 @@ def runs(
                           "steps": [s.model_dump() for s in steps], "llm_calls": store.llm_calls(run_id)},
                          indent=1, default=str))
     else:
-        console().print(run_view(state, plans, steps))
+        console().print(run_view(state, plans, steps), soft_wrap=True)  # commands it suggests stay on one line, to be pasted
 
 
 def _check_or_repair(workspace: Path, repair: bool, json_out: bool) -> None:
