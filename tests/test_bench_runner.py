@@ -300,8 +300,8 @@ def test_captures_in_threads_do_not_overlap(monkeypatch):
 def test_a_bench_compiles_its_tasks_in_processes_of_their_own():
     """The same compiled task as in this process; a model that kills the capturing process is that
     task's refusal, and the next task compiles in a new pool."""
+    from stitchcuda.agents.compiling import compile_apart
     from stitchcuda.agents.offline import OfflineCoder
-    from stitchcuda.bench.compiling import compile_apart
     from stitchcuda.compiler import compile_task
     from stitchcuda.compiler.capture.graph import CaptureError
     from stitchcuda.compiler.emit.codegen import CodegenOptions

@@ -9,6 +9,7 @@ the worker, its file named, nothing of our stack shown.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,54 @@ def test_references_checked_side_by_side_keep_their_order_past_a_hang(monkeypatc
     assert [c.task for c in checks] == [t.name for t in tasks]
     assert [c.ok for c in checks] == [True, False, False, True, True, True]
     assert "did not finish within 5 s" in checks[1].problem and "line 16" in checks[2].problem
+
+
+_SECOND_CALL_HANGS = '''
+import os
+import time
+import torch
+import torch.nn as nn
+
+with open(os.environ["IMPORTED_BY"], "a") as f:  # which processes ran this file
+    f.write(f"{os.getpid()}\\n")
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        calls = os.environ["IMPORTED_BY"] + ".calls"  # counted across imports and processes
+        called = os.path.exists(calls)
+        open(calls, "a").close()
+        if called:  # the check's forward returns; the capture's never does
+            time.sleep(3600)
+        return x * 2
+
+
+def get_inputs():
+    return [torch.randn(4, 4)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_forward_that_hangs_on_its_second_call_is_stopped_at_the_limit_outside_our_process(tmp_path):
+    """The reference check and the capture run in one child under one limit: a forward that returns
+    once and then hangs ends the command with exit 2 at the limit, and the command's own process
+    never imported the user's file."""
+    import subprocess
+    import sys
+    import time
+
+    task, imported = tmp_path / "hangs_later.py", tmp_path / "imported_by.txt"
+    task.write_text(_SECOND_CALL_HANGS)
+    env = dict(os.environ, STITCHCUDA_REFERENCE_TIMEOUT="20", IMPORTED_BY=str(imported))
+    started = time.monotonic()
+    child = subprocess.Popen([sys.executable, "-m", "stitchcuda.cli", "optimize", str(task), "--workspace",
+                              str(tmp_path / "ws")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=tmp_path)
+    _, err = child.communicate(timeout=240)
+    assert child.returncode == 2, err
+    assert "did not finish within 20 s" in err and str(task) in err and "Traceback" not in err
+    assert time.monotonic() - started < 120
+    assert str(child.pid) not in imported.read_text().split()

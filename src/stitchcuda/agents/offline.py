@@ -250,7 +250,7 @@ class OfflineCoder:
     @classmethod
     def prepare(cls, task: Task, tolerance: str = "strict") -> Compiled:
         """The task compiled, with the cost model's estimates and its first program already made (a
-        bench makes them in another process, :mod:`stitchcuda.bench.compiling`: emitted in the bench's
+        bench makes them in another process, :mod:`stitchcuda.agents.compiling`: emitted in the bench's
         own process, a large program took turns on its interpreter with a dozen threads, 0.4 s → 33 s)."""
         coder = cls(task, tolerance)
         coder._estimates()

@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from stitchcuda.agents.compiling import compile_apart
 from stitchcuda.agents.knowledge import KnowledgeBase
 from stitchcuda.agents.loop import Budget, OptimizeConfig, Optimizer, Reporter, RunCrashed, summarize
 from stitchcuda.agents.offline import OFFLINE, OfflineCoder, OfflinePlannerAgent, build_host_ahead
@@ -26,7 +27,7 @@ from stitchcuda.llm.base import LLMConfig
 from stitchcuda.records import RunState, SampleOutcome, StepRecord
 from stitchcuda.store import RunStore, db_path
 from stitchcuda.task import TaskError, load_task_file, resolve_tasks
-from stitchcuda.task.probe import check_reference
+from stitchcuda.task.probe import check_reference, reference_timeout
 from stitchcuda.task.record import Task
 from stitchcuda.verify import DeviceUnavailable, Verifier
 from stitchcuda.verify.config import PRESETS
@@ -153,16 +154,21 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
         run_id = None
         task = _task(reference, kernelbench, level, problem)
         config = build_config(**options)
-    check = check_reference(task)  # before anything else runs: its inputs, Model and forward, time-limited
-    if check.problem:
-        raise SessionError(check.problem)
+    offline = config.coder.provider == "offline"
+    if not offline:  # before anything else runs: its inputs, Model and forward, in a child, time-limited
+        check = check_reference(task)
+        if check.problem:
+            raise SessionError(check.problem)
     verifier = Verifier(config.verify)
     if verifier.gpu is not None:
         verifier.warm_up()  # a worker's start (torch, the CUDA context) overlaps the capture
-    if config.coder.provider == "offline":
+    if offline:
         build_host_ahead(verifier)  # beside the capture
-        try:
-            coder_llm = OfflineCoder(task, config.verify.tolerance)
+        try:  # the same check, then the capture, in one child under one limit: no user code runs here
+            compiled = compile_apart(task, config.verify.tolerance, timeout_s=reference_timeout(), check=True)
+            coder_llm = OfflineCoder(task, config.verify.tolerance, compiled)
+        except TaskError as exc:
+            raise SessionError(str(exc)) from None
         except CaptureError as exc:
             raise SessionError(f"the offline Coder cannot work on {task.name}: {exc}",
                                hints=[OPTIMIZE_WITH_LLM]) from None

@@ -29,9 +29,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from stitchcuda import machine
+from stitchcuda.agents.compiling import compile_apart
 from stitchcuda.agents.loop import OptimizeConfig, Optimizer
 from stitchcuda.agents.offline import OfflineCoder, OfflinePlannerAgent, build_host_ahead
-from stitchcuda.bench.compiling import compile_apart
 from stitchcuda.bench.records import Attempt, BenchInfo, BenchResult, TaskResult
 from stitchcuda.bench.store import BenchRow, BenchStore
 from stitchcuda.compiler.capture.graph import CaptureError

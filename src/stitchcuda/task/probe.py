@@ -34,7 +34,7 @@ from stitchcuda.task.record import Task
 
 DEFAULT_TIMEOUT_S = 120.0
 _IMPORT_TIMEOUT_S = 300.0
-_TIMEOUT_ENV = "STITCHCUDA_REFERENCE_TIMEOUT"
+TIMEOUT_ENV = "STITCHCUDA_REFERENCE_TIMEOUT"
 _THREADS_ENV = "STITCHCUDA_PROBE_THREADS"
 # where the forward could not run on the meta device, it runs on the CPU only when that is cheap
 _CPU_FORWARD_NUMEL = 1 << 24
@@ -58,7 +58,7 @@ class ReferenceCheck(BaseModel):
 def reference_timeout() -> float:
     """The time limit of one reference's check, in seconds (``$STITCHCUDA_REFERENCE_TIMEOUT``)."""
     try:
-        return float(os.environ.get(_TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+        return float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
     except ValueError:
         return DEFAULT_TIMEOUT_S
 
@@ -149,7 +149,7 @@ def _run_child(tasks: list[Task], limit: float, threads: int = 0) -> list[Refere
             if line is None:
                 problem = (f"the reference did not finish within {limit:g} s (import, Model(...) and one forward "
                            "on the meta device): a forward that never returns cannot be verified (raise the "
-                           f"limit with {_TIMEOUT_ENV}=SECONDS if it is only slow)")
+                           f"limit with {TIMEOUT_ENV}=SECONDS if it is only slow)")
             else:  # the child died: a segfault in the reference's own code, say
                 errors.seek(0)
                 tail = errors.read().strip().splitlines()
@@ -170,7 +170,9 @@ def _run_child(tasks: list[Task], limit: float, threads: int = 0) -> list[Refere
 
 # -- the child -----------------------------------------------------------------------------------
 
-def _probe(name: str, source: str, label: str) -> ReferenceCheck:
+def check_here(name: str, source: str, label: str) -> ReferenceCheck:
+    """The check, in this process: a child's (this module's own, or the compile process of
+    :mod:`stitchcuda.agents.compiling`), never the command's."""
     import torch
 
     started = time.perf_counter()
@@ -294,7 +296,7 @@ def _child_main() -> None:
     records.flush()
     sys.stdout = sys.stderr  # the user's prints must not interleave with our records
     for job in json.loads(sys.stdin.read()):
-        records.write(_probe(job["name"], job["source"], job["label"]).model_dump_json() + "\n")
+        records.write(check_here(job["name"], job["source"], job["label"]).model_dump_json() + "\n")
         records.flush()
 
 
