@@ -20,7 +20,8 @@ from stitchcuda import store_repair
 from tests.conftest import sampled
 
 OLD_PROGRAM = "# the program an earlier run wrote\n" * 1000
-KILLS = [(i, "SIGKILL" if i % 2 else "SIGINT", random.Random(45 + i).random()) for i in range(30)]
+# the 30 kills: which signal, and when, as a share of an unkilled run's time once its run is stored
+KILLS = [f"{i}-{'SIGKILL' if i % 2 else 'SIGINT'}-{random.Random(45 + i).random():.3f}" for i in range(30)]
 
 
 def _optimize(workspace, out, *more: str) -> subprocess.Popen:
@@ -64,7 +65,8 @@ def unkilled(tmp_path_factory):
 @pytest.mark.parametrize("kill", sampled(KILLS, 3, seed=45))
 def test_a_killed_run_is_interrupted_and_resumes_to_the_same_end(unkilled, kill):
     root, workspace, program, length = unkilled
-    index, how, moment = kill
+    index, how, moment = kill.split("-")
+    moment = float(moment)
     out = root / f"kill{index}.py"
     out.write_text(OLD_PROGRAM)
     before = _stored(workspace)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -39,7 +40,12 @@ def _processes() -> int:
 
 def _start() -> None:
     from stitchcuda.torchvision_compat import make_torchvision_importable
+    from stitchcuda.verify.workers import die_with_parent
 
+    # Ctrl-C reaches the whole process group: the command stops this process itself (and a killed
+    # command's process is gone, so this one goes too)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
     make_torchvision_importable()  # the zoo's tasks import torchvision, a CUDA build beside a CPU torch
 
 
@@ -86,6 +92,9 @@ def compile_apart(task: Task, tolerance: str, timeout_s: float | None = None, ch
     except BrokenProcessPool:
         _discard(pool)
         raise CaptureError("the model crashed the process that captured it") from None
+    except KeyboardInterrupt:
+        _discard(pool)  # a capture left running would keep the interpreter from exiting
+        raise
     except FutureTimeout:
         _discard(pool)
         from stitchcuda.task.probe import TIMEOUT_ENV
