@@ -23,13 +23,14 @@ PACKAGE = SRC / "stitchcuda"
 LAYERS: list[tuple[str, set[str]]] = [
     # the version string, where the cache lives, what the machine has (nvidia-smi, the CUDA
     # toolkit and its library headers), the one Jinja setup every template renders under, the hints
-    # messages carry
-    ("foundation", {"stitchcuda", "paths", "machine", "gpu_specs", "cuda_headers", "templating", "hints", "torchvision_compat"}),
+    # messages carry, files written whole or not at all
+    ("foundation", {"stitchcuda", "paths", "machine", "gpu_specs", "cuda_headers", "templating", "hints", "torchvision_compat",
+                    "files"}),
     # the task and candidate records and their loading, and the records of an optimize run
     # (plan, steps, state): what every stage passes around
     ("task, records", {"task", "records"}),
-    # the run store (runs.sqlite): keeps the records it is handed as JSON
-    ("store", {"store"}),
+    # the run store (runs.sqlite): keeps the records it is handed as JSON; checks and repairs it
+    ("store", {"store", "store_repair"}),
     # the Verifier: worker process, checks, timing, the Verdict, the GPU gate and pool
     ("verify", {"verify"}),
     # LLM clients, rewards, the offline compiler: each may read verdicts, none knows about agents
@@ -45,6 +46,7 @@ LAYERS: list[tuple[str, set[str]]] = [
 # Imports between two packages of one layer, each with its reason. Anything not listed here
 # (bench <-> rl, say) must go through a lower layer.
 PEERS: dict[tuple[str, str], str] = {
+    ("store_repair", "store"): "a repaired store is made by the store's own connect, with its schema",
     ("reward", "llm"): "the rubric reward asks an LLM judge",
     ("cli", "console"): "commands print the Rich views of their records",
     ("cli", "terminal"): "commands write through the one terminal console",
