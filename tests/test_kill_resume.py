@@ -82,6 +82,8 @@ def test_a_killed_run_is_interrupted_and_resumes_to_the_same_end(unkilled, kill)
     _, err = child.communicate(timeout=300)
     assert child.returncode in (0, 130, -signal.SIGKILL), err
     assert "Traceback" not in err
+    if child.returncode == 130:  # Ctrl-C: one line
+        assert err.strip().splitlines()[-1] == "interrupted"
     assert out.read_text() in (OLD_PROGRAM, program)  # whole, old or new: never cut
     runs = _runs(workspace)
     assert not [r for r in runs if r["status"] == "running"]

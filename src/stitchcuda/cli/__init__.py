@@ -68,6 +68,8 @@ def main() -> None:
         print(f"internal error: {type(exc).__name__}: {exc}\nThis is a bug in StitchCUDA, not in your input; "
               f"{where}: please report it with that file.", file=sys.stderr)
         sys.exit(EXIT_INTERNAL)
+    if code == EXIT_INTERRUPTED:  # Ctrl-C inside a command: typer ends it with 130 and says nothing
+        print("interrupted", file=sys.stderr)
     sys.exit(code if isinstance(code, int) else 0)
 
 
