@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 
 from rich.console import Group
@@ -274,6 +275,11 @@ class LiveReporter:
     def __exit__(self, *exc) -> None:
         if self._status is not None:
             self._status.__exit__(*exc)
+
+    def waiting(self, what: str) -> contextlib.AbstractContextManager:
+        """A status line while the command waits on something before the run exists (the reference's
+        check and capture, in a child)."""
+        return contextlib.nullcontext() if self.quiet else self.console.status(what)
 
     def __call__(self, state, message: str) -> None:
         if self.quiet:

@@ -137,7 +137,8 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
                 workspace: Path, resume: str | None, out: Path | None, prices: Path | None,
                 reporter: Reporter | None = None, **options: Any) -> dict:
     """Resume or start one optimize run and return its summary. ``reporter`` hears of every step;
-    one that is also a context manager (a live status line) is entered for the run's duration."""
+    one that is also a context manager (a live status line) is entered for the run's duration, and
+    one with a ``waiting(what)`` context shows what the command waits on before the run starts."""
     store: RunStore | None = None
     if resume is not None:
         if not db_path(workspace).exists():
@@ -155,8 +156,11 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
         task = _task(reference, kernelbench, level, problem)
         config = build_config(**options)
     offline = config.coder.provider == "offline"
+    waiting = getattr(reporter, "waiting", None) or (lambda what: contextlib.nullcontext())
+    limit = reference_timeout()
     if not offline:  # before anything else runs: its inputs, Model and forward, in a child, time-limited
-        check = check_reference(task)
+        with waiting(f"checking the reference in a child process (limit {limit:g} s)"):
+            check = check_reference(task)
         if check.problem:
             raise SessionError(check.problem)
     verifier = Verifier(config.verify)
@@ -165,7 +169,8 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
     if offline:
         build_host_ahead(verifier)  # beside the capture
         try:  # the same check, then the capture, in one child under one limit: no user code runs here
-            compiled = compile_apart(task, config.verify.tolerance, timeout_s=reference_timeout(), check=True)
+            with waiting(f"checking and capturing {task.name} in a child process (limit {limit:g} s)"):
+                compiled = compile_apart(task, config.verify.tolerance, timeout_s=limit, check=True)
             coder_llm = OfflineCoder(task, config.verify.tolerance, compiled)
         except TaskError as exc:
             raise SessionError(str(exc)) from None
