@@ -995,3 +995,18 @@ def test_bundled_programs_from_fuse_are_clean(name):
     assert supported(graph, groups) == []
     source = generate(task, graph, groups)
     assert hacking_level(static_findings(source).findings) == "none"
+
+
+def test_the_program_docstring_names_the_models_own_modules():
+    """Each fusion group is said with the module paths its operators ran in: a user reads the program
+    in their model's names, not only the graph's (view_7, _safe_softmax)."""
+    from stitchcuda.compiler import compile_task
+
+    source = ("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+              "        super().__init__()\n        self.proj = nn.Linear(64, 64)\n        self.post_norm = nn.LayerNorm(64)\n\n"
+              "    def forward(self, x):\n        return torch.softmax(self.post_norm(self.proj(x)) * 2.0, dim=-1)\n\n\n"
+              "def get_inputs():\n    return [torch.randn(16, 64)]\n\n\ndef get_init_inputs():\n    return []\n")
+    program = compile_task(Task(name="named", source=source)).program()
+    groups = [line for line in program.splitlines() if line.startswith("- group")]
+    assert any("post_norm" in line for line in groups), groups
+    assert all(" in " in line or "proj" in line for line in groups), groups

@@ -328,6 +328,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
                        for c in low.cutlass]
     if "'''" in cuda_src or any("'''" in text for source in cutlass_sources for text in source):
         raise Unsupported("generated CUDA contains a triple quote")
+    modules = {n.name: n.module for n in graph.nodes}
     return emitter.env.get_template("module.py.j2").render(
         task=task.name, options=options.model_dump(), name=name, cuda_src=cuda_src, cpp_src=cpp_src,
         host_src=host_src, host_name=host_name(host_src), spec=spec.arguments(),
@@ -339,6 +340,18 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         cutlass=bool(low.cutlass), cutlass_sources=cutlass_sources, cutlass_flags=repr(CUDA_CFLAGS),
         cutlass_describe=[c.describe for c in low.cutlass],
         estimate=json.dumps(estimate.model_dump(exclude_none=True)) if estimate else "", estimate_text=_estimate_text(low),
-        groups=[f"group {lg.group.id} ({lg.group.kind}): {lg.describe}"
+        groups=[f"group {lg.group.id} ({lg.group.kind}){_modules_of(modules, lg.group, lg.describe)}: {lg.describe}"
                                             + (" [from the weights alone: run when they change]" if lg.hoisted else "")
                                             for lg in low.groups])
+
+
+def _modules_of(modules: dict[str, str], group: FusionGroup, describe: str) -> str:
+    """" in MODULE, ..." : the model's own module paths the group's operators ran in (``modules``:
+    each node's), so that a user reads the program in their model's names (``net.layers.0.norm1``),
+    not only the graph's (``view_7``)."""
+    found = [m for m in dict.fromkeys(modules.get(n, "") for n in group.nodes) if m]
+    found = [m for m in found if m not in describe]
+    if not found:
+        return ""
+    return " in " + ", ".join(found[:2]) + (f" and {len(found) - 2} more" if len(found) > 2 else "")
+
