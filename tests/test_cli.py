@@ -84,8 +84,10 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path):
     import sys
     import time
 
+    # Ctrl-C as a terminal delivers it: a test run in the background inherits SIGINT ignored
     child = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "stitchcuda.cli", "tasks", "suite"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 30
     lines = []
     while time.monotonic() < deadline:  # interrupt once the app's imports have begun

@@ -27,7 +27,8 @@ KILLS = [f"{i}-{'SIGKILL' if i % 2 else 'SIGINT'}-{random.Random(45 + i).random(
 def _optimize(workspace, out, *more: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "stitchcuda.cli", "optimize", *more, "--workspace", str(workspace),
                              "-o", str(out), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True,  # Ctrl-C as a terminal delivers it, even where this
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # runs in the background
 
 
 def _runs(workspace) -> list[dict]:
