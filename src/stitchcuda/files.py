@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -32,15 +31,5 @@ def write_atomic(path: str | Path, data: str | bytes, encoding: str = "utf-8") -
 
 
 def copy_atomic(source: str | Path, target: str | Path) -> None:
-    """Copy ``source`` to ``target``, replacing it in one rename."""
-    target = Path(target)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
-    os.close(fd)
-    try:
-        shutil.copyfile(source, tmp)
-        os.chmod(tmp, target.stat().st_mode & 0o777 if target.exists() else _NEW_FILE_MODE)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Copy ``source`` to ``target``, replacing it in one rename (programs and reports: small files)."""
+    write_atomic(target, Path(source).read_bytes())

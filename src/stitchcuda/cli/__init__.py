@@ -43,11 +43,14 @@ def main() -> None:
         print("interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     except Exception as exc:  # noqa: BLE001 - the last line of defence
+        import typer
+
         from stitchcuda.paths import cache_root
         from stitchcuda.store import StoreError
 
-        usage = getattr(exc, "format_message", None) if hasattr(exc, "exit_code") else None
-        if isinstance(exc, StoreError) or usage is not None:  # the user's to fix: a store, an argument
+        # typer's usage errors (a bad option or value) and the store's faults are the user's to fix
+        usage = exc.format_message if isinstance(exc, typer.TyperException) and hasattr(exc, "format_message") else None
+        if isinstance(exc, StoreError) or usage is not None:
             message = str(exc) if usage is None else usage().replace("Value error, ", "")
             if not message.strip():  # `stitchcuda` alone: the help was the answer
                 sys.exit(EXIT_UNUSABLE)
