@@ -144,6 +144,11 @@ def test_quiet_cores_one_per_gpu(monkeypatch):
     monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     split = machine.cpu_split()
     assert split is not None and split.timing == {0: 15, 1: 14} and split.builds == list(range(14))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # a bench given one of the two: one quiet core
+    split = machine.cpu_split()
+    assert split is not None and split.timing == {1: 15} and split.builds == list(range(15))
+    assert machine.usable_cores() == 16  # the affinity, not the machine's count
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setenv("STITCHCUDA_QUIET_CORES", "0")
     assert machine.cpu_split() is None
     monkeypatch.delenv("STITCHCUDA_QUIET_CORES")

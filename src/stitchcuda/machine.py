@@ -58,13 +58,30 @@ class CpuSplit(BaseModel):
     timing: dict[int, int]  # GPU index -> the core its worker times on
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity (taskset, a container's cpuset), not the
+    machine's count, so a bench confined to 16 of 64 cores starts 16 builds, not 64."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def visible_gpus() -> tuple[Gpu, ...]:
+    """The GPUs CUDA_VISIBLE_DEVICES leaves this process (all of them when it is unset)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return gpus()
+    wanted = [int(v) for v in (v.strip() for v in visible.split(",")) if v.isdigit()]
+    return tuple(g for i in wanted for g in gpus() if g.index == i)
+
+
 def cpu_split() -> CpuSplit | None:
     """The split for this process's cores and the machine's GPUs; None without GPUs, with fewer
     than four cores per GPU, or when ``STITCHCUDA_QUIET_CORES=0``."""
     if os.environ.get("STITCHCUDA_QUIET_CORES", "1") == "0" or not hasattr(os, "sched_getaffinity"):
         return None
     cores = sorted(os.sched_getaffinity(0))
-    found = gpus()
+    found = visible_gpus()
     if not found or len(cores) < 4 * len(found):
         return None
     quiet = cores[-len(found):]
@@ -85,14 +102,8 @@ def physical_gpu(device: str) -> Gpu | None:
     if not match:
         return None
     logical = int(match[1] or 0)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    indices = [g.index for g in gpus()]
-    if visible is not None and visible.strip():
-        entries = [v.strip() for v in visible.split(",") if v.strip()]
-        indices = [int(v) for v in entries if v.isdigit()]
-    if logical >= len(indices):
-        return None
-    return next((g for g in gpus() if g.index == indices[logical]), None)
+    visible = visible_gpus()
+    return visible[logical] if logical < len(visible) else None
 
 
 # where a CUDA toolkit installs when nothing says otherwise

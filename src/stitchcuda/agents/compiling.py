@@ -23,6 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 
+from stitchcuda import machine
 from stitchcuda.agents.offline import OfflineCoder
 from stitchcuda.compiler import Compiled
 from stitchcuda.compiler.capture.graph import CaptureError
@@ -35,7 +36,7 @@ _LOCK = threading.Lock()
 
 
 def _processes() -> int:
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
+    return max(1, min(8, machine.usable_cores() // 2))
 
 
 def _start() -> None:

@@ -320,7 +320,7 @@ def _local(jobs: list[Job], config: BenchConfig, on_done: Callable[[TaskResult],
     for device in config.gpus:
         for _ in range(config.runs_per_gpu):
             slots.put(device)
-    build_jobs = config.optimize.verify.build_jobs or max(1, (os.cpu_count() or 2) // 2)
+    build_jobs = config.optimize.verify.build_jobs or max(1, machine.usable_cores() // 2)
     builders = ThreadPoolExecutor(max_workers=build_jobs) if any(j.candidate for j in jobs) else None
     builds = {j.idx: builders.submit(prebuild, j) for j in jobs if j.candidate} if builders else {}
 

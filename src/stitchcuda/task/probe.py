@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from stitchcuda import machine
 from stitchcuda.task.inspect import TaskError, check_init_inputs, check_inputs, check_reference_source
 from stitchcuda.task.record import Task
 
@@ -104,8 +105,8 @@ def check_references(tasks: list[Task], timeout_s: float | None = None) -> list[
             part = part[len(done):]
         return out
 
-    children = max(1, min(len(pending), (os.cpu_count() or 2) // 2, 8))
-    threads = max(1, (os.cpu_count() or 2) // children)  # each child's share: torch takes every core by default
+    children = max(1, min(len(pending), machine.usable_cores() // 2, 8))
+    threads = max(1, machine.usable_cores() // children)  # each child's share: torch takes every core by default
     with ThreadPoolExecutor(max_workers=children) as pool:
         for part in pool.map(probe, [pending[k::children] for k in range(children)]):
             results.update(part)

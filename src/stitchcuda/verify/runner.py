@@ -178,7 +178,7 @@ class Verifier:
             env["CUDA_VISIBLE_DEVICES"] = ""
         env.setdefault("TORCH_CUDA_ARCH_LIST", os.environ.get("STITCHCUDA_DEFAULT_ARCH", "9.0"))
         split = machine.cpu_split()
-        cores = len(split.builds) if split else (os.cpu_count() or 2)
+        cores = len(split.builds) if split else machine.usable_cores()
         # Builds run inside the worker: bound ninja's parallelism when several build at once.
         env.setdefault("MAX_JOBS", str(max(1, cores // max(1, self._build_jobs()))))
         # A worker's CPU work (a model's random init, input draws) is serial; torch's default of a thread
@@ -191,7 +191,7 @@ class Verifier:
         return env
 
     def _build_jobs(self) -> int:
-        return self.config.build_jobs or max(1, (os.cpu_count() or 2) // 2)
+        return self.config.build_jobs or max(1, machine.usable_cores() // 2)
 
     def _worker_device(self) -> str:
         return "cuda:0" if self.config.device.startswith("cuda") else self.config.device
