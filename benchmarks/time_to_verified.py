@@ -8,6 +8,7 @@ in a process of its own. Needs a CUDA GPU.
 
     python benchmarks/zoo.py write zoo/
     python benchmarks/time_to_verified.py zoo/hf_gpt2.py zoo/nn_lstm.py ... --out ttv.jsonl
+    python benchmarks/time_to_verified.py ... --out ttv.jsonl --resume   # skips models already in ttv.jsonl
 
 Goals it checks: ours no slower than max-autotune on each model, and a median of at most 60 s.
 """
@@ -43,8 +44,9 @@ print("COMPILE_S", first - warm)
 def ours(path: Path, limit_s: float) -> dict:
     """``stitchcuda optimize`` from an empty build cache: its wall time and whether it kept a program."""
     env = {**os.environ, "STITCHCUDA_CACHE": tempfile.mkdtemp(prefix="ttv-cache-")}
+    workspace = tempfile.mkdtemp(prefix="ttv-ws-")
     command = [sys.executable, "-m", "stitchcuda.cli", "optimize", str(path), "--max-steps", "1", "--json",
-               "--workspace", tempfile.mkdtemp(prefix="ttv-ws-"), "-o", tempfile.mktemp(suffix=".py")]
+               "--workspace", workspace, "-o", tempfile.mktemp(suffix=".py")]
     started = time.time()
     try:
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=limit_s)
@@ -56,7 +58,20 @@ def ours(path: Path, limit_s: float) -> dict:
     except ValueError:
         return {"ours_s": round(seconds, 1), "verified": False, "note": (done.stderr.strip().splitlines() or [""])[-1]}
     best = summary.get("best") or {}
-    return {"ours_s": round(seconds, 1), "verified": bool(best), "speedup": best.get("speedup", {})}
+    return {"ours_s": round(seconds, 1), "verified": bool(best), "speedup": best.get("speedup", {}),
+            "stages_s": stages(workspace, env)}
+
+
+def stages(workspace: str, env: dict) -> dict:
+    """Where the command's time went, as ``stitchcuda runs last`` records it (stages over half a second)."""
+    done = subprocess.run([sys.executable, "-m", "stitchcuda.cli", "runs", "last", "--workspace", workspace, "--json"],
+                          capture_output=True, text=True, env=env)
+    try:
+        run = json.loads(done.stdout)
+    except ValueError:
+        return {}
+    recorded = (run.get("state") or run).get("stages") or {}
+    return {name: round(s, 1) for name, s in recorded.items() if isinstance(s, (int, float)) and s > 0.5}
 
 
 def max_autotune(path: Path, limit_s: float) -> dict:
@@ -77,9 +92,15 @@ def main() -> None:
     parser.add_argument("tasks", nargs="+", type=Path, help="KernelBench-format task files")
     parser.add_argument("--limit-s", type=float, default=600)
     parser.add_argument("--out", type=Path, default=None, help="append one JSON line per model")
+    parser.add_argument("--resume", action="store_true", help="keep the models already in --out and measure the rest")
     args = parser.parse_args()
     rows = []
+    if args.resume and args.out is not None and args.out.exists():
+        rows = [json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]
+    measured = {r["model"] for r in rows}
     for path in args.tasks:
+        if path.stem in measured:
+            continue
         row = {"model": path.stem, **ours(path, args.limit_s), **max_autotune(path, args.limit_s)}
         rows.append(row)
         print(json.dumps(row), flush=True)
