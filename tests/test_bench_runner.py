@@ -223,6 +223,17 @@ def test_bench_optimize_records_each_run_and_its_attempts(tmp_path, cache):
     assert json.loads(done.stdout)["failures"] == [{"task": "tiny", **row["failure"]}]
     shown = bench("--resume", "last", "--workspace", str(ws))  # nothing left to run: the table alone
     assert shown.exit_code == 0 and "hack: level total" in shown.stdout
+    assert row["verifications"] == 1
+    # cut after the run recorded its verdict, before the bench recorded the task: the resume
+    # verifies nothing again, and the verification still counts as the bench's own
+    db = sqlite3.connect(ws / "runs.sqlite")
+    db.execute("UPDATE bench_tasks SET status = 'pending'")
+    db.commit()
+    again = bench("--resume", "last", "--workspace", str(ws), "--json")
+    assert again.exit_code == 0, again.output
+    redone = json.loads(db.execute("SELECT result FROM bench_tasks").fetchone()[0])
+    assert redone["verifications"] == 1 and redone["run_id"] == row["run_id"] and redone["llm_calls"] == 2
+    assert json.loads(again.stdout)["totals"]["verifications"] == 1
     assert row["steps"] == 1 and row["llm_calls"] == 2 and row["tokens"] > 0
     assert [(a["step"], a["outcome"]) for a in row["attempts"]] == [(0, "hack (total)")]
     assert json.loads(done.stdout)["overall"]["succeeded"] == 0

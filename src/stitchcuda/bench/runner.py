@@ -131,7 +131,7 @@ def run_job(job: Job, device: str | None = None, built: tuple[str, Any] | None =
         compiling: dict[str, float] = {}
         result = _evaluate(job, verifier) if job.candidate is not None else _optimize(job, verifier, compiling)
         stats = verifier.stats
-        result.verifications = stats.verifications
+        result.verifications += stats.verifications  # on top of those a resumed run had recorded
         result.build_s, result.gpu_s, result.gpu_wait_s = stats.build_s, stats.gpu_s, stats.wait_s
         result.verify_phases_s = dict(stats.phases)
         result.builds, result.builds_cached = stats.builds, stats.builds_cached
@@ -230,8 +230,13 @@ def _optimize(job: Job, verifier: GatedVerifier, compiling: dict[str, float]) ->
 
     optimizer = Optimizer(job.task, config, planner, coder, verifier, store, reporter=report)
     try:
+        # A bench cut after a run's verdicts were recorded, but before its task was, resumes the run
+        # without verifying them again: they count as this bench's verifications all the same (its
+        # wall time holds them), or a bench measured in parts would undercount its throughput.
+        earlier = _verdicts_recorded(store, job.run_id) if job.run_id else 0
         state = optimizer.resume(job.run_id) if job.run_id else optimizer.start()
         result = result_from_run(store, state, job.level)
+        result.verifications = earlier
         harness = config.verify.kernelbench_harness
         if harness and result.program and Path(result.program).is_file():
             # its process takes the GPU gate itself, shared for its trials and exclusive for its timing
@@ -245,6 +250,13 @@ def _optimize(job: Job, verifier: GatedVerifier, compiling: dict[str, float]) ->
     finally:
         store.close()
         bench_store.close()
+
+
+def _verdicts_recorded(store: RunStore, run_id: str) -> int:
+    try:
+        return sum(1 for step in store.steps(run_id) for sample in step.samples if sample.verdict_path)
+    except KeyError:  # a run the store never recorded: the resume will say so
+        return 0
 
 
 def result_from_run(store: Any, state: Any, level: int | None) -> TaskResult:
