@@ -1,7 +1,8 @@
 """`stitchcuda optimize` killed (SIGKILL, or Ctrl-C to its process group) at moments drawn from a
 fixed seed once its run is stored, all over one store: no run stays `running`, the killed run
 resumes to the end an unkilled run reaches, no output file is ever truncated, and the store passes
-its check. This machine has no GPU: the offline Coder writes and compile-checks the program."""
+its check. Two paths, each over a store of its own: without a GPU the offline Coder writes and
+compile-checks the program; with ``--device cpu`` the whole loop runs, plan, steps and verdicts."""
 
 from __future__ import annotations
 
@@ -20,8 +21,11 @@ from stitchcuda import store_repair
 from tests.conftest import sampled
 
 OLD_PROGRAM = "# the program an earlier run wrote\n" * 1000
-# the 30 kills: which signal, and when, as a share of an unkilled run's time once its run is stored
-KILLS = [f"{i}-{'SIGKILL' if i % 2 else 'SIGINT'}-{random.Random(45 + i).random():.3f}" for i in range(30)]
+# the 30 kills: which signal, and when, as a share of an unkilled run's time once its run is stored;
+# one in three on the --device cpu loop
+KILLS = [f"{i}-{'SIGKILL' if i % 2 else 'SIGINT'}-{random.Random(45 + i).random():.3f}-{'loop' if i % 3 == 2 else 'nogpu'}"
+         for i in range(30)]
+PATHS = {"nogpu": ("mlp",), "loop": ("mlp", "--device", "cpu", "--max-steps", "3")}
 
 
 def _optimize(workspace, out, *more: str) -> subprocess.Popen:
@@ -49,29 +53,47 @@ def _stored(workspace) -> int:
         return 0
 
 
+def _end(summary: dict) -> dict:
+    """What a run's summary says of its end, without what differs between any two runs."""
+    check = summary.get("compile_check") or {}
+    return {k: summary.get(k) for k in ("status", "steps", "replans", "stop_reason", "best")} | {
+        "compile_check": (check.get("status"), check.get("detail"))}
+
+
+_UNKILLED: dict[str, tuple] = {}
+
+
 @pytest.fixture(scope="module")
 def unkilled(tmp_path_factory):
-    """One run to the end: its program, and how long it ran once its run was stored."""
-    root = tmp_path_factory.mktemp("kills")
-    workspace, out = root / "ws", root / "unkilled.py"
-    child = _optimize(workspace, out, "mlp")
-    while _stored(workspace) == 0 and child.poll() is None:
-        time.sleep(0.05)
-    stored = time.monotonic()
-    _, err = child.communicate(timeout=600)
-    assert child.returncode == 0, err
-    return root, workspace, out.read_text(), time.monotonic() - stored
+    """Per path, one run to the end: its summary, its program (or None) and how long it ran once its
+    run was stored; made the first time a kill on that path asks for it."""
+
+    def get(path: str) -> tuple:
+        if path not in _UNKILLED:
+            root = tmp_path_factory.mktemp(f"kills-{path}")
+            workspace, out = root / "ws", root / "unkilled.py"
+            child = _optimize(workspace, out, *PATHS[path])
+            while _stored(workspace) == 0 and child.poll() is None:
+                time.sleep(0.05)
+            stored = time.monotonic()
+            summary, err = child.communicate(timeout=600)
+            assert child.returncode in (0, 1), err  # 1: the loop kept no program (its CUDA cannot run on a CPU)
+            _UNKILLED[path] = (root, workspace, json.loads(summary) | {"rc": child.returncode},
+                               out.read_text() if out.exists() else None, time.monotonic() - stored)
+        return _UNKILLED[path]
+
+    return get
 
 
-@pytest.mark.parametrize("kill", sampled(KILLS, 2, seed=45))  # by default one Ctrl-C and one SIGKILL
+@pytest.mark.parametrize("kill", sampled(KILLS, 3, seed=45))  # by default both signals and both paths
 def test_a_killed_run_is_interrupted_and_resumes_to_the_same_end(unkilled, kill):
-    root, workspace, program, length = unkilled
-    index, how, moment = kill.split("-")
+    index, how, moment, path = kill.split("-")
+    root, workspace, summary, program, length = unkilled(path)
     moment = float(moment)
     out = root / f"kill{index}.py"
     out.write_text(OLD_PROGRAM)
     before = _stored(workspace)
-    child = _optimize(workspace, out, "mlp")
+    child = _optimize(workspace, out, *PATHS[path])
     while _stored(workspace) == before and child.poll() is None:
         time.sleep(0.02)
     time.sleep(moment * length)
@@ -81,7 +103,7 @@ def test_a_killed_run_is_interrupted_and_resumes_to_the_same_end(unkilled, kill)
         else:
             os.killpg(child.pid, signal.SIGINT)
     _, err = child.communicate(timeout=300)
-    assert child.returncode in (0, 130, -signal.SIGKILL), err
+    assert child.returncode in (summary["rc"], 130, -signal.SIGKILL), err
     assert "Traceback" not in err
     if child.returncode == 130:  # Ctrl-C: one line
         assert err.strip().splitlines()[-1] == "interrupted"
@@ -92,9 +114,14 @@ def test_a_killed_run_is_interrupted_and_resumes_to_the_same_end(unkilled, kill)
     resumed = subprocess.run([sys.executable, "-m", "stitchcuda.cli", "optimize", "--resume", killed["id"],
                               "--workspace", str(workspace), "-o", str(out), "--json"],
                              capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr
-    assert json.loads(resumed.stdout)["run"] == killed["id"]  # that run, not a new one
-    assert out.read_text() == program
+    assert resumed.returncode == summary["rc"], resumed.stderr
+    ended = json.loads(resumed.stdout)
+    assert ended["run"] == killed["id"]  # that run, not a new one
+    assert _end(ended) == _end(summary)
+    if program is not None:
+        assert out.read_text() == program
+        # the command it suggests names the task's file, as the unkilled run's did, not the run's copy
+        assert ended["note"].replace(str(out), "OUT") == summary["note"].replace(str(root / "unkilled.py"), "OUT")
     after = _runs(workspace)
-    assert len(after) == len(runs) and after[0]["status"] == "unverified"
+    assert len(after) == len(runs) and after[0]["status"] == summary["status"]
     assert store_repair.check(workspace).ok

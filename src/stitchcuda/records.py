@@ -86,6 +86,8 @@ class RunState(BaseModel):
     run_id: str
     task: str
     task_sha256: str
+    task_path: str | None = Field(None, description="the file the task was read from (the run keeps its own copy, "
+                                                    "task.py, for a resume)")
     status: RunStatus = "running"
     stop_reason: str | None = None
     plan: Plan | None = None

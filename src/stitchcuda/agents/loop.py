@@ -115,7 +115,7 @@ class Optimizer:
 
     def start(self) -> RunState:
         state = RunState(run_id=self.store.new_run_id(self.task.name), task=self.task.name,
-                         task_sha256=self.task.sha256)
+                         task_sha256=self.task.sha256, task_path=self.task.path)
         self.store.create_run(state, self.config)
         write_atomic(self.store.run_dir(state.run_id) / "task.py", self.task.source)
         return self.run(state)

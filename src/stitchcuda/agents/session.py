@@ -86,6 +86,18 @@ def build_config(*, model: str | None, coder: str | None, provider: str, base_ur
     )
 
 
+def _original_path(state: RunState, stored: Task) -> str | None:
+    """The file a resumed run's task came from, while it still holds the same source (commands we
+    suggest name the user's file); else the run's own copy."""
+    original = Path(state.task_path) if state.task_path else None
+    try:
+        if original is not None and original.read_text() == stored.source:
+            return str(original)
+    except (OSError, UnicodeDecodeError):
+        pass
+    return stored.path
+
+
 def _generate_without_gpu(task: Task, coder, config: OptimizeConfig, store: RunStore, out: Path | None,
                           why: str, run_id: str | None = None) -> dict:
     """No GPU: the offline Coder still writes the program and nvcc compile-checks it; nothing is
@@ -93,7 +105,8 @@ def _generate_without_gpu(task: Task, coder, config: OptimizeConfig, store: RunS
     program's docstring) and the compile check. ``run_id``: the run to carry on (a resume): what it
     recorded is kept, and only what it had not finished is done."""
     if run_id is None:
-        state = RunState(run_id=store.new_run_id(task.name), task=task.name, task_sha256=task.sha256)
+        state = RunState(run_id=store.new_run_id(task.name), task=task.name, task_sha256=task.sha256,
+                         task_path=task.path)
         store.create_run(state, config)
     else:
         state = store.load_state(run_id)
@@ -150,7 +163,8 @@ def run_session(*, reference: str | None, kernelbench: Path | None, level: int |
             raise SessionError(f"cannot resume: {exc.args[0]} in {workspace}") from None
         config = OptimizeConfig.model_validate(store.load_config(run_id))
         task = load_task_file(store.run_dir(run_id) / "task.py")
-        task = task.model_copy(update={"name": store.load_state(run_id).task})
+        recorded = store.load_state(run_id)
+        task = task.model_copy(update={"name": recorded.task, "path": _original_path(recorded, task)})
     else:
         run_id = None
         task = _task(reference, kernelbench, level, problem)
