@@ -126,3 +126,17 @@ def test_suggested_commands_are_shell_quoted_and_never_wrapped(tmp_path, cache):
     assert result.exit_code == 0, result.output
     line = next(line for line in result.output.splitlines() if "stitchcuda runs " in line)
     assert " " in re.search(r"stitchcuda runs '([^']+)'", line).group(1)
+
+
+def test_flags_show_no_type_in_any_commands_help():
+    """A flag takes no value: `--json`, not `--json <bool>`, in every command's help."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    names = [[]] + [[name] for name in group.commands]
+    names += [[name, sub] for name, command in group.commands.items() for sub in getattr(command, "commands", {})]
+    for name in names:
+        shown = runner.invoke(app, [*name, "--help"], env={"COLUMNS": "200"})
+        assert shown.exit_code == 0, (name, shown.output)
+        assert "--help" in shown.output and "<bool>" not in shown.output, name
+    assert "<int" in runner.invoke(app, ["optimize", "--help"], env={"COLUMNS": "200"}).output  # other types stay

@@ -23,6 +23,24 @@ Provider = Literal["openai", "anthropic", "hf"]
 CoderKind = Literal["llm", "offline"]
 
 
+def _flags_take_no_value() -> None:
+    """Typer's rich help prints every option's type, flags included (``--json <bool>``), which reads
+    as if the flag took a value; its plain help leaves flags bare. Show flags bare in both."""
+    from typer.core import TyperOption
+
+    typed = TyperOption.display_type_rich
+    if getattr(typed, "_stitchcuda_flags_bare", False):
+        return
+
+    def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
+        return None if self.is_flag and not self.count else typed(self, ctx)
+
+    display_type_rich._stitchcuda_flags_bare = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_take_no_value()
+
 app = typer.Typer(
     name="stitchcuda",
     help="Turn a PyTorch program into a faster, verified end-to-end CUDA program.",
