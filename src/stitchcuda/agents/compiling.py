@@ -14,6 +14,7 @@ pool is made anew.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -22,6 +23,7 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
+from typing import Any
 
 from stitchcuda import machine
 from stitchcuda.agents.offline import OfflineCoder
@@ -32,6 +34,7 @@ from stitchcuda.task.inspect import TaskError
 from stitchcuda.task.record import Task
 
 _POOL: ProcessPoolExecutor | None = None
+_PIDS: dict[int, Any] = {}  # id(pool) -> the queue its processes put their PIDs on as they start
 _LOCK = threading.Lock()
 
 
@@ -39,10 +42,11 @@ def _processes() -> int:
     return max(1, min(8, machine.usable_cores() // 2))
 
 
-def _start() -> None:
+def _start(pids: Any) -> None:
     from stitchcuda.torchvision_compat import make_torchvision_importable
     from stitchcuda.verify.workers import die_with_parent
 
+    pids.put(os.getpid())  # so that the command can stop this process mid-task (the executor cannot)
     # Ctrl-C reaches the whole process group: the command stops this process itself (and a killed
     # command's process is gone, so this one goes too)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -74,8 +78,10 @@ def _discard(pool: ProcessPoolExecutor) -> None:
     with _LOCK:
         if _POOL is pool:
             _POOL = None
-    for process in list(getattr(pool, "_processes", {}).values()):  # no public way to stop a running task
-        process.kill()
+        pids = _PIDS.pop(id(pool), None)
+    while pids is not None and not pids.empty():  # the executor has no way to stop a running task
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pids.get(), signal.SIGKILL)
     pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -85,8 +91,10 @@ def compile_apart(task: Task, tolerance: str, timeout_s: float | None = None, ch
     global _POOL
     with _LOCK:
         if _POOL is None:
-            _POOL = ProcessPoolExecutor(_processes(), mp_context=multiprocessing.get_context("spawn"),
-                                        initializer=_start)
+            spawn = multiprocessing.get_context("spawn")
+            pids = spawn.SimpleQueue()
+            _POOL = ProcessPoolExecutor(_processes(), mp_context=spawn, initializer=_start, initargs=(pids,))
+            _PIDS[id(_POOL)] = pids
         pool = _POOL
     try:
         kind, value = pool.submit(_compile, task.model_dump_json(), tolerance, check).result(timeout=timeout_s)
