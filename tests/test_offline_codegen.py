@@ -161,7 +161,7 @@ def sgemm_colmajor(ta, tb, m, n, k, A, lda, B, ldb, C, ldc, batch=1, sa=0, sb=0,
 def simulate_lt(g, flat: dict[str, torch.Tensor]) -> None:
     """What the emitted cublasLtMatmul computes, from the layouts (rows, cols, ld) and transposes
     its descriptors are made from: D = op(A) op(B) in column-major, + bias per row, activation."""
-    from stitchcuda.compiler.emit.codegen import _lt_operands
+    from stitchcuda.compiler.lowering.gemm_calls import _lt_operands
 
     def buf(text):
         name, *off = text.split(" + ")
@@ -289,10 +289,10 @@ def simulate_cutlass(g, text: str, flat: dict[str, torch.Tensor]) -> None:
 def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None):
     """Run the lowered program on the CPU: GEMMs through an emulation of the emitted cuBLAS
     calls, kernels through the IR evaluator; returns (outputs, reference outputs)."""
-    from stitchcuda.compiler.emit.codegen import _Emitter
+    from stitchcuda.compiler.emit.emit import Emitter
 
     low = lower(graph, groups, options)
-    emitter = _Emitter(low, options or CodegenOptions(), "t")
+    emitter = Emitter(low, options or CodegenOptions(), "t")
     ref_mod = reference_module(task)
     torch.manual_seed(0)
     model = ref_mod.Model(*ref_mod.get_init_inputs()).eval()

@@ -17,7 +17,6 @@ must be a folder every Ray node sees.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time

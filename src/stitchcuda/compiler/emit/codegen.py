@@ -45,19 +45,9 @@ This module is the front; the work is split along the pipeline:
 - ``emit.py``: the IR programs of the fused kernels as CUDA; ``program.py``: the whole program.
 """
 
-from stitchcuda.compiler.emit.emit import Emitter
 from stitchcuda.compiler.emit.program import generate, split_cuda
 from stitchcuda.compiler.ir.expr import Unsupported
-from stitchcuda.compiler.lowering.gemm_calls import _lt_operands as _lt_operands
 from stitchcuda.compiler.lowering.lower import lower, supported
-from stitchcuda.compiler.lowering.lower_conv import ConvGeometry as ConvGeometry
-from stitchcuda.compiler.lowering.lower_conv import conv_geometry as conv_geometry
 from stitchcuda.compiler.lowering.lowered import CodegenOptions
-from stitchcuda.compiler.lowering.lowered import Conv as Conv
-from stitchcuda.compiler.lowering.lowered import Gemm as Gemm
-from stitchcuda.compiler.lowering.lowered import Lowered as Lowered
-from stitchcuda.compiler.lowering.lowered import Lowering as Lowering
-
-_Emitter = Emitter  # the name the tests have always imported from here
 
 __all__ = ["CodegenOptions", "Unsupported", "generate", "lower", "supported", "split_cuda"]
