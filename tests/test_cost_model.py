@@ -21,9 +21,9 @@ from stitchcuda.compiler.lowering.cost import (
 from stitchcuda.compiler.lowering.lower import lower
 from stitchcuda.compiler.lowering.lowered import Conv, Gemm
 from stitchcuda.compiler.lowering.split_tf32 import worth_splitting
+from stitchcuda.records import CostEstimate
 from stitchcuda.task import resolve_tasks
 from stitchcuda.task.load import load_task_file
-from stitchcuda.verify.verdict import CostEstimate
 
 H100 = TABLES["H100"]
 AUTO = CodegenOptions(split_tf32=True, cutlass=True, cost_model=True, gpu="H100")

@@ -236,3 +236,11 @@ def test_the_compiler_stages_point_one_way():
         if COMPILER_STAGES.index(theirs) > COMPILER_STAGES.index(mine):
             upward.append(f"{imp.where()}: {mine} imports {imp.module} ({theirs})")
     assert not upward, "\n".join(upward)
+
+
+def test_the_compiler_knows_nothing_of_the_verifier():
+    """The compiler writes programs; the Verifier judges them. What both read (the cost model's
+    estimate) is a record below both."""
+    wrong = [f"{i.where()}: {i.module}" for i in all_imports()
+             if module_name(i.file).startswith("stitchcuda.compiler") and package_of(i.module) == "verify"]
+    assert not wrong, "the compiler imports the Verifier:\n" + "\n".join(wrong)

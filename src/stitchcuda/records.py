@@ -1,4 +1,5 @@
-"""The records of an optimize run: plan, steps, samples, best program and resumable state.
+"""The records of an optimize run: plan, steps, samples, best program and resumable state; and
+the cost model's estimate, which the compiler writes into a program and the Verifier reads back.
 
 The agents pass them to each other and the run store (``stitchcuda.store``) keeps them as JSON.
 They sit at the bottom of the package (pydantic only, nothing from stitchcuda) so that the store
@@ -7,6 +8,7 @@ can keep them typed without importing the agents that make them.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -114,3 +116,28 @@ class RunState(BaseModel):
     cost_usd: float = 0.0
     seconds: float = 0.0
     stages: dict[str, float] = Field({}, description="where the run's wall time went, by stage (verify/stages.py)")
+
+
+class CostEstimate(BaseModel):
+    """The compiler's cost model's estimate, from the ``Estimate {...}`` line of a generated
+    program's docstring, and what the Verifier measured beside it."""
+
+    table: str = Field(description="the GPU table it assumed")
+    assumed: bool = Field(False, description="written where no GPU was: the default table")
+    device: str = ""
+    operators: int = Field(0, description="products and convolutions estimated")
+    ms: float = Field(0.0, description="their estimated time, summed")
+    paths: dict[str, int] = Field({}, description="how many took each path (cublas, split, cutlass, simt)")
+    measured_library_ms: float | None = Field(None, description="the profiled forward's library kernels (cuBLAS, "
+                                                                "cuDNN): most of what the estimate covers")
+    measured_forward_ms: float | None = Field(None, description="the timed forward, median")
+
+    @classmethod
+    def from_source(cls, source: str) -> CostEstimate | None:
+        found = re.search(r"^\s*Estimate (\{[^\n]*\})\s*$", source, re.M)
+        if not found:
+            return None
+        try:
+            return cls.model_validate_json(found[1])
+        except ValueError:
+            return None

@@ -15,17 +15,20 @@ from stitchcuda.compiler.capture.graph import DRAWN_OPS, keep_table
 from stitchcuda.compiler.ir.expr import DATA_OPS, VIEWS
 from stitchcuda.compiler.ir.formulas import ROW_OPS, is_pointwise
 from stitchcuda.compiler.ir.ops import (
+    CELLS,
     CONST_OPS,
     CONV_OPS,
     COPY_OPS,
     GEMM_OPS,
     NORM_OPS,
     SOFTMAX_OPS,
+    SPLITS,
     SUM_OPS,
     VIEW_OPS,
+    ZEROS,
 )
 from stitchcuda.compiler.lowering.lower_sequence import SEQUENCES
-from stitchcuda.compiler.lowering.lowered import CELLS, PLAIN_GEMM_OPS, SPLITS, ZEROS
+from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS
 from stitchcuda.compiler.lowering.registry import OPERATORS
 
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from stitchcuda.compiler.capture.graph import KEEP, OpGraph, capture
 from stitchcuda.compiler.emit.codegen import CodegenOptions, Unsupported, generate, lower
 from stitchcuda.compiler.ir.group import FusionGroup
-from stitchcuda.compiler.lowering.lowered import SPLITS, Lowering
+from stitchcuda.compiler.ir.ops import SPLITS
+from stitchcuda.compiler.lowering.lowered import Lowering
 from stitchcuda.compiler.schedule.fusion import fuse
 from stitchcuda.compiler.schedule.rewrite import split_into_slices
 from stitchcuda.compiler.schedule.simplify import simplify

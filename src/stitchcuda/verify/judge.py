@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stitchcuda.records import CostEstimate
 from stitchcuda.task.record import Candidate, Task
 from stitchcuda.verify import peaks, precision
 from stitchcuda.verify.config import VerifyConfig
@@ -10,7 +11,6 @@ from stitchcuda.verify.protocol import WorkerResult
 from stitchcuda.verify.static_report import StaticReport
 from stitchcuda.verify.verdict import (
     SEED_DEPENDENT,
-    CostEstimate,
     CrashReport,
     Finding,
     HackingReport,

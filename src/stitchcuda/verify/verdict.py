@@ -6,11 +6,11 @@ so every field says what it is measured in.
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from stitchcuda.records import CostEstimate
 from stitchcuda.verify.config import Tolerance
 
 HackLevel = Literal["none", "partial", "total"]
@@ -432,31 +432,6 @@ class SourceRef(BaseModel):
     name: str
     path: str | None = None
     sha256: str
-
-
-class CostEstimate(BaseModel):
-    """The compiler's cost model's estimate, from the ``Estimate {...}`` line of a generated
-    program's docstring, and what the Verifier measured beside it."""
-
-    table: str = Field(description="the GPU table it assumed")
-    assumed: bool = Field(False, description="written where no GPU was: the default table")
-    device: str = ""
-    operators: int = Field(0, description="products and convolutions estimated")
-    ms: float = Field(0.0, description="their estimated time, summed")
-    paths: dict[str, int] = Field({}, description="how many took each path (cublas, split, cutlass, simt)")
-    measured_library_ms: float | None = Field(None, description="the profiled forward's library kernels (cuBLAS, "
-                                                                "cuDNN): most of what the estimate covers")
-    measured_forward_ms: float | None = Field(None, description="the timed forward, median")
-
-    @classmethod
-    def from_source(cls, source: str) -> CostEstimate | None:
-        found = re.search(r"^\s*Estimate (\{[^\n]*\})\s*$", source, re.M)
-        if not found:
-            return None
-        try:
-            return cls.model_validate_json(found[1])
-        except ValueError:
-            return None
 
 
 class Verdict(BaseModel):

@@ -44,9 +44,9 @@ from stitchcuda.compiler.lowering.lowered import CodegenOptions, Lowering, to_id
 from stitchcuda.compiler.lowering.packing import pack_note
 from stitchcuda.compiler.lowering.split_tf32 import KERNEL as SPLIT_KERNEL
 from stitchcuda.compiler.lowering.split_tf32 import ConvSplit
+from stitchcuda.records import CostEstimate
 from stitchcuda.task.record import Task
 from stitchcuda.templating import environment
-from stitchcuda.verify.verdict import CostEstimate
 
 ENTRY_MARK = "// ---- stitchcuda entry point ----"
 HOST_SOURCE = "program_host.cpp"  # in the templates folder; read as is (C++ braces are not Jinja's)

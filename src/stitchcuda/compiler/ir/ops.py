@@ -62,6 +62,11 @@ KNOWN_FUSED = (GEMM_OPS | CONV_OPS | RECURRENT_OPS
 
 Role = Literal["gemm", "conv", "attention", "reduce", "recurrent", "elementwise", "view", "const", "copy", "other"]
 
+SPLITS = {"aten.split", "aten.split_with_sizes", "aten.chunk", "aten.unbind"}  # multi-output views
+CELLS = {"aten.lstm_cell": 4, "aten.gru_cell": 3}  # recurrent cells -> gates per hidden unit
+ZEROS = {"aten.new_zeros", "aten.zeros", "aten.zeros_like", "aten.full"}  # initial states
+RESHAPES = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.flatten", "aten.unsqueeze", "aten.squeeze"}
+C_TYPES = {"float32": "float", "bool": "bool", "int64": "int64_t", "int32": "int32_t"}  # element types a kernel takes, as C
 MAX_ROW = 32768  # the longest row the fused row kernel keeps in registers
 
 

@@ -22,7 +22,7 @@ from stitchcuda.compiler.ir.expr import (
 )
 from stitchcuda.compiler.ir.formulas import COMPARISONS, MASK_OPS, ROW_OPS, is_pointwise
 from stitchcuda.compiler.ir.group import FusionGroup
-from stitchcuda.compiler.ir.ops import CONV_OPS
+from stitchcuda.compiler.ir.ops import C_TYPES, CELLS, CONV_OPS, SPLITS, ZEROS
 from stitchcuda.compiler.lowering.families import Strided
 from stitchcuda.compiler.lowering.families.state import BufferUpdate, write_backs
 from stitchcuda.compiler.lowering.gemm_calls import BATCH_PTRS, tiny, uses_batch_ptrs
@@ -37,17 +37,7 @@ from stitchcuda.compiler.lowering.lower_gemm import (
 )
 from stitchcuda.compiler.lowering.lower_recurrent import batch_recurrent_inputs
 from stitchcuda.compiler.lowering.lower_sequence import SEQUENCES
-from stitchcuda.compiler.lowering.lowered import (
-    C_TYPES,
-    CELLS,
-    PLAIN_GEMM_OPS,
-    SPLITS,
-    ZEROS,
-    CodegenOptions,
-    Lowered,
-    Lowering,
-    to_ident,
-)
+from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS, CodegenOptions, Lowered, Lowering, to_ident
 from stitchcuda.compiler.lowering.registry import OPERATORS, group_lowering_for
 
 # names the entry point's own code uses (forward_impl's locals, the kernels' index variables) and C++

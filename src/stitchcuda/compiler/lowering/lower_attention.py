@@ -14,10 +14,11 @@ from stitchcuda.compiler.ir.expr import (
     view_expr,
 )
 from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.ir.ops import SPLITS
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_gemm import describe_gemm, strided_gemm
 from stitchcuda.compiler.lowering.lower_rows import lower_row
-from stitchcuda.compiler.lowering.lowered import SPLITS, Lowered
+from stitchcuda.compiler.lowering.lowered import Lowered
 from stitchcuda.compiler.lowering.registry import group_lowering
 
 

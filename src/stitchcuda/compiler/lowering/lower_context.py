@@ -18,8 +18,9 @@ from stitchcuda.compiler.ir.expr import (
     pool_expr,
 )
 from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.ir.ops import C_TYPES, SPLITS
 from stitchcuda.compiler.lowering.cost import this_machine
-from stitchcuda.compiler.lowering.lowered import C_TYPES, SPLITS, CodegenOptions, Lowering, to_ident
+from stitchcuda.compiler.lowering.lowered import CodegenOptions, Lowering, to_ident
 
 
 class LowerContext:

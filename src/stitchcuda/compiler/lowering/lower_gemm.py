@@ -20,13 +20,14 @@ from stitchcuda.compiler.ir.expr import (
     view_expr,
 )
 from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.ir.ops import SPLITS
 from stitchcuda.compiler.lowering.bf16 import bf16_able, plan_bf16
 from stitchcuda.compiler.lowering.cost import Estimate, amplifies_error, choose, fixed_path, gemm_paths
 from stitchcuda.compiler.lowering.cutlass_gemm import CutlassGemm, split_k_slices
 from stitchcuda.compiler.lowering.gemm_calls import tiny
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_pointwise import library_call
-from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS, SPLITS, Gemm, Lowered, Lowering
+from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS, Gemm, Lowered, Lowering
 from stitchcuda.compiler.lowering.packing import fits, pack_buffer, parameter
 from stitchcuda.compiler.lowering.padded_gemm import padded, staging
 from stitchcuda.compiler.lowering.registry import group_lowering

@@ -21,8 +21,9 @@ from stitchcuda.compiler.ir.expr import (
 )
 from stitchcuda.compiler.ir.formulas import pointwise_expr
 from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.ir.ops import SPLITS
 from stitchcuda.compiler.lowering.lower_context import LowerContext
-from stitchcuda.compiler.lowering.lowered import SPLITS, Lowered, to_ident
+from stitchcuda.compiler.lowering.lowered import Lowered, to_ident
 from stitchcuda.compiler.lowering.registry import group_lowering
 
 

@@ -21,9 +21,10 @@ from stitchcuda.compiler.ir.expr import (
     view_expr,
 )
 from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.ir.ops import CELLS, SPLITS, ZEROS
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_gemm import gemm_shape
-from stitchcuda.compiler.lowering.lowered import CELLS, SPLITS, ZEROS, Lowered, to_ident
+from stitchcuda.compiler.lowering.lowered import Lowered, to_ident
 from stitchcuda.compiler.lowering.registry import group_lowering
 
 

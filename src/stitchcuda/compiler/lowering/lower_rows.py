@@ -32,9 +32,9 @@ from stitchcuda.compiler.ir.formulas import (
     row_steps,
 )
 from stitchcuda.compiler.ir.group import FusionGroup
-from stitchcuda.compiler.ir.ops import MAX_ROW
+from stitchcuda.compiler.ir.ops import MAX_ROW, RESHAPES, SPLITS
 from stitchcuda.compiler.lowering.lower_context import LowerContext
-from stitchcuda.compiler.lowering.lowered import RESHAPES, SPLITS, Lowered, to_ident
+from stitchcuda.compiler.lowering.lowered import Lowered, to_ident
 from stitchcuda.compiler.lowering.registry import group_lowering
 
 

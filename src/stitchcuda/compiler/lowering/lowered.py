@@ -15,14 +15,10 @@ from stitchcuda.compiler.ir.expr import Program
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import GEMM_OPS
 from stitchcuda.compiler.lowering.cutlass_conv import CutlassConv
-from stitchcuda.compiler.lowering.families import C_TYPES, KernelCall  # noqa: F401  (re-exported: one table)
+from stitchcuda.compiler.lowering.families import KernelCall
 
 # The GEMMs lower_gemm takes: ops.py's, less the accumulating batched forms it does not read.
 PLAIN_GEMM_OPS = GEMM_OPS - {"aten.baddbmm", "aten.addbmm"}
-SPLITS = {"aten.split", "aten.split_with_sizes", "aten.chunk", "aten.unbind"}  # multi-output views
-CELLS = {"aten.lstm_cell": 4, "aten.gru_cell": 3}  # recurrent cells -> gates per hidden unit
-ZEROS = {"aten.new_zeros", "aten.zeros", "aten.zeros_like", "aten.full"}  # initial states
-RESHAPES = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.flatten", "aten.unsqueeze", "aten.squeeze"}
 
 
 class CodegenOptions(BaseModel):

@@ -4,7 +4,7 @@ one single-output view per piece, so that each piece can be read, or materialise
 from __future__ import annotations
 
 from stitchcuda.compiler.capture.graph import Node, OpGraph
-from stitchcuda.compiler.lowering.lowered import SPLITS
+from stitchcuda.compiler.ir.ops import SPLITS
 
 
 def split_into_slices(graph: OpGraph, names: frozenset[str] | set[str]) -> OpGraph:

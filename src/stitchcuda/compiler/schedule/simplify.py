@@ -18,8 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from stitchcuda.compiler.capture.graph import MAX_CONSTANT, Node, OpGraph, Placeholder
-from stitchcuda.compiler.ir.ops import RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, VIEW_OPS
-from stitchcuda.compiler.lowering.families import C_TYPES
+from stitchcuda.compiler.ir.ops import C_TYPES, RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, VIEW_OPS
 from stitchcuda.compiler.schedule.horizontal import merge_shared_linears
 
 # Operators folded: those whose result is the same bits on the CPU as on the GPU (views, fills,

@@ -20,8 +20,6 @@ from typing import Any, Protocol
 
 from stitchcuda.compiler.capture.graph import Node
 
-C_TYPES = {"float32": "float", "bool": "bool", "int64": "int64_t", "int32": "int32_t"}
-
 
 @dataclass(frozen=True)
 class Strided:

@@ -37,7 +37,8 @@ from typing import Any
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported
-from stitchcuda.compiler.lowering.families import C_TYPES, FamilyContext, KernelCall, Strided
+from stitchcuda.compiler.ir.ops import C_TYPES
+from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.registry import lowering
 
 RESIDENT = 132 * 2048  # threads an H100 keeps resident: fewer than half of these leaves it idle

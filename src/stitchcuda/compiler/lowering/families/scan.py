@@ -19,7 +19,8 @@ inside a 1e-4 tolerance.
 from __future__ import annotations
 
 from stitchcuda.compiler.capture.graph import Node
-from stitchcuda.compiler.lowering.families import C_TYPES, FamilyContext, KernelCall
+from stitchcuda.compiler.ir.ops import C_TYPES
+from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall
 from stitchcuda.compiler.lowering.families.reduce import RESIDENT, Dim, bind, fail, offset_code
 from stitchcuda.compiler.lowering.registry import lowering
 
