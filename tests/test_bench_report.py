@@ -140,7 +140,7 @@ def test_gpu_busy_is_the_union_of_each_gpus_intervals_and_stages_add_up():
     assert t.stages_s["build"] == 60.0 and t.stages_s["gpu_wait"] == 9.0 and list(t.stages_s)[0] == "compile_wait"
     assert (t.builds, t.builds_cached) == (3, 2)
 
-    from stitchcuda.console import stage_line
+    from stitchcuda.cli.console import stage_line
 
     assert stage_line(tasks[0].stages, top=2) == "build (nvcc) 40.0 s, timing 3.0 s"
 
@@ -408,7 +408,7 @@ def test_failed_tasks_say_why_in_the_record_the_report_and_the_terminal(tmp_path
     from rich.console import Console
 
     from stitchcuda.bench.report import md_escape, write_report
-    from stitchcuda.console import bench_view
+    from stitchcuda.cli.console import bench_view
 
     result = failed_bench()
     by_task = {t.task: t for t in result.tasks}

@@ -8,8 +8,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from stitchcuda import cuda_headers, doctor, machine
-from stitchcuda.cli import app
+from stitchcuda import cuda_headers, machine
+from stitchcuda.cli import app, doctor
 from stitchcuda.compiler.check import compile_check
 from stitchcuda.cuda_headers import NEEDED, HeadersMissing, include_dirs, locate, needed_by
 

@@ -125,7 +125,7 @@ def test_an_incorrect_is_asked_again_against_a_true_fp32_reference(tmp_path):
     assert wrong.correct is False and wrong.correct_true_fp32 is False
     assert _judge(checkout, tmp_path).correct_true_fp32 is None  # correct: not asked again
 
-    from stitchcuda.console import second_opinion_view
+    from stitchcuda.cli.console import second_opinion_view
     from stitchcuda.verify.verdict import Verdict
 
     lines = [t.plain for t in second_opinion_view(Verdict.model_construct(correct=True, second_opinion=opinion))]
@@ -216,7 +216,7 @@ def _render(renderable) -> str:
 
 
 def test_verify_output_shows_both_and_highlights_a_disagreement():
-    from stitchcuda.console import verdict_view
+    from stitchcuda.cli.console import verdict_view
 
     fails = SecondOpinion(compiled=True, correct=False, agrees=False, detail="max_difference: 0.3")
     text = _render(verdict_view(_verdict(True, fails)))
@@ -255,7 +255,7 @@ def _bench(with_opinions: bool):
 def test_report_has_a_kernelbench_column_and_the_agreement_count(tmp_path):
     from stitchcuda.bench.metrics import bench_metrics
     from stitchcuda.bench.report import write_report
-    from stitchcuda.console import bench_view
+    from stitchcuda.cli.console import bench_view
 
     result = _bench(with_opinions=True)
     files = write_report(result, tmp_path / "report")
@@ -360,7 +360,7 @@ def test_an_incorrect_at_its_fp32_tolerance_is_asked_again_at_its_v01_tolerance(
     assert wrong.correct_v01 is False and wrong.speedup is None
     assert _judge(checkout, tmp_path).correct_v01 is None  # correct: not asked again
 
-    from stitchcuda.console import second_opinion_view
+    from stitchcuda.cli.console import second_opinion_view
     from stitchcuda.verify.verdict import Verdict
 
     lines = [t.plain for t in second_opinion_view(Verdict.model_construct(correct=True, second_opinion=opinion))]

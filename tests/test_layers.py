@@ -39,8 +39,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("agents", {"agents"}),
     # suites and reports; skill datasets and GRPO training
     ("bench, rl", {"bench", "rl"}),
-    # the command line and its terminal views; `doctor` is a command's diagnosis
-    ("cli", {"cli", "console", "terminal", "doctor"}),
+    # the command line: its commands, their terminal views, `doctor`'s diagnosis
+    ("cli", {"cli"}),
 ]
 
 # Imports between two packages of one layer, each with its reason. Anything not listed here
@@ -48,11 +48,6 @@ LAYERS: list[tuple[str, set[str]]] = [
 PEERS: dict[tuple[str, str], str] = {
     ("store_repair", "store"): "a repaired store is made by the store's own connect, with its schema",
     ("reward", "llm"): "the rubric reward asks an LLM judge",
-    ("cli", "console"): "commands print the Rich views of their records",
-    ("cli", "terminal"): "commands write through the one terminal console",
-    ("cli", "doctor"): "`stitchcuda doctor` runs the checks",
-    ("console", "doctor"): "the doctor report's view",
-    ("console", "terminal"): "the live progress view writes through the one terminal console",
 }
 
 @dataclass(frozen=True)

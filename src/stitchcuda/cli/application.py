@@ -12,11 +12,11 @@ import typer
 from rich.text import Text
 
 from stitchcuda.cli.exits import EXIT_UNUSABLE
+from stitchcuda.cli.terminal import console
 from stitchcuda.hints import BENCH_SKIP_UNUSABLE, TASKS_CHECK, Hint, render
 from stitchcuda.task import TaskError, resolve_tasks
 from stitchcuda.task.probe import check_references
 from stitchcuda.task.record import Task
-from stitchcuda.terminal import console
 from stitchcuda.verify.config import WeightsConvention
 
 Provider = Literal["openai", "anthropic", "hf"]

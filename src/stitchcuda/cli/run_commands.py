@@ -28,16 +28,16 @@ from stitchcuda.cli.application import (
     unusable,
     usable_tasks,
 )
-from stitchcuda.cli.exits import EXIT_FAILED, EXIT_PASSED
-from stitchcuda.console import (
+from stitchcuda.cli.console import (
     LiveReporter,
     bench_view,
     optimize_summary_view,
 )
+from stitchcuda.cli.exits import EXIT_FAILED, EXIT_PASSED
+from stitchcuda.cli.terminal import console
 from stitchcuda.hints import NO_GPU
 from stitchcuda.store import db_path
 from stitchcuda.task.record import Task
-from stitchcuda.terminal import console
 from stitchcuda.verify.config import PRESETS, ToleranceName
 from stitchcuda.verify.kernelbench_harness import harness_problem
 from stitchcuda.verify.pool import default_gpus

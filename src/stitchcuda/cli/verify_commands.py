@@ -20,18 +20,18 @@ from stitchcuda.cli.application import (
     unusable,
     usable_tasks,
 )
-from stitchcuda.cli.exits import EXIT_FAILED, EXIT_PASSED, EXIT_UNUSABLE
-from stitchcuda.console import (
+from stitchcuda.cli.console import (
     profile_view,
     reward_view,
     verdict_view,
 )
+from stitchcuda.cli.exits import EXIT_FAILED, EXIT_PASSED, EXIT_UNUSABLE
+from stitchcuda.cli.terminal import console
 from stitchcuda.hints import NO_GPU
 from stitchcuda.llm import LLMConfig, LLMError, make_client
 from stitchcuda.reward import RewardConfig, RubricJudge
 from stitchcuda.reward.score import score_candidate
 from stitchcuda.task import TaskError, load_candidate
-from stitchcuda.terminal import console
 from stitchcuda.verify import DeviceUnavailable, Verifier, VerifyConfig
 from stitchcuda.verify.config import PRESETS, ToleranceName
 from stitchcuda.verify.verdict import Verdict

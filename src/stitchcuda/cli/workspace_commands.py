@@ -21,20 +21,20 @@ from stitchcuda.cli.application import (
     named_tasks,
     unusable,
 )
-from stitchcuda.cli.exits import EXIT_FAILED, EXIT_PASSED, EXIT_UNUSABLE
-from stitchcuda.console import (
+from stitchcuda.cli.console import (
     doctor_view,
     run_view,
     runs_view,
     tasks_view,
 )
-from stitchcuda.doctor import diagnose
+from stitchcuda.cli.doctor import diagnose
+from stitchcuda.cli.exits import EXIT_FAILED, EXIT_PASSED, EXIT_UNUSABLE
+from stitchcuda.cli.terminal import console
 from stitchcuda.rl.config import TrainConfig
 from stitchcuda.rl.dataset import build_dataset
 from stitchcuda.store import RunStore, db_path
 from stitchcuda.task import TaskError
 from stitchcuda.task.probe import check_references
-from stitchcuda.terminal import console
 from stitchcuda.verify.config import ToleranceName
 
 dataset_app = typer.Typer(help="Skill datasets for training the Coder.", no_args_is_help=True)

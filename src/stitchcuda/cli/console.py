@@ -10,9 +10,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from stitchcuda.doctor import DoctorReport
+from stitchcuda.cli.doctor import DoctorReport
+from stitchcuda.cli.terminal import console
 from stitchcuda.task.record import Task
-from stitchcuda.terminal import console
 from stitchcuda.verify.crash import readable_tail
 from stitchcuda.verify.stages import LABELS
 from stitchcuda.verify.verdict import ProgramProfile, Verdict
