@@ -186,3 +186,13 @@ def test_masks_and_rounding_leave_the_fused_kernels():
     kinds = {compiled.graph.node(n).op: g.kind for g in compiled.groups for n in g.nodes}
     assert kinds["aten.bitwise_not"] == "other" and kinds["aten.div"] == "other"
     assert "floorf(" in cuda_source(compiled.program())
+
+
+def test_the_ir_names_exactly_the_operators_a_family_lowers():
+    """Scheduling gives an operator a group of its own by the IR's table; the registry lowers it."""
+    from stitchcuda.compiler.ir.ops import FAMILY_OPS
+    from stitchcuda.compiler.lowering.registry import lowering
+
+    assert set(OPERATORS) == FAMILY_OPS
+    with pytest.raises(ValueError, match="FAMILY_OPS does not name it"):
+        lowering("aten.not_an_operator")(lambda ctx, node: None)

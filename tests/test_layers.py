@@ -205,10 +205,9 @@ def test_the_walk_sees_every_kind_of_import():
     assert package_cycles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c"]]
 
 
-# The compiler's stages, bottom to top: a stage imports its own modules and lower stages only. The
-# pipeline runs capture -> ir -> schedule -> lowering -> emit; scheduling sits above lowering
-# because it forms a group only where a lowering accepts it (it asks the lowering registry).
-COMPILER_STAGES = ["check", "capture", "ir", "lowering", "schedule", "emit", "driver"]
+# The compiler's stages, bottom to top, in the order a model goes through them: a stage imports its
+# own modules and earlier stages only (check.py, nvcc's compile check, is a leaf any stage may run).
+COMPILER_STAGES = ["check", "capture", "ir", "schedule", "lowering", "emit", "driver"]
 
 
 def compiler_stage(module: str) -> str | None:
@@ -221,7 +220,8 @@ def compiler_stage(module: str) -> str | None:
 
 
 def test_the_compiler_stages_point_one_way():
-    """capture < ir < lowering < schedule < emit < driver (check.py, nvcc's compile check, is a leaf)."""
+    """capture < ir < schedule < lowering < emit < driver: scheduling reads the IR's operator table,
+    never a lowering."""
     upward = []
     for imp in all_imports():
         mine, theirs = compiler_stage(module_name(imp.file)), compiler_stage(imp.module)

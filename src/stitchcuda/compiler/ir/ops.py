@@ -62,6 +62,37 @@ KNOWN_FUSED = (GEMM_OPS | CONV_OPS | RECURRENT_OPS
 
 Role = Literal["gemm", "conv", "attention", "reduce", "recurrent", "elementwise", "view", "const", "copy", "other"]
 
+# The operators a family lowering (lowering/families/) takes one node at a time, in any instance:
+# what scheduling may give a group of its own. The lowering registry registers exactly these (it
+# refuses any other, and a test checks that each has its lowering).
+FAMILY_OPS = frozenset({
+    "aten._adaptive_avg_pool2d", "aten._adaptive_avg_pool3d", "aten._log_softmax", "aten._native_batch_norm_legit",
+    "aten._native_batch_norm_legit_functional", "aten._native_batch_norm_legit_no_training", "aten._pad_circular",
+    "aten._safe_softmax", "aten._softmax", "aten._to_copy", "aten._unsafe_index", "aten._unsafe_index_put",
+    "aten.abs", "aten.adaptive_avg_pool1d", "aten.adaptive_avg_pool2d", "aten.adaptive_avg_pool3d",
+    "aten.adaptive_max_pool1d", "aten.adaptive_max_pool2d", "aten.adaptive_max_pool3d", "aten.add", "aten.all",
+    "aten.amax", "aten.amin", "aten.any", "aten.arange", "aten.argmax", "aten.argmin", "aten.avg_pool1d",
+    "aten.avg_pool2d", "aten.avg_pool3d", "aten.bitwise_and", "aten.bitwise_not", "aten.bitwise_or",
+    "aten.bitwise_xor", "aten.ceil", "aten.clamp", "aten.clamp_max", "aten.clamp_min", "aten.clone",
+    "aten.constant_pad_nd", "aten.contiguous", "aten.copy", "aten.cumprod", "aten.cumsum", "aten.div", "aten.empty",
+    "aten.empty_like", "aten.empty_strided", "aten.eq", "aten.flip", "aten.floor", "aten.floor_divide", "aten.fmod",
+    "aten.full", "aten.full_like", "aten.gather", "aten.ge", "aten.group_norm", "aten.gt", "aten.index",
+    "aten.index_add", "aten.index_put", "aten.index_select", "aten.instance_norm", "aten.isfinite", "aten.isinf",
+    "aten.isnan", "aten.layer_norm", "aten.le", "aten.lift_fresh_copy", "aten.linalg_vector_norm",
+    "aten.log_softmax", "aten.logical_and", "aten.logical_not", "aten.logical_or", "aten.logical_xor",
+    "aten.logsumexp", "aten.lt", "aten.masked_fill", "aten.max", "aten.max_pool1d", "aten.max_pool1d_with_indices",
+    "aten.max_pool2d", "aten.max_pool2d_with_indices", "aten.max_pool3d", "aten.max_pool3d_with_indices",
+    "aten.maximum", "aten.mean", "aten.min", "aten.minimum", "aten.mul", "aten.native_batch_norm",
+    "aten.native_group_norm", "aten.native_layer_norm", "aten.ne", "aten.neg", "aten.new_empty", "aten.new_full",
+    "aten.new_ones", "aten.new_zeros", "aten.norm", "aten.ones", "aten.ones_like", "aten.pad", "aten.pow",
+    "aten.prod", "aten.reflection_pad1d", "aten.reflection_pad2d", "aten.reflection_pad3d", "aten.relu",
+    "aten.remainder", "aten.repeat", "aten.replication_pad1d", "aten.replication_pad2d", "aten.replication_pad3d",
+    "aten.roll", "aten.round", "aten.rsub", "aten.scalar_tensor", "aten.scatter", "aten.scatter_add",
+    "aten.scatter_reduce", "aten.select_scatter", "aten.sign", "aten.slice_scatter", "aten.softmax", "aten.sort",
+    "aten.std", "aten.std_mean", "aten.sub", "aten.sum", "aten.topk", "aten.tril", "aten.triu", "aten.trunc",
+    "aten.var", "aten.var_mean", "aten.where", "aten.zeros", "aten.zeros_like", "stitchcuda.int_add",
+})
+
 SPLITS = {"aten.split", "aten.split_with_sizes", "aten.chunk", "aten.unbind"}  # multi-output views
 CELLS = {"aten.lstm_cell": 4, "aten.gru_cell": 3}  # recurrent cells -> gates per hidden unit
 ZEROS = {"aten.new_zeros", "aten.zeros", "aten.zeros_like", "aten.full"}  # initial states

@@ -9,8 +9,9 @@
   returns its launches. Each says which groups it takes; the first in order that takes a group
   lowers it, and the pointwise lowering, last, takes any.
 
-Scheduling asks the same registry (:data:`OPERATORS`) whether an operator lowers alone, so a group
-forms only where a lowering accepts it. Importing this module registers every lowering.
+Scheduling reads which operators lower alone from the IR's table (``ir.ops.FAMILY_OPS``), so a
+group forms only where a lowering accepts it; this registry takes a lowering only for an operator
+that table names. Importing this module registers every lowering.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.ir.ops import FAMILY_OPS
 from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall
 
 OperatorLowering = Callable[[FamilyContext, Node], KernelCall]
@@ -36,6 +38,9 @@ def lowering(*ops: str) -> Callable[[OperatorLowering], OperatorLowering]:
         for op in ops:
             if op in OPERATORS:
                 raise ValueError(f"two lowerings for {op}")
+            if op not in FAMILY_OPS:
+                raise ValueError(f"{op} has a family lowering but ir.ops.FAMILY_OPS does not name it: "
+                                 "scheduling would never give it a group of its own")
             OPERATORS[op] = fn
         return fn
 

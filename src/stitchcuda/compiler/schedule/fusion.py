@@ -51,6 +51,7 @@ from stitchcuda.compiler.ir.expr import numel
 from stitchcuda.compiler.ir.group import FusionGroup, GroupKind
 from stitchcuda.compiler.ir.ops import (
     CONV_OPS,
+    FAMILY_OPS,
     LAYOUT_VIEWS,
     RECURRENT_OPS,
     RECURRENT_SEQUENCE_OPS,
@@ -61,8 +62,7 @@ from stitchcuda.compiler.ir.ops import (
     short,
     stat_shapes,
 )
-from stitchcuda.compiler.lowering.families.layout_typed import claims
-from stitchcuda.compiler.lowering.registry import OPERATORS
+from stitchcuda.compiler.ir.typed import claims
 from stitchcuda.compiler.schedule.grouping import Grouping
 from stitchcuda.compiler.schedule.roles import op_role as op_role
 from stitchcuda.compiler.schedule.roles import row_lowerable as row_lowerable
@@ -88,7 +88,7 @@ class _Fuser(Grouping):
             if claims(n, lambda v: self.meta[v].dtype if self.meta.get(v) is not None else None,
                       lambda v: [self.node[u] for u in self.consumers.get(v, [])]):
                 self.role[n.name] = "other"
-            elif n.op in OPERATORS and self.role[n.name] == "reduce" and any(
+            elif n.op in FAMILY_OPS and self.role[n.name] == "reduce" and any(
                     self.meta.get(v) is not None and self.meta[v].dtype != "float32" for v in self.reads[n.name]):
                 self.role[n.name] = "other"  # a reduction of integers or a mask: its family lowering, typed
         self.strides = self.value_strides({n for n, role in self.role.items() if role == "view"})

@@ -11,6 +11,7 @@ from stitchcuda.compiler.ir.ops import (
     CONV_OPS,
     COPY_OPS,
     ELEMENTWISE_OPS,
+    FAMILY_OPS,
     GEMM_OPS,
     KNOWN_FUSED,
     MAX_ROW,
@@ -24,7 +25,6 @@ from stitchcuda.compiler.ir.ops import (
     Role,
     reduce_geometry,
 )
-from stitchcuda.compiler.lowering.registry import OPERATORS
 
 
 def row_lowerable(node: Node, in_shape: list[int] | None) -> bool:
@@ -54,7 +54,7 @@ def row_lowerable(node: Node, in_shape: list[int] | None) -> bool:
 def op_role(node: Node, fold_batch_norm: bool = True, in_shape: list[int] | None = None) -> Role:
     """What kind of work a node is, for fusion (``in_shape``: its first input's shape, when known)."""
     op = node.op
-    if op in OPERATORS and (op not in KNOWN_FUSED or not row_lowerable(node, in_shape)
+    if op in FAMILY_OPS and (op not in KNOWN_FUSED or not row_lowerable(node, in_shape)
                            or (op in POOL_OPS and not pool_fusable(node, in_shape))):
         return "other"  # its family lowering, one group of its own
     if op in GEMM_OPS:
