@@ -13,8 +13,8 @@ from stitchcuda.compiler.capture.graph import Node, TensorMeta
 from stitchcuda.compiler.check import cuda_source
 from stitchcuda.compiler.driver import compile_task
 from stitchcuda.compiler.ir.expr import Unsupported
-from stitchcuda.compiler.lowering.families import Strided
 from stitchcuda.compiler.lowering.families.norm_kernels import HELPERS_NAME
+from stitchcuda.compiler.lowering.kernel_call import Strided
 from stitchcuda.compiler.lowering.registry import OPERATORS
 from stitchcuda.task.record import Task
 from tests.test_offline_codegen import assert_program_compiles

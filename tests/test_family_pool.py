@@ -16,8 +16,8 @@ import torch
 from stitchcuda.compiler.capture.graph import Node, TensorMeta, capture
 from stitchcuda.compiler.check import cuda_source
 from stitchcuda.compiler.emit.codegen import Unsupported, generate, lower
-from stitchcuda.compiler.lowering.families import Strided
 from stitchcuda.compiler.lowering.families.pool import POOLS, lower_pool, out_size, windows
+from stitchcuda.compiler.lowering.kernel_call import Strided
 from stitchcuda.compiler.lowering.lower_conv import conv_geometry
 from stitchcuda.compiler.lowering.registry import OPERATORS
 from stitchcuda.compiler.schedule.fusion import fuse, op_role

@@ -14,8 +14,8 @@ from stitchcuda.compiler.capture.graph import Node, TensorMeta, capture
 from stitchcuda.compiler.check import cuda_source
 from stitchcuda.compiler.emit.codegen import generate
 from stitchcuda.compiler.ir.expr import Unsupported
-from stitchcuda.compiler.lowering.families import KernelCall, Strided
 from stitchcuda.compiler.lowering.families.reduce import split_dims
+from stitchcuda.compiler.lowering.kernel_call import KernelCall, Strided
 from stitchcuda.compiler.lowering.registry import OPERATORS
 from stitchcuda.compiler.schedule.fusion import fuse
 from stitchcuda.task.load import load_task_file

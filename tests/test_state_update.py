@@ -11,8 +11,8 @@ import pytest
 from stitchcuda.compiler import compile_task
 from stitchcuda.compiler.check import cuda_source
 from stitchcuda.compiler.emit.codegen import CodegenOptions, generate
-from stitchcuda.compiler.lowering.families import Strided
 from stitchcuda.compiler.lowering.families.state import STATE_SEGMENTS, BufferUpdate, write_backs
+from stitchcuda.compiler.lowering.kernel_call import Strided
 from stitchcuda.task import resolve_tasks
 
 TRAINING_BN_TASK = '''

@@ -23,10 +23,19 @@ from stitchcuda.compiler.ir.expr import (
 from stitchcuda.compiler.ir.formulas import COMPARISONS, MASK_OPS, ROW_OPS, is_pointwise
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import C_TYPES, CELLS, CONV_OPS, SPLITS, ZEROS
-from stitchcuda.compiler.lowering.families import Strided
+
+# every lowering registers as its module is imported: the families, then the fused ones
+from stitchcuda.compiler.lowering import (  # noqa: F401  (importing registers)
+    families,
+    lower_attention,
+    lower_conv,
+    lower_pointwise,
+    lower_rows,
+)
 from stitchcuda.compiler.lowering.families.state import BufferUpdate, write_backs
 from stitchcuda.compiler.lowering.gemm_calls import BATCH_PTRS, tiny, uses_batch_ptrs
 from stitchcuda.compiler.lowering.hoist import hoist, static_values
+from stitchcuda.compiler.lowering.kernel_call import Strided
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_gemm import (
     BF16_WAY,

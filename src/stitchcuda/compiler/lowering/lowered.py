@@ -15,7 +15,7 @@ from stitchcuda.compiler.ir.expr import Program
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import GEMM_OPS
 from stitchcuda.compiler.lowering.cutlass_conv import CutlassConv
-from stitchcuda.compiler.lowering.families import KernelCall
+from stitchcuda.compiler.lowering.kernel_call import KernelCall
 
 # The GEMMs lower_gemm takes: ops.py's, less the accumulating batched forms it does not read.
 PLAIN_GEMM_OPS = GEMM_OPS - {"aten.baddbmm", "aten.addbmm"}

@@ -11,13 +11,12 @@
 
 Scheduling reads which operators lower alone from the IR's table (``ir.ops.FAMILY_OPS``), so a
 group forms only where a lowering accepts it; this registry takes a lowering only for an operator
-that table names. Importing this module registers every lowering.
+that table names. Importing the family package (``families``) and the fused lowerings'
+modules registers them; ``lower.py``, which lowers with them, imports them all.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import FAMILY_OPS
-from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall
+from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall
 
 OperatorLowering = Callable[[FamilyContext, Node], KernelCall]
 OPERATORS: dict[str, OperatorLowering] = {}
@@ -73,20 +72,3 @@ def group_lowering(name: str, order: int, takes: Callable[[FusionGroup, list[Nod
 
 def group_lowering_for(group: FusionGroup, nodes: list[Node]) -> GroupLowering:
     return next(g for g in GROUPS if g.takes(group, nodes))
-
-
-_GROUP_MODULES = ("lower_attention", "lower_sequence", "lower_recurrent", "lower_conv", "lower_gemm", "lower_rows",
-                  "lower_pointwise")
-
-
-def register_all() -> None:
-    """Import every lowering module so that it registers (idempotent)."""
-    package = __name__.rpartition(".")[0]
-    families = importlib.import_module(f"{package}.families")
-    for info in pkgutil.iter_modules(families.__path__):
-        importlib.import_module(f"{package}.families.{info.name}")
-    for name in _GROUP_MODULES:
-        importlib.import_module(f"{package}.{name}")
-
-
-register_all()

@@ -22,7 +22,7 @@ from typing import Any
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported, broadcast, c_float
-from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided
+from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.registry import lowering
 
 INT_CTYPES = ("int64_t", "int32_t")

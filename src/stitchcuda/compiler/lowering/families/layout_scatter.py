@@ -13,7 +13,6 @@ from typing import Any
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported
-from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.families.layout import (
     advanced,
     broadcast_at,
@@ -35,6 +34,7 @@ from stitchcuda.compiler.lowering.families.layout import (
     where_of,
     zero_of,
 )
+from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.registry import lowering
 
 # -- scatters ------------------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported
-from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.families.layout import coords, launch_line, offset, where_of
+from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.registry import lowering
 
 MAX_LINE = 4096  # elements of one bitonic sort in shared memory (32 KiB of float keys + int indices)

@@ -17,7 +17,6 @@ from typing import Any
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported
 from stitchcuda.compiler.ir.typed import BINARY, COMPARE, COPIES, FILLS, LOGICAL, TYPED
-from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.families.layout import (
     broadcast_at,
     convert,
@@ -27,6 +26,7 @@ from stitchcuda.compiler.lowering.families.layout import (
     single_output,
     where_of,
 )
+from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.registry import lowering
 
 RANK = {"bool": 0, "int32_t": 1, "int64_t": 2, "float": 3}

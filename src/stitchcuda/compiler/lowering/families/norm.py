@@ -13,7 +13,6 @@ from typing import Any
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported, reshape_strides
-from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.families.norm_kernels import (
     Kind,
     Layout,
@@ -23,6 +22,7 @@ from stitchcuda.compiler.lowering.families.norm_kernels import (
     prod,
     row_major,
 )
+from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.registry import lowering
 
 # ----------------------------------------------------------------------------- plans per operator

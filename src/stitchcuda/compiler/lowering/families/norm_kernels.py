@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from stitchcuda.compiler.capture.graph import Node
-from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided
+from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall, Strided
 
 Kind = Literal["moments", "softmax", "safe_softmax", "log_softmax", "running"]
 

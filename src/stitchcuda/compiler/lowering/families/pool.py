@@ -23,7 +23,7 @@ from typing import Any
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported
-from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided, unravel
+from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall, Strided, unravel
 from stitchcuda.compiler.lowering.registry import lowering
 
 # op -> (kind, spatial rank, argument names after ``self`` as in the schema)

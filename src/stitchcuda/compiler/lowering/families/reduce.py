@@ -38,7 +38,7 @@ from typing import Any
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported
 from stitchcuda.compiler.ir.ops import C_TYPES
-from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided
+from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.registry import lowering
 
 RESIDENT = 132 * 2048  # threads an H100 keeps resident: fewer than half of these leaves it idle

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.ops import C_TYPES
-from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall
 from stitchcuda.compiler.lowering.families.reduce import RESIDENT, Dim, bind, fail, offset_code
+from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall
 from stitchcuda.compiler.lowering.registry import lowering
 
 PER_THREAD = 8  # consecutive elements a thread scans in registers per chunk

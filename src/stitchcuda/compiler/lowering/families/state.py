@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported
-from stitchcuda.compiler.lowering.families import FamilyContext, KernelCall, Strided
+from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.registry import lowering
 
 
