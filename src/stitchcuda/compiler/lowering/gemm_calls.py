@@ -7,34 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from stitchcuda.compiler.ir.expr import c_float
+from stitchcuda.compiler.lowering.cuda_files import cuda_file
 from stitchcuda.compiler.lowering.lowered import Gemm
 
-SPLIT_K_KERNEL = r"""
-// Split-K: the slices' partial products [slices, count] summed pairwise in fp32, then the product's
-// own epilogue: act(sum + beta * C), C a bias over the columns (ld_c 0) or a residual (ld_c = cols).
-__global__ void sc_sum_slices(const float* __restrict__ src, float* __restrict__ dst, long long count, int slices,
-                              const float* __restrict__ c, long long ld_c, long long cols, float beta, int act) {
-  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < count; i += (long long)gridDim.x * blockDim.x) {
-    float part[64];  // slices <= 64
-    for (int s = 0; s < slices; ++s) part[s] = src[s * count + i];
-    for (int width = slices; width > 1; width = (width + 1) / 2) {
-      for (int s = 0; s < width / 2; ++s) part[s] = part[2 * s] + part[2 * s + 1];
-      if (width & 1) part[width / 2] = part[width - 1];
-    }
-    float v = part[0];
-    if (c != nullptr) v += beta * c[(i / cols) * ld_c + i % cols];
-    switch (act) {  // the same for every thread: no divergence
-      case 1: v = fmaxf(v, 0.0f); break;                                                       // relu
-      case 2: v = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); break;                   // gelu
-      case 3: v = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v))); break;  // gelu_tanh
-      case 4: v = v / (1.0f + expf(-v)); break;                                                // silu
-      case 5: v = 1.0f / (1.0f + expf(-v)); break;                                             // sigmoid
-      default: break;
-    }
-    dst[i] = v;
-  }
-}
-"""
+SPLIT_K_KERNEL = cuda_file("gemm_split_k.cuh")
 # the summing pass's activation codes (SPLIT_K_KERNEL's switch)
 SPLIT_K_ACTIVATIONS = {"identity": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5}
 
@@ -42,72 +18,14 @@ SPLIT_K_ACTIVATIONS = {"identity": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "sil
 # Scratch for the pointer arrays of a product over two batch dimensions: A's, B's and C's, eight
 # bytes a matrix each (six floats), shared by every such product (their launches run in order).
 BATCH_PTRS = "x_batch_ptrs"
-BATCH_PTRS_KERNEL = r"""
-// The pointer arrays of a product over two batch dimensions: matrix i = o * inner + j.
-__global__ void sc_batch_ptrs(const float* a, const float* b, float* c, int inner, int total, long long sa,
-                              long long oa, long long sb, long long ob, long long sc, long long oc,
-                              const float** pa, const float** pb, float** pc) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= total) return;
-  const long long o = i / inner, j = i - o * inner;
-  pa[i] = a + o * oa + j * sa;
-  pb[i] = b + o * ob + j * sb;
-  pc[i] = c + o * oc + j * sc;
-}
-"""
+BATCH_PTRS_KERNEL = cuda_file("gemm_batch_ptrs.cuh")
 
 
 # Products this small per matrix run on one block each (cuBLAS's smallest tiles ran a recommender's
 # 32768 pairwise-interaction products, 17 x 17 x 64, at a few TFLOP/s on an H100: each call moves
 # little and the tiles stay mostly empty). Both operands fit in shared memory with padded rows.
 TINY_SIDE, TINY_K, TINY_MIN_MATRICES = 32, 128, 256
-TINY_GEMM_KERNEL = r"""
-// Tiny batched products: one block a matrix, both operands staged in shared memory (A's rows
-// padded by one against bank conflicts, B's to a multiple of four for float4 reads), each thread
-// a 1 x 4 strip of the output as k-ordered fp32 FMA chains. Matrix b = o*inner + j. The shape is
-// compile-time, so the index arithmetic of the staging loops is shifts and multiplies.
-template <int M, int N, int K, bool A_ROWS, bool B_ROWS, int THREADS>
-__global__ void __launch_bounds__(THREADS) sc_tiny_gemm(const float* __restrict__ A, const float* __restrict__ B,
-                                                        float* __restrict__ C, long long lda, long long ldb,
-                                                        long long ldc, int inner, long long sa, long long oa,
-                                                        long long sb, long long ob, long long sc, long long oc,
-                                                        float alpha) {
-  constexpr int KP = K + 1, NP = (N + 3) / 4 * 4, NT = NP / 4;
-  __shared__ float As[M * KP];
-  __shared__ __align__(16) float Bs[K * NP];
-  const long long o = blockIdx.x / inner, j = blockIdx.x % inner;
-  const float* a = A + o * oa + j * sa;
-  const float* b = B + o * ob + j * sb;
-  float* c = C + o * oc + j * sc;
-  for (int t = threadIdx.x; t < M * K; t += THREADS) {  // along the unit stride: coalesced
-    const int i = A_ROWS ? t / K : t % M, kk = A_ROWS ? t % K : t / M;
-    As[i * KP + kk] = a[A_ROWS ? i * lda + kk : kk * lda + i];
-  }
-  for (int t = threadIdx.x; t < K * NP; t += THREADS) {
-    const int kk = B_ROWS ? t / NP : t % K, jj = B_ROWS ? t % NP : t / K;
-    Bs[kk * NP + jj] = jj < N ? b[B_ROWS ? kk * ldb + jj : jj * ldb + kk] : 0.0f;
-  }
-  __syncthreads();
-  for (int t = threadIdx.x; t < M * NT; t += THREADS) {
-    const int i = t / NT, j0 = (t % NT) * 4;
-    float acc0 = 0.0f, acc1 = 0.0f, acc2 = 0.0f, acc3 = 0.0f;
-#pragma unroll 8
-    for (int kk = 0; kk < K; ++kk) {
-      const float av = As[i * KP + kk];
-      const float4 bv = *reinterpret_cast<const float4*>(&Bs[kk * NP + j0]);
-      acc0 = fmaf(av, bv.x, acc0);
-      acc1 = fmaf(av, bv.y, acc1);
-      acc2 = fmaf(av, bv.z, acc2);
-      acc3 = fmaf(av, bv.w, acc3);
-    }
-    float* row = c + i * ldc + j0;
-    row[0] = alpha * acc0;
-    if (j0 + 1 < N) row[1] = alpha * acc1;
-    if (j0 + 2 < N) row[2] = alpha * acc2;
-    if (j0 + 3 < N) row[3] = alpha * acc3;
-  }
-}
-"""
+TINY_GEMM_KERNEL = cuda_file("gemm_tiny.cuh")
 
 
 def tiny(g: Gemm) -> bool:
