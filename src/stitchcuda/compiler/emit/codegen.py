@@ -41,8 +41,9 @@ This module is the front; the work is split along the pipeline:
   the state the lowerings share;
 - ``lower_gemm.py``, ``lower_conv.py``, ``lower_pointwise.py``, ``lower_rows.py``,
   ``lower_attention.py``, ``lower_recurrent.py``: the fused lowerings, one per family of groups
-  (the convolution module also writes its library calls' host code; ``gemm_calls.py`` the GEMMs');
-- ``emit.py``: the IR programs of the fused kernels as CUDA; ``program.py``: the whole program.
+  (``gemm_calls.py`` writes the GEMMs' launches);
+- ``emit.py``: the IR programs of the fused kernels as CUDA; ``library_calls.py``: the library calls'
+  host code (cuDNN, CUTLASS convolutions, cuBLASLt); ``program.py``: the whole program.
 """
 
 from stitchcuda.compiler.emit.program import generate, split_cuda

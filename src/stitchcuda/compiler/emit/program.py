@@ -18,6 +18,14 @@ from pydantic import BaseModel
 
 from stitchcuda.compiler.capture.graph import OpGraph
 from stitchcuda.compiler.emit.emit import TEMPLATES, Emitter
+from stitchcuda.compiler.emit.library_calls import (
+    conv_launch,
+    conv_members,
+    conv_setup,
+    cutlass_conv_setup,
+    lt_members,
+    lt_setup,
+)
 from stitchcuda.compiler.emit.loops import fold_repeats, new_folder
 from stitchcuda.compiler.emit.pymodule import REFERENCE_CLASS, reference_init_source
 from stitchcuda.compiler.ir.expr import Unsupported
@@ -33,13 +41,10 @@ from stitchcuda.compiler.lowering.gemm_calls import (
     BATCH_PTRS_KERNEL,
     SPLIT_K_KERNEL,
     TINY_GEMM_KERNEL,
-    lt_members,
-    lt_setup,
     tiny,
     uses_batch_ptrs,
 )
 from stitchcuda.compiler.lowering.lower import lower
-from stitchcuda.compiler.lowering.lower_conv import conv_launch, conv_members, conv_setup, cutlass_conv_setup
 from stitchcuda.compiler.lowering.lowered import CodegenOptions, Lowering, to_ident
 from stitchcuda.compiler.lowering.packing import pack_note
 from stitchcuda.compiler.lowering.split_tf32 import KERNEL as SPLIT_KERNEL

@@ -65,39 +65,6 @@ def _lt_operands(g: Gemm) -> list[tuple[str, int, int, int, int]]:
     return [(*x, align(x[0])) for x in (lt_a, lt_b, lt_d)]
 
 
-def lt_members(g: Gemm) -> list[str]:
-    i = g.lt
-    return [f"cublasLtMatmulDesc_t lt_desc{i} = nullptr;",
-            f"cublasLtMatrixLayout_t lt_a{i} = nullptr, lt_b{i} = nullptr, lt_d{i} = nullptr;",
-            f"cublasLtMatmulAlgo_t lt_algo{i}{{}};"]
-
-
-def lt_setup(g: Gemm, compute: str) -> list[str]:
-    """Descriptors, layouts and the heuristic's algorithm, once per Program (never in a capture)."""
-    i, m = g.lt, "made->"
-    (_, ar, ac, ald, aal), (_, br, bc, bld, bal), (_, dr, dc, dld, dal) = _lt_operands(g)
-    op_a = "CUBLAS_OP_T" if g.b_trans else "CUBLAS_OP_N"
-    op_b = "CUBLAS_OP_T" if g.a_trans else "CUBLAS_OP_N"
-    # bf16 copies (bf16.py): bf16 A and B, fp32 C and D, fp32 accumulation (FAST_TF32 is no compute
-    # type for bf16 operands, whatever the variant's TF32 switch)
-    compute = "CUBLAS_COMPUTE_32F" if g.bf16 else "CUBLAS_COMPUTE_32F_FAST_TF32" if g.fast_tf32 else compute
-    operand = "CUDA_R_16BF" if g.bf16 else "CUDA_R_32F"
-    lines = [
-        f"SC_CUBLAS_CHECK(cublasLtMatmulDescCreate(&{m}lt_desc{i}, {compute}, CUDA_R_32F));",
-        f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_TRANSA, {op_a});",
-        f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_TRANSB, {op_b});",
-        f"sc_lt_set(made->lt_desc{i}, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_{g.epilogue or 'DEFAULT'});",
-        f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_a{i}, {operand}, {ar}, {ac}, {ald}));",
-        f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_b{i}, {operand}, {br}, {bc}, {bld}));",
-        f"SC_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&{m}lt_d{i}, CUDA_R_32F, {dr}, {dc}, {dld}));",
-    ]
-    if g.batch > 1:  # strided batches: cuBLASLt's A is our B, its B our A
-        lines += [f"sc_lt_batch({m}lt_a{i}, {g.batch}, {g.stride_b});", f"sc_lt_batch({m}lt_b{i}, {g.batch}, {g.stride_a});",
-                  f"sc_lt_batch({m}lt_d{i}, {g.batch}, {g.stride_c});"]
-    return [*lines, f"{m}lt_algo{i} = sc_lt_algo({m}lt, {m}lt_desc{i}, {m}lt_a{i}, {m}lt_b{i}, {m}lt_d{i}, "
-                    f"{aal}, {bal}, {dal});"]
-
-
 def lt_launch(g: Gemm, accumulate: bool = False) -> str:
     """One cuBLASLt call; ``accumulate``: D = A.B + D (C is the output itself, beta 1)."""
     i = g.lt
