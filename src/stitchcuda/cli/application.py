@@ -29,13 +29,10 @@ def _flags_take_no_value() -> None:
     from typer.core import TyperOption
 
     typed = TyperOption.display_type_rich
-    if getattr(typed, "_stitchcuda_flags_bare", False):
-        return
 
     def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
         return None if self.is_flag and not self.count else typed(self, ctx)
 
-    display_type_rich._stitchcuda_flags_bare = True  # type: ignore[attr-defined]
     TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
 
 

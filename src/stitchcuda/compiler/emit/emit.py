@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from stitchcuda.compiler.ir.expr import (
@@ -20,11 +19,10 @@ from stitchcuda.compiler.ir.expr import (
     numel,
 )
 from stitchcuda.compiler.ir.formulas import row_scalar_leaf
+from stitchcuda.compiler.lowering.cuda_files import TEMPLATES
 from stitchcuda.compiler.lowering.gemm_calls import gemm_launch
 from stitchcuda.compiler.lowering.lowered import CodegenOptions, Gemm, Lowering
 from stitchcuda.templating import environment
-
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"  # shared by the stages that render CUDA
 
 
 def _offset(eff: tuple[int, ...], shape: tuple[int, ...], idx: str, base: int = 0) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from stitchcuda.compiler.capture.graph import OpGraph
-from stitchcuda.compiler.emit.emit import TEMPLATES, Emitter
+from stitchcuda.compiler.emit.emit import Emitter
 from stitchcuda.compiler.emit.library_calls import (
     conv_launch,
     conv_members,
@@ -32,6 +32,7 @@ from stitchcuda.compiler.ir.expr import Unsupported
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.lowering.bf16 import KERNEL as BF16_KERNEL
 from stitchcuda.compiler.lowering.bf16 import ConvBf16
+from stitchcuda.compiler.lowering.cuda_files import TEMPLATES
 from stitchcuda.compiler.lowering.cutlass_conv import CONV_ABI, CutlassConv
 from stitchcuda.compiler.lowering.cutlass_conv import kernel_sources as conv_sources
 from stitchcuda.compiler.lowering.cutlass_gemm import ABI as GEMM_ABI

@@ -1,12 +1,13 @@
-"""CUDA source the lowerings take as it is (kernels without parameters of their own), kept as files
-under ``compiler/templates/kernels/``, never in Python strings."""
+"""Where the compiler's CUDA lives: the templates folder every stage that writes CUDA renders from,
+and the kernels without parameters of their own, taken as they are from its ``kernels/``."""
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
 
-KERNELS = Path(__file__).resolve().parents[1] / "templates" / "kernels"
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+KERNELS = TEMPLATES / "kernels"
 
 
 @functools.cache

@@ -27,9 +27,9 @@ from pydantic import BaseModel
 
 from stitchcuda import machine
 from stitchcuda.compiler.check import CompileCheck
+from stitchcuda.compiler.lowering.cuda_files import TEMPLATES
 from stitchcuda.templating import environment
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "templates"  # shared by the stages that render CUDA
 INCLUDE_ENV = "STITCHCUDA_CUTLASS_INCLUDE"
 CUDA_CFLAGS = ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]
 
