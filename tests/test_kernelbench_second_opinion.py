@@ -318,7 +318,36 @@ def test_the_harness_loads_the_extensions_our_build_made_and_times_inside_the_ex
     assert not list((tmp_path / "cache" / "kernelbench-harness").rglob("*.so"))  # torch built nothing of its own
     assert set(opinion.stages) == {"start", "build", "correctness", "timing", "gpu_wait"}
     assert opinion.stages["start"] > 0 and opinion.stages["build"] < 20
-    assert len(opinion.gpu_intervals) >= 3  # shared, exclusive for its timing, shared again
+    # its timing alone; nothing here moves to a CUDA device, so no shared section was ever taken
+    assert len(opinion.gpu_intervals) == 1
+
+
+def test_a_harness_call_takes_the_shared_section_only_from_its_first_move_to_the_gpu(tmp_path):
+    """KernelBench builds both models (their random init, on the CPU) before it moves either to the
+    GPU: that time must not hold the gate, or every other process's timing waits behind it. The
+    tripwires are gone once fired, and after the call."""
+    import torch
+
+    from stitchcuda.verify.gate import GpuGate
+    from stitchcuda.verify.kernelbench_harness import HarnessRequest, _Session
+
+    gate = GpuGate("cpu", tmp_path / "locks")
+    session = _Session(HarnessRequest(checkout="kb", reference_path="r", candidate_path="c", result_path="o",
+                                      gate_path=str(gate.path)))
+    originals = (torch.Tensor.to, torch.Tensor.cuda, torch.nn.Module.to, torch.nn.Module.cuda)
+    with session.gpu_from_first_move():
+        model = torch.nn.Linear(4, 4).to("cpu")  # construction and CPU moves: no gate
+        torch.ones(2).to(torch.float64)
+        assert session.gate.held is None
+        with pytest.raises((RuntimeError, AssertionError)):  # no CUDA on this machine: the move itself fails
+            model.to(device="cuda")
+        assert session.gate.held == "shared"
+        assert (torch.Tensor.to, torch.Tensor.cuda, torch.nn.Module.to, torch.nn.Module.cuda) == originals
+    assert session.gate.held is None and len(session.gate.use.intervals) == 1
+    with session.gpu_from_first_move(), pytest.raises((RuntimeError, AssertionError)):
+        torch.ones(2).cuda()  # a tensor's move trips it too
+    assert len(session.gate.use.intervals) == 2
+    assert (torch.Tensor.to, torch.Tensor.cuda, torch.nn.Module.to, torch.nn.Module.cuda) == originals
 
 
 def test_integer_inputs_are_cast_back_for_kernelbench_whose_harness_makes_every_input_float32():

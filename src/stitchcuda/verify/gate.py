@@ -72,6 +72,11 @@ class GateClient:
         self._handle: IO[str] | None = None
         self._since = 0.0
 
+    @property
+    def held(self) -> Mode | None:
+        """The section this process is in, if any."""
+        return self._mode
+
     @contextlib.contextmanager
     def section(self, mode: Mode) -> Iterator[None]:
         outer = self._mode
