@@ -25,10 +25,13 @@ CoderKind = Literal["llm", "offline"]
 
 def _flags_take_no_value() -> None:
     """Typer's rich help prints every option's type, flags included (``--json <bool>``), which reads
-    as if the flag took a value; its plain help leaves flags bare. Show flags bare in both."""
+    as if the flag took a value; its plain help leaves flags bare. Show flags bare in both. (Typer
+    before 0.29 has no such method and prints no types: nothing to change.)"""
     from typer.core import TyperOption
 
-    typed = TyperOption.display_type_rich
+    typed = getattr(TyperOption, "display_type_rich", None)
+    if typed is None:
+        return
 
     def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
         return None if self.is_flag and not self.count else typed(self, ctx)
