@@ -140,3 +140,20 @@ def test_flags_show_no_type_in_any_commands_help():
         assert shown.exit_code == 0, (name, shown.output)
         assert "--help" in shown.output and "<bool>" not in shown.output, name
     assert "<int" in runner.invoke(app, ["optimize", "--help"], env={"COLUMNS": "200"}).output  # other types stay
+
+
+def test_the_cli_imports_under_a_typer_without_display_type_rich():
+    """Typer before 0.29 has no ``TyperOption.display_type_rich`` (and prints no types): the help
+    override must leave it alone, not fail at import as it did on a GPU image's older typer."""
+    code = ("import typer.core\n"
+            "for cls in typer.core.TyperOption.__mro__:\n"
+            "    if 'display_type_rich' in vars(cls):\n"
+            "        delattr(cls, 'display_type_rich')\n"
+            "assert not hasattr(typer.core.TyperOption, 'display_type_rich')\n"
+            "import stitchcuda.cli.application\n"
+            "print('IMPORTED')\n")
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "IMPORTED" in done.stdout, done.stderr[-1500:]
