@@ -12,24 +12,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from stitchcuda.compiler.capture.graph import DRAWN_OPS, keep_table
-from stitchcuda.compiler.ir.expr import DATA_OPS, VIEWS
-from stitchcuda.compiler.ir.formulas import ROW_OPS, is_pointwise
-from stitchcuda.compiler.ir.ops import (
-    CELLS,
-    CONST_OPS,
-    CONV_OPS,
-    COPY_OPS,
-    GEMM_OPS,
-    NORM_OPS,
-    SOFTMAX_OPS,
-    SPLITS,
-    SUM_OPS,
-    VIEW_OPS,
-    ZEROS,
-)
-from stitchcuda.compiler.lowering.lower_sequence import SEQUENCES
-from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS
-from stitchcuda.compiler.lowering.registry import OPERATORS
+from stitchcuda.compiler.ir.op_table import DECOMPOSED, FAMILY, GROUPS_THEN_FAMILY, OPERATORS, refusal
 
 
 class Coverage(BaseModel):
@@ -60,36 +43,28 @@ def core_forward_ops() -> list[str]:
     return sorted(found)
 
 
-# core operators no program computes on purpose: the symbolic-shape and scalar readbacks of a
-# data-dependent trace (refused at capture)
-BY_DESIGN = {"aten.sym_numel": "symbolic shape", "aten.sym_storage_offset": "symbolic shape",
-             "aten._local_scalar_dense": "data-dependent scalar"}
-
-
 def _how(op: str, decomposed: set[str]) -> str | None:
-    if op in BY_DESIGN:
-        return f"refused by design: {BY_DESIGN[op]}"
+    """How the compiler takes ``op``, as the operator table (ir/op_table.py) says."""
     if op in DRAWN_OPS:  # the program draws them from torch's generator (graph.Draw)
         return "drawn by the program (torch's generator)"
     if op in decomposed:
         return "decomposed"
-    if op in OPERATORS:
+    why = refusal(op)
+    if why is not None:
+        return f"refused by design: {why}"
+    info = OPERATORS.get(op)
+    if info is None or info.lowering == DECOMPOSED:
+        return None
+    if info.lowering in (FAMILY, GROUPS_THEN_FAMILY):
         return "family"
-    if op in GEMM_OPS | PLAIN_GEMM_OPS:
-        return "gemm"
-    if op in CONV_OPS or op == "aten.convolution":
-        return "convolution"
-    if op in CELLS or op in SEQUENCES:
-        return "recurrent"
-    if op in ROW_OPS or op in SOFTMAX_OPS or op in NORM_OPS or op in SUM_OPS:
-        return "row reduction"
-    if op in VIEWS or op in VIEW_OPS or op in SPLITS:
+    if info.role in ("gemm", "conv", "recurrent", "reduce", "view"):
+        return {"gemm": "gemm", "conv": "convolution", "recurrent": "recurrent", "reduce": "row reduction",
+                "view": "view"}[info.role]
+    if info.tags & {"split", "strided"}:
         return "view"
-    if op in DATA_OPS or op in COPY_OPS or op in CONST_OPS or op in ZEROS:
+    if info.role in ("const", "copy") or info.tags & {"gather", "cat", "pool", "zeros"}:
         return "data movement"
-    if is_pointwise(op):
-        return "pointwise"
-    return None
+    return "pointwise"
 
 
 def coverage() -> Coverage:

@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from stitchcuda.compiler.ir.op_table import tagged
+
 
 class Unsupported(ValueError):
     """The offline Coder cannot generate this (the message says which operator or shape, and why);
@@ -309,9 +311,8 @@ class Program:
 
 # ----------------------------------------------------------------------------- views
 
-IDENTITY = {"aten.clone", "aten.alias", "aten.detach", "aten.contiguous", "aten.lift_fresh_copy"}
-VIEWS = {"aten.view", "aten.reshape", "aten._unsafe_view", "aten.flatten", "aten.unsqueeze", "aten.squeeze",
-         "aten.transpose", "aten.permute", "aten.t", "aten.expand", "aten.select", "aten.slice"}
+IDENTITY = tagged("identity")
+VIEWS = tagged("strided")  # the views an expression reads through
 
 
 Operand = Callable[[Any], Expr]  # graph arg ('%name' or a number) -> Expr
@@ -398,9 +399,9 @@ def view_expr(node: Any, x: Expr) -> Expr:
 
 # ----------------------------------------------------------------------------- data movement
 
-GATHER_OPS = {"aten.embedding", "aten.gather", "aten.index"}
-CAT_OPS = {"aten.cat", "aten.stack"}
-POOL_OPS = {"aten.max_pool2d", "aten.avg_pool2d"}
+GATHER_OPS = tagged("gather")
+CAT_OPS = tagged("cat")
+POOL_OPS = tagged("pool")
 DATA_OPS = GATHER_OPS | CAT_OPS | POOL_OPS
 
 

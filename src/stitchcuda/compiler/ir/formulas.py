@@ -24,6 +24,7 @@ from stitchcuda.compiler.ir.expr import (
     op,
     ref,
 )
+from stitchcuda.compiler.ir.op_table import tagged
 
 POINTWISE_UNARY = {
     "aten.neg": "neg", "aten.exp": "exp", "aten.log": "log", "aten.sqrt": "sqrt", "aten.rsqrt": "rsqrt",
@@ -43,8 +44,7 @@ ACTIVATIONS = {"aten.elu", "aten.selu", "aten.celu", "aten.softplus", "aten.mish
                "aten.hardsigmoid", "aten.logsigmoid"}
 MASK_OPS = {"aten.bitwise_not", "aten.logical_not", "aten.masked_fill", "aten.where"}
 """Operators that may read a bool operand (a mask); nothing else reads a non-float32 value."""
-ROW_OPS = {"aten.softmax", "aten._softmax", "aten._safe_softmax", "aten.log_softmax", "aten._log_softmax", "aten.layer_norm",
-           "aten.mean", "aten.sum", "aten.amax", "aten.rms_norm"}
+ROW_OPS = tagged("row")  # what the fused row kernel computes
 
 
 def is_pointwise(op_name: str) -> bool:

@@ -22,7 +22,7 @@ from stitchcuda.compiler.ir.expr import (
 )
 from stitchcuda.compiler.ir.formulas import COMPARISONS, MASK_OPS, ROW_OPS, is_pointwise
 from stitchcuda.compiler.ir.group import FusionGroup
-from stitchcuda.compiler.ir.ops import C_TYPES, CELLS, CONV_OPS, SPLITS, ZEROS
+from stitchcuda.compiler.ir.ops import C_TYPES, CELLS, CONV_OPS, GROUP_LOWERED, SPLITS, ZEROS
 
 # every lowering registers as its module is imported: the families, then the fused ones
 from stitchcuda.compiler.lowering import (  # noqa: F401  (importing registers)
@@ -229,8 +229,7 @@ class _Lowerer:
                 cx.graph.meta(v).dtype != "float32" for v in cx.outputs_of(g)):  # type: ignore[union-attr]
             return self._materialise_typed(g, nodes)
         for n in nodes:
-            if not (n.op in PLAIN_GEMM_OPS or n.op in CONV_OPS or n.op in ROW_OPS or n.op == "aten.group_norm" or n.op in VIEWS or n.op in SPLITS or is_pointwise(n.op)
-                    or n.op in CELLS or n.op in SEQUENCES or n.op in DATA_OPS or (n.op in ZEROS and g.kind == "recurrent")):
+            if n.op not in GROUP_LOWERED and not (n.op in ZEROS and g.kind == "recurrent"):
                 raise Unsupported(f"{n.name}: operator {n.op}.{n.overload} is not supported by the offline Coder")
         mark = cx.out.mark()
         try:

@@ -13,12 +13,11 @@ from pydantic import BaseModel, Field
 from stitchcuda.compiler.capture.graph import OpGraph
 from stitchcuda.compiler.ir.expr import Program
 from stitchcuda.compiler.ir.group import FusionGroup
-from stitchcuda.compiler.ir.ops import GEMM_OPS
+from stitchcuda.compiler.ir.op_table import tagged
 from stitchcuda.compiler.lowering.cutlass_conv import CutlassConv
 from stitchcuda.compiler.lowering.kernel_call import KernelCall
 
-# The GEMMs lower_gemm takes: ops.py's, less the accumulating batched forms it does not read.
-PLAIN_GEMM_OPS = GEMM_OPS - {"aten.baddbmm", "aten.addbmm"}
+PLAIN_GEMM_OPS = tagged("plain_gemm")  # the GEMMs lower_gemm takes (the accumulating batched forms decompose)
 
 
 class CodegenOptions(BaseModel):

@@ -6,23 +6,12 @@ from __future__ import annotations
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import POOL_OPS, numel, pool_fusable
 from stitchcuda.compiler.ir.formulas import ROW_OPS
+from stitchcuda.compiler.ir.op_table import OPERATORS, Role
 from stitchcuda.compiler.ir.ops import (
-    CONST_OPS,
-    CONV_OPS,
-    COPY_OPS,
-    ELEMENTWISE_OPS,
     FAMILY_OPS,
-    GEMM_OPS,
     KNOWN_FUSED,
     MAX_ROW,
-    NORM_OPS,
-    RECURRENT_OPS,
-    RECURRENT_SEQUENCE_OPS,
-    SDPA_OPS,
-    SOFTMAX_OPS,
     SUM_OPS,
-    VIEW_OPS,
-    Role,
     reduce_geometry,
 )
 
@@ -57,25 +46,10 @@ def op_role(node: Node, fold_batch_norm: bool = True, in_shape: list[int] | None
     if op in FAMILY_OPS and (op not in KNOWN_FUSED or not row_lowerable(node, in_shape)
                            or (op in POOL_OPS and not pool_fusable(node, in_shape))):
         return "other"  # its family lowering, one group of its own
-    if op in GEMM_OPS:
-        return "gemm"
-    if op in CONV_OPS:
-        return "conv"
-    if op in RECURRENT_OPS or op in RECURRENT_SEQUENCE_OPS:
-        return "recurrent"
-    if op in SDPA_OPS:
-        return "attention"
     if op == "aten.batch_norm":
         training = bool(node.args[5]) if len(node.args) > 5 else False
         return "elementwise" if fold_batch_norm and not training else "reduce"
-    if op in SOFTMAX_OPS or op in NORM_OPS or op in SUM_OPS:
-        return "reduce" if len(node.out) == 1 else "other"
-    if op in ELEMENTWISE_OPS:
-        return "elementwise" if len(node.out) == 1 else "other"
-    if op in VIEW_OPS:
-        return "view"
-    if op in CONST_OPS:
-        return "const"
-    if op in COPY_OPS:
-        return "copy"
-    return "other"
+    role = OPERATORS[op].role if op in OPERATORS else "other"
+    if role in ("reduce", "elementwise") and len(node.out) != 1:
+        return "other"  # a multi-output reduction or elementwise op (var_mean, ...) is no fusable stage
+    return role

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from stitchcuda.compiler.capture.graph import MAX_CONSTANT, Node, OpGraph, Placeholder
+from stitchcuda.compiler.ir.op_table import tagged
 from stitchcuda.compiler.ir.ops import C_TYPES, RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, VIEW_OPS
 from stitchcuda.compiler.schedule.horizontal import merge_shared_linears
 
@@ -53,10 +54,9 @@ def _rename(value: Any, alias: dict[str, str]) -> Any:
 
 
 # views that are their input when they keep its shape
-_SAME_SHAPE_VIEWS = {"aten.view", "aten._unsafe_view", "aten.reshape", "aten.expand", "aten.alias"}
+_SAME_SHAPE_VIEWS = tagged("same_shape")
 # views that keep a dense value dense, element order unchanged (expand only to its own shape)
-_DENSE_VIEWS = {"aten.view", "aten._unsafe_view", "aten.reshape", "aten.flatten", "aten.unsqueeze", "aten.squeeze",
-                "aten.alias", "aten.expand"}
+_DENSE_VIEWS = tagged("dense")
 
 
 def _shapes(graph: OpGraph, produced: dict[str, Node]) -> dict[str, list[int]]:
