@@ -33,6 +33,7 @@ from stitchcuda.bench.metrics import compare as compare_metrics  # write_report'
 from stitchcuda.bench.records import BASELINES, BenchResult, TaskResult
 from stitchcuda.files import copy_atomic, write_atomic
 from stitchcuda.templating import environment
+from stitchcuda.verify.stages import LABELS as STAGE_LABELS
 
 TEMPLATES = Path(__file__).parent / "templates"
 DASH = "–"
@@ -107,8 +108,10 @@ def _kind(key: str) -> str:
     if key.startswith("speedup."):
         return "speedup"
     seconds = ("totals.wall_s", "totals.build_s", "totals.gpu_s", "totals.gpu_wait_s")
-    if key.startswith("totals.verify_phase."):
+    if key.startswith(("totals.verify_phase.", "totals.stage.")):
         return "seconds"
+    if key.startswith("totals.gpu_busy."):
+        return "rate"
     return {"totals.cost_usd": "usd", "totals.gpu_busy": "rate", **dict.fromkeys(seconds, "seconds")}.get(key, "count")
 
 
@@ -163,9 +166,15 @@ def metric_label(key: str) -> str:
         "totals.gpu_wait_s": "built and waiting for the GPU, summed",
         "totals.verified_per_gpu_hour": "verified candidates per GPU-hour",
         "totals.gpu_busy": "GPU held by verifications (share of bench wall time x GPUs)",
+        "totals.builds": "extensions built or loaded",
+        "totals.builds_cached": "of them from the build cache",
     }
     if key in fixed:
         return fixed[key]
+    if key.startswith("totals.stage."):
+        return f"stage: {STAGE_LABELS.get(key.rsplit('.', 1)[1], key.rsplit('.', 1)[1])}, summed"
+    if key.startswith("totals.gpu_busy."):
+        return f"GPU busy, {key.rsplit('.', 1)[1]}"
     if key.startswith("totals.verify_phase."):
         return f"verifying: {key.rsplit('.', 1)[1].replace('_', ' ')}, summed"
     if key.startswith("speedup."):
