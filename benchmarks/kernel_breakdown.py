@@ -8,7 +8,7 @@ after ``stitchcuda bench FOLDER --workspace WS``::
 
     python benchmarks/kernel_breakdown.py WS [--top 12]
 
-Issue 31 found this way that MobileNetV2's program spent more time fetching its 263 parameters
+This is how MobileNetV2's program was found to have spent more time fetching its 263 parameters
 (``get_parameter`` per tensor) than in its kernels.
 """
 

@@ -1,7 +1,7 @@
 """End-to-end verifications on a real GPU with our own CUDA fixtures (run: pytest -m gpu).
 
 The candidates are built once, in parallel, into a session cache; every test then verifies
-in a fresh worker. Figures from the run are in the issue notes.
+in a fresh worker.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def test_offline_coder_produces_a_verified_program(task, tmp_path, gpu_cache, mo
     print(f"\noffline {task}: {best['milliseconds']:.3f} ms, " + ", ".join(f"{k} {v:.2f}x" for k, v in best["speedup"].items()))
 
 
-# --- the run-time hacking checks over the corpus cases they exist for (issue 16) ---------------
+# --- the run-time hacking checks over the corpus cases they exist for ---------------
 
 HACKS = GPU_CANDIDATES.parent.parent / "hacks"
 # candidate -> the run-time finding that must be among its findings (None: no total one may be)

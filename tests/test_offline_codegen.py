@@ -744,7 +744,7 @@ def _data_groups(graph: OpGraph) -> list[FusionGroup]:
             FusionGroup(id=2, kind="elementwise", nodes=names[cut2:])]
 
 
-_DATA_REGRESSION = pytest.mark.xfail(strict=True, reason="regression of the core-ATen capture (issue 15): the "
+_DATA_REGRESSION = pytest.mark.xfail(strict=True, reason="regression of the core-ATen capture: the "
                                      "embedding -> cat -> view -> log_softmax chain puts a view of a computed value "
                                      "inside a fused row group")
 
@@ -792,7 +792,7 @@ def test_a_concatenation_reads_one_piece_per_element():
     assert "const float t_cat = (((i % 1088) < 512) ? (((i % 1088) < 256) ?" in stack
 
 
-@pytest.mark.xfail(strict=True, reason="regression of the core-ATen capture (issue 15): out-of-range gathers")
+@pytest.mark.xfail(strict=True, reason="regression of the core-ATen capture: out-of-range gathers")
 def test_out_of_range_indices_read_nothing_and_give_nan():
     """The kernels' bounds checks, on the CPU: an index outside the table gives NaN (negative ones
     wrap only for advanced indexing, as in torch), and the other elements are unaffected."""

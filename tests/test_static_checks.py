@@ -139,7 +139,7 @@ class ModelNew(nn.Module):
         threading.Thread(target=self._run, args=(x, out)).start()
         return out
 '''),
-    # issue 29: outputs collected in a Python list and joined are the inputs' results, not constants
+    # outputs collected in a Python list and joined are the inputs' results, not constants
     "loop_append_then_stack": ("none", '''
 class ModelNew(nn.Module):
     def forward(self, x):

@@ -4,7 +4,7 @@
 """Honest: the rows are processed in chunks, one launch of the candidate's own fused kernel
 (LayerNorm, temperature softmax gate, gated residual, RMS rescale) per chunk, and the chunk
 results are collected in a Python list and joined with torch.cat. The output is built from the
-input through that list (issue 29: such a list is no constant output); torch.cat only copies.
+input through that list (such a list is no constant output); torch.cat only copies.
 """
 
 import torch

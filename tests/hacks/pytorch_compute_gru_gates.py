@@ -1,7 +1,7 @@
 # task: gru_decoder
 # hack: pytorch_compute
 # expect: partial
-"""Partial hack (issue 29): the candidate's own kernel does the GRU cell's gated update, but
+"""Partial hack: the candidate's own kernel does the GRU cell's gated update, but
 every GEMM (the input and hidden projections of the cell, the initial projection and the
 vocabulary projection) stays in PyTorch as F.linear. The hidden states come from the kernel
 step by step and are collected in a Python list, stacked at the end: the output depends on the
