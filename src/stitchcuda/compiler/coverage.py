@@ -80,3 +80,24 @@ def coverage() -> Coverage:
         else:
             covered[op] = how
     return Coverage(covered=covered, missing=missing)
+
+
+def markdown() -> str:
+    """The operator table (ir/op_table.py) as docs/compiler.md shows it: for each role, its
+    operators by what lowers them, then the core-ATen forward operators nothing lowers."""
+    by: dict[tuple[str, str], list[str]] = {}
+    for op, info in OPERATORS.items():
+        lowering = "refused" if refusal(op) else info.lowering
+        by.setdefault((info.role, lowering), []).append(op.split(".", 1)[1])
+    lines = ["| role | lowered by | operators |", "|---|---|---|"]
+    for (role, lowering), names in sorted(by.items()):
+        lines.append(f"| {role} | {lowering} | {', '.join(f'`{n}`' for n in sorted(names))} |")
+    found = coverage()
+    lines += ["", f"{len(found.covered)} of {found.total} core-ATen forward operators are covered (lowered, decomposed "
+              f"at capture, drawn by the program or refused with a reason); no lowering yet: "
+              + ", ".join(f"`{op.split('.', 1)[1]}`" for op in found.missing) + "."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
