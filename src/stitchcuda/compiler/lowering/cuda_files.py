@@ -13,3 +13,11 @@ KERNELS = TEMPLATES / "kernels"
 @functools.cache
 def cuda_file(name: str) -> str:
     return (KERNELS / name).read_text()
+
+
+def render_kernel(template: str, /, **values: object) -> str:
+    """``kernels/<template>`` (a ``.cu.j2`` template) rendered with ``values``: a kernel whose types,
+    sizes or names differ from program to program."""
+    from stitchcuda.templating import environment
+
+    return environment(TEMPLATES).get_template(f"kernels/{template}").render(**values)

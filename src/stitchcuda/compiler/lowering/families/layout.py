@@ -22,6 +22,7 @@ from typing import Any
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported, broadcast, c_float
+from stitchcuda.compiler.lowering.cuda_files import render_kernel
 from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.registry import lowering
 
@@ -136,10 +137,8 @@ def map_kernel(ctx: FamilyContext, node: Node, what: str, out: Strided, inputs: 
     if not any(re.search(rf"\b{c}\b", text) for c in names if c != "0"):
         unravel = ""  # a fill, a flat roll: the flat index is all it needs
     params = [f"const {x.ctype}* __restrict__ {p}" for p, x in inputs.items()] + [f"{out.ctype}* __restrict__ y"]
-    source = (f"__global__ void __launch_bounds__({block}) {name}({', '.join(params)}) {{\n"
-              f"  const {ity} i = ({ity})blockIdx.x * blockDim.x + threadIdx.x;\n"
-              f"  if (i >= {lit(out.numel, ity)}) return;\n"
-              f"  {unravel}\n  {text}\n}}\n")
+    source = render_kernel("map.cu.j2", block=block, name=name, params=params, ity=ity,
+                           limit=lit(out.numel, ity), unravel=unravel, text=text)
     launch = launch_line(name, out.numel, block, [x.ptr for x in inputs.values()] + [out.ptr])
     return KernelCall({name: source}, launch, describe=describe or f"{node.name}: {node.op.split('.', 1)[-1]}")
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported
+from stitchcuda.compiler.lowering.cuda_files import render_kernel
 from stitchcuda.compiler.lowering.families.layout import (
     advanced,
     broadcast_at,
@@ -69,9 +70,8 @@ def update_kernel(ctx: FamilyContext, node: Node, what: str, shape: Sequence[int
     names, unravel = coords(shape, "i", ity)
     params = [f"const {x.ctype}* __restrict__ {p}" for p, x in inputs.items()] + [f"{out.ctype}* y"]
     n = space.numel
-    source = (f"__global__ void __launch_bounds__({block}) {name}({', '.join(params)}) {{\n"
-              f"  const {ity} i = ({ity})blockIdx.x * blockDim.x + threadIdx.x;\n"
-              f"  if (i >= {lit(n, ity)}) return;\n  {unravel}\n  {body(names, ity)}\n}}\n")
+    source = render_kernel("map.cu.j2", block=block, name=name, params=params, ity=ity, limit=lit(n, ity),
+                           unravel=unravel, text=body(names, ity))
     return KernelCall({name: source}, launch_line(name, n, block, [x.ptr for x in inputs.values()] + [out.ptr]))
 
 

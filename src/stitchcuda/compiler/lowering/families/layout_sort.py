@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported
+from stitchcuda.compiler.lowering.cuda_files import render_kernel
 from stitchcuda.compiler.lowering.families.layout import coords, launch_line, offset, where_of
 from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.registry import lowering
@@ -145,11 +146,8 @@ def sort(ctx: FamilyContext, node: Node) -> KernelCall:
              + (f"    vals[at] = sv[l * {size} + j];\n" if values else "")
              + (f"    idx[at] = (int64_t)si[l * {size} + j];\n" if indices else "")
              + "  }\n")
-    source = (_before(before, ct, n, descending)
-              + f"__global__ void __launch_bounds__({threads}) {kname}(const {ct}* __restrict__ x, "
-              f"{ct}* __restrict__ vals, int64_t* __restrict__ idx) {{\n"
-              f"  __shared__ {ct} sv[{slots}];\n  __shared__ int si[{slots}];\n"
-              + load + _network(before, size, per_block, threads) + store + "}\n")
+    source = render_kernel("sort.cu.j2", before=_before(before, ct, n, descending), threads=threads, name=kname, ct=ct,
+                           slots=slots, load=load, network=_network(before, size, per_block, threads), store=store)
     launch = launch_line(kname, blocks * threads, threads,
                          [x.ptr, values.ptr if values else "nullptr", indices.ptr if indices else "nullptr"])
     how = "per-thread candidates, then a bitonic sort of them" if long_line else "bitonic sort in shared memory"

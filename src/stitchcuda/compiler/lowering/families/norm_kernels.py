@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from stitchcuda.compiler.capture.graph import Node
-from stitchcuda.compiler.lowering.cuda_files import cuda_file
+from stitchcuda.compiler.lowering.cuda_files import cuda_file, render_kernel
 from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall, Strided
 
 Kind = Literal["moments", "softmax", "safe_softmax", "log_softmax", "running"]
@@ -237,8 +237,7 @@ def _stats_kernel(ctx: FamilyContext, p: Plan) -> tuple[str, str, str]:
     if vec:
         params.append("bool aligned")
         args.append(f"(reinterpret_cast<uintptr_t>({p.x.ptr}) & 15u) == 0")
-    src = "\n".join([*head, f"__global__ void __launch_bounds__({block}) {name}({', '.join(params)}) {{",
-                     *("  " + s for s in body), "}"])
+    src = render_kernel("norm.cu.j2", head=head, block=block, name=name, params=params, body=body)
     launch = (f"{name}<<<{tiles * parts}, {block}, 0, stream>>>({', '.join(args)});\n"
               "SC_CUDA_CHECK(cudaGetLastError());")
     return name, src, launch
@@ -322,8 +321,7 @@ def _apply_kernel(ctx: FamilyContext, p: Plan, stats: str) -> tuple[str, str, st
     if vector:
         params.append("bool aligned")
         args.append(" && ".join(f"(reinterpret_cast<uintptr_t>({reads[k].ptr}) & 15u) == 0" for k in vector))
-    src = "\n".join([f"__global__ void __launch_bounds__({block}) {name}({', '.join(params)}) {{",
-                     *("  " + s for s in body), "}"])
+    src = render_kernel("norm.cu.j2", head=[], block=block, name=name, params=params, body=body)
     launch = (f"{name}<<<{-(-total // block)}, {block}, 0, stream>>>({', '.join(args)});\n"
               "SC_CUDA_CHECK(cudaGetLastError());")
     return name, src, launch

@@ -23,6 +23,7 @@ from typing import Any
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported
+from stitchcuda.compiler.lowering.cuda_files import render_kernel
 from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall, Strided, unravel
 from stitchcuda.compiler.lowering.registry import lowering
 
@@ -292,8 +293,7 @@ def _kernel(name: str, x: Strided, out_shape: tuple[int, ...], kind: str, wins: 
         if group < block:  # a warp per output: the whole warp leaves together
             head.append(f"if (o >= {total}LL) return;")
     text = "\n    ".join(head + body)
-    return (f"__global__ void __launch_bounds__({block}) {name}(const float* __restrict__ x, "
-            f"float* __restrict__ y, int64_t* __restrict__ ind) {{\n    (void)y; (void)ind;\n    {text}\n}}\n")
+    return render_kernel("pool_window.cu.j2", block=block, name=name, text=text)
 
 
 def _combine(kind: str, with_index: bool, group: int) -> list[str]:

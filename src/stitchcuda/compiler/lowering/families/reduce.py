@@ -38,6 +38,7 @@ from typing import Any
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported
 from stitchcuda.compiler.ir.ops import C_TYPES
+from stitchcuda.compiler.lowering.cuda_files import render_kernel
 from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.registry import lowering
 
@@ -484,10 +485,8 @@ def main_kernel(name: str, spec: Spec, p: Plan, x: Strided, kept: list[Dim], red
     if (ty == 0 && live) {{ {store if scratch else _finish(spec, outs, "out")} }}"""
     scratch_decl = "".join(f"__device__ {t} {name}_p_{n}[{p.slices * outputs}];\n" for n, t, _ in spec.fields) \
         if scratch else ""
-    return f"""{scratch_decl}__global__ void __launch_bounds__({b}) {name}({_params(x, outs)}) {{
-    {body}
-}}
-"""
+    return render_kernel("reduce_main.cu.j2", scratch_decl=scratch_decl, b=b, name=name, params=_params(x, outs),
+                         body=body)
 
 
 def combine_kernel(name: str, main: str, spec: Spec, p: Plan, x: Strided, kept: list[Dim], outputs: int,
@@ -495,20 +494,12 @@ def combine_kernel(name: str, main: str, spec: Spec, p: Plan, x: Strided, kept: 
     """A warp per output folds the slices' states from the scratch arrays and writes the outputs."""
     b = COMBINE_BLOCK
     loads = " ".join(f"const {t} o_{n} = {main}_p_{n}[(long long)g_ * {outputs}LL + o];" for n, t, _ in spec.fields)
-    return f"""__global__ void __launch_bounds__({b}) {name}({_params(x, outs)}) {{
-    const long long o = (long long)blockIdx.x * {b // 32} + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (o >= {outputs}LL) return;
-    {_decl(spec)}
-    for (int g_ = lane; g_ < {p.slices}; g_ += 32) {{ {loads} {spec.combine} }}
-    {_warp_reduce(spec)}
-    if (lane == 0) {{
-      {offset_code(kept, "o", "kept", "out")}
-      {"const long long base = " + str(x.offset) + "LL + kept; " + _shift(spec, x) if spec.shift else ""}
-      {_finish(spec, outs, "out")}
-    }}
-}}
-"""
+    return render_kernel("reduce_combine.cu.j2", b=b, name=name, params=_params(x, outs), warps=b // 32,
+                         outputs=outputs, decl=_decl(spec), slices=p.slices, loads=loads, combine=spec.combine,
+                         warp_reduce=_warp_reduce(spec), offsets=offset_code(kept, "o", "kept", "out"),
+                         shift=("const long long base = " + str(x.offset) + "LL + kept; " + _shift(spec, x)
+                                if spec.shift else ""),
+                         finish=_finish(spec, outs, "out"))
 
 
 def reduce_call(ctx: FamilyContext, node: Node, x: Strided, dims: list[int], spec: Spec) -> KernelCall:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.ops import C_TYPES
+from stitchcuda.compiler.lowering.cuda_files import render_kernel
 from stitchcuda.compiler.lowering.families.reduce import RESIDENT, Dim, bind, fail, offset_code
 from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall
 from stitchcuda.compiler.lowering.registry import lowering
@@ -60,53 +61,19 @@ def block_kernel(name: str, block: int, in_t: str, out_t: str, acc: str, op: str
         flags += "const bool vin = (reinterpret_cast<uintptr_t>(x + ib) & 15) == 0;\n    "
     if vout:
         flags += "const bool vout = (reinterpret_cast<uintptr_t>(y + ob) & 15) == 0;\n    "
-    return f"""__global__ void __launch_bounds__({block}) {name}(const {in_t}* __restrict__ x, {out_t}* __restrict__ y) {{
-    const long long line = blockIdx.x;
-    {offset_code(lines, "line", "lin", "ob")}
-    const long long ib = {offset}LL + lin;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    __shared__ {acc} sm_w[{nw}];
-    {flags}{acc} carry = {ident};
-    for (long long c0 = 0; c0 < {length}LL; c0 += {block * PER_THREAD}LL) {{
-      const long long j0 = c0 + (long long)threadIdx.x * {PER_THREAD};
-      {acc} v[{PER_THREAD}];
-      {_loads(vin, in_t, acc, ident, length, stride)}
-#pragma unroll
-      for (int k = 1; k < {PER_THREAD}; ++k) v[k] = v[k - 1] {op} v[k];
-      {acc} inc = v[{PER_THREAD - 1}];
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {{ const {acc} t = __shfl_up_sync({FULL}, inc, o); if (lane >= o) inc = inc {op} t; }}
-      {acc} excl = __shfl_up_sync({FULL}, inc, 1);
-      if (lane == 0) excl = {ident};
-      if (lane == 31) sm_w[w] = inc;
-      __syncthreads();
-      {acc} before = carry, total = carry;
-#pragma unroll
-      for (int k = 0; k < {nw}; ++k) {{ const {acc} t = sm_w[k]; if (k < w) before = before {op} t; total = total {op} t; }}
-      __syncthreads();  // sm_w is written again by the next chunk
-      const {acc} pre = before {op} excl;
-      {_stores(vout, out_t, op, length, ostride)}
-      carry = total;
-    }}
-}}
-"""
+    return render_kernel("scan_block.cu.j2", name=name, block=block, in_t=in_t, out_t=out_t, acc=acc, op=op,
+                         ident=ident, offset=offset, length=length, nw=nw, flags=flags,
+                         offsets=offset_code(lines, "line", "lin", "ob"), chunk=block * PER_THREAD,
+                         per_thread=PER_THREAD, last=PER_THREAD - 1, full=FULL,
+                         loads=_loads(vin, in_t, acc, ident, length, stride),
+                         stores=_stores(vout, out_t, op, length, ostride))
 
 
 def thread_kernel(name: str, block: int, in_t: str, out_t: str, acc: str, op: str, ident: str, offset: int,
                   lines: list[Dim], count: int, length: int, stride: int, ostride: int) -> str:
-    return f"""__global__ void __launch_bounds__({block}) {name}(const {in_t}* __restrict__ x, {out_t}* __restrict__ y) {{
-    const long long line = (long long)blockIdx.x * {block} + threadIdx.x;
-    if (line >= {count}LL) return;
-    {offset_code(lines, "line", "lin", "ob")}
-    const long long ib = {offset}LL + lin;
-    {acc} a = {ident};
-#pragma unroll 4
-    for (long long j = 0; j < {length}LL; ++j) {{
-      a = a {op} ({acc})x[ib + j * {stride}LL];
-      y[ob + j * {ostride}LL] = ({out_t})a;
-    }}
-}}
-"""
+    return render_kernel("scan_thread.cu.j2", name=name, block=block, in_t=in_t, out_t=out_t, acc=acc, op=op,
+                         ident=ident, offset=offset, count=count, length=length, stride=stride, ostride=ostride,
+                         offsets=offset_code(lines, "line", "lin", "ob"))
 
 
 @lowering("aten.cumsum", "aten.cumprod")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import Unsupported
+from stitchcuda.compiler.lowering.cuda_files import render_kernel
 from stitchcuda.compiler.lowering.kernel_call import FamilyContext, KernelCall, Strided
 from stitchcuda.compiler.lowering.registry import lowering
 
@@ -19,10 +20,8 @@ def int_add(ctx: FamilyContext, node: Node) -> KernelCall:
     if x.numel != out.numel:
         raise Unsupported(f"{node.name} ({node.op}): a broadcasting integer add")
     name = ctx.kernel_name(node, "int_add")
-    source = (f"__global__ void {name}(const {x.ctype}* __restrict__ x, {out.ctype}* __restrict__ y) {{\n"
-              f"  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;\n"
-              f"  if (i < {out.numel}LL) y[i] = x[{x.offset}LL + i * {x.strides[-1] if x.shape else 0}LL] + "
-              f"({out.ctype})({int(node.args[1])});\n}}\n")
+    source = render_kernel("int_add.cu.j2", name=name, x=x, out=out, stride=x.strides[-1] if x.shape else 0,
+                           step=int(node.args[1]))
     if x.shape and not x.contiguous:
         raise Unsupported(f"{node.name} ({node.op}): a strided integer operand")
     launch = (f"{name}<<<{-(-out.numel // 256)}, 256, 0, stream>>>({x.ptr}, {out.ptr});\n"
@@ -66,14 +65,7 @@ def write_backs(updates: list[BufferUpdate]) -> list[KernelCall]:
 def _update_call(ctype: str, updates: list[BufferUpdate]) -> KernelCall:
     short = ctype.replace("_t", "")
     kernel, table = f"k_state_update_{short}", f"ScStateUpdate_{short}"
-    source = (f"struct {table} {{ const {ctype}* src[{STATE_SEGMENTS}]; {ctype}* dst[{STATE_SEGMENTS}]; "
-              f"long long n[{STATE_SEGMENTS}]; long long step[{STATE_SEGMENTS}]; }};\n"
-              f"// one buffer per blockIdx.y: its new value copied in, or its step added in place\n"
-              f"__global__ void {kernel}({table} t) {{\n"
-              "  const int j = blockIdx.y;\n"
-              "  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < t.n[j];\n"
-              "       i += (long long)gridDim.x * blockDim.x)\n"
-              f"    t.dst[j][i] = t.step[j] ? ({ctype})(t.dst[j][i] + t.step[j]) : t.src[j][i];\n}}\n")
+    source = render_kernel("state_update.cu.j2", table=table, kernel=kernel, ctype=ctype, segments=STATE_SEGMENTS)
     lines = [f"{table} t{{}};"]
     for j, u in enumerate(updates):
         dst = f"const_cast<{ctype}*>({u.buffer.ptr})"
