@@ -11,8 +11,8 @@ fusion group or a layout, only a missing operator lowering or a capture torch ca
 
 Each task is a model as a user runs it for inference: ``.eval()`` in the constructor where the model
 has dropout, stochastic depth or an auxiliary head (its docstring says so), training mode otherwise
-(as KernelBench leaves a model); one tensor out (logits, ``last_hidden_state``); inputs as the model
-takes them (int64 ``input_ids`` and an attention mask with padded rows where it takes one). Held
+(as KernelBench leaves a model); a tensor out (logits, ``last_hidden_state``) or the nested tuple a
+recurrent layer returns; inputs as the model takes them (int64 ``input_ids`` and an attention mask with padded rows where it takes one). Held
 out: timm and KernelBench level 3 are not used here.
 
 torchvision's wheel on the package index is a CUDA build; beside a CPU torch its C operators do not
@@ -134,6 +134,8 @@ _SMALL = "vocab_size=5000, max_position_embeddings=512"
 TRANSFORMERS = [
     _decoder("gpt2", "GPT2Config(n_layer=2, n_embd=256, n_head=4, vocab_size=5000, n_positions=512)", "GPT2Model",
              "GPT-2 (2 layers, 256 wide)"),
+    _decoder("gpt2_square", "GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=5000, n_positions=512)",
+             "GPT2Model", "GPT-2 (2 layers, 128 wide) on 128 tokens: sequence length = width", batch=2, seq=128),
     _decoder("llama", f"LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=2, "
              f"num_attention_heads=4, num_key_value_heads=2, {_SMALL})", "LlamaModel",
              "Llama (2 layers, 256 wide, grouped-query attention)"),
@@ -213,6 +215,12 @@ TORCH_NN = [
     _nn("rnn", "recurrent", "self.net = nn.RNN(128, 256, num_layers=3, batch_first=True)",
         "return self.net(x, h0)[0]", "x, h0", "[torch.randn(4, 128, 128), torch.randn(3, 4, 256)]",
         "nn.RNN (tanh), 3 layers, batch-first, a given initial state: the output sequence."),
+    _nn("lstm_states", "recurrent", "self.net = nn.LSTM(128, 256, num_layers=2, batch_first=True)",
+        "return self.net(x)", "x", "[torch.randn(4, 128, 128)]",
+        "nn.LSTM, 2 layers, batch-first, as users call it: output, (h_n, c_n), a nested tuple."),
+    _nn("gru_states", "recurrent", "self.net = nn.GRU(128, 256, num_layers=2, bidirectional=True)",
+        "return self.net(x, h0)", "x, h0", "[torch.randn(128, 4, 128), torch.randn(4, 4, 256)]",
+        "nn.GRU, 2 layers, bidirectional, a given initial state: output and h_n, a tuple."),
     _nn("transformer_encoder", "transformer",
         "layer = nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True)\n"
         "self.net = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)",
@@ -230,42 +238,26 @@ TORCH_NN = [
         "nn.MultiheadAttention, self-attention, 256 wide, 4 heads, batch-first."),
 ]
 
-UNET = '''
-class _Block(nn.Sequential):
-    def __init__(self, cin, cout):
-        super().__init__(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
-                         nn.Conv2d(cout, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+def _own_models() -> list[ZooModel]:
+    """The zoo's own architectures (benchmarks/zoo_own.py): each task file carries its classes' source."""
+    import importlib.util
+    import inspect
 
-
-class _UNet(nn.Module):
-    def __init__(self, channels=3, classes=4, width=32):
-        super().__init__()
-        self.down1, self.down2, self.down3 = _Block(channels, width), _Block(width, 2 * width), _Block(2 * width, 4 * width)
-        self.pool = nn.MaxPool2d(2)
-        self.up2 = nn.ConvTranspose2d(4 * width, 2 * width, 2, stride=2)
-        self.dec2 = _Block(4 * width, 2 * width)
-        self.up1 = nn.ConvTranspose2d(2 * width, width, 2, stride=2)
-        self.dec1 = _Block(2 * width, width)
-        self.head = nn.Conv2d(width, classes, 1)
-
-    def forward(self, x):
-        d1 = self.down1(x)
-        d2 = self.down2(self.pool(d1))
-        d3 = self.down3(self.pool(d2))
-        u2 = self.dec2(torch.cat([self.up2(d3), d2], dim=1))
-        u1 = self.dec1(torch.cat([self.up1(u2), d1], dim=1))
-        return torch.softmax(self.head(u1), dim=1)
-'''
-
-OWN = [ZooModel(name="own_unet_softmax", library="own", kind="cnn", build="self.net = _UNet()",
-                forward="return self.net(x)", args="x", inputs="[torch.randn(4, 3, 128, 128)]", helpers=UNET,
-                about="A U-Net of our own (3 levels, 32-128 wide, transposed-convolution upsampling, skip "
-                      "concatenations) whose per-pixel class scores go through a softmax.")]
+    spec = importlib.util.spec_from_file_location("zoo_own", Path(__file__).with_name("zoo_own.py"))
+    own = importlib.util.module_from_spec(spec)
+    sys.modules["zoo_own"] = own  # inspect finds a class's file through its module
+    spec.loader.exec_module(own)
+    models = []
+    for name, (classes, build, forward, args, inputs, kind, eval_mode, about) in own.OWN.items():
+        helpers = "\n\n" + "\n\n".join(inspect.getsource(getattr(own, c)) for c in classes)
+        models.append(ZooModel(name=name, library="own", kind=kind, build=build, forward=forward, args=args,
+                               inputs=inputs, about=about, helpers=helpers, eval_mode=eval_mode))
+    return models
 
 
 def catalogue() -> list[ZooModel]:
     models = [_torchvision(n, 299 if n == "inception_v3" else 224, 2 if n in _HUGE else 4) for n in TORCHVISION]
-    return models + TRANSFORMERS + TORCH_NN + OWN
+    return models + TRANSFORMERS + TORCH_NN + _own_models()
 
 
 # About 20 models for CI (at least 8 transformers, 2 recurrent), each a program in seconds on the CPU.

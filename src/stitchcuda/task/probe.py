@@ -274,14 +274,17 @@ def _numel(values: list[Any]) -> int:
 
 
 def _output_problem(output: Any) -> str | None:
-    """KernelBench compares tensors: a forward returns a tensor or a tuple/list of tensors."""
+    """A forward returns tensors: one, or any nesting of tuples, lists and dicts of them (LSTM's
+    ``output, (h_n, c_n)``), compared leaf by leaf."""
     import torch
+    from torch.utils._pytree import tree_leaves
 
-    if isinstance(output, torch.Tensor):
+    leaves = tree_leaves(output)
+    if leaves and all(isinstance(x, torch.Tensor) for x in leaves):
         return None
-    if isinstance(output, (tuple, list)) and output and all(isinstance(o, torch.Tensor) for o in output):
-        return None
-    return f"returned {type(output).__name__}, not a tensor (or a tuple of tensors) that can be compared"
+    other = next((type(x).__name__ for x in leaves if not isinstance(x, torch.Tensor)), type(output).__name__)
+    return (f"returned {type(output).__name__} holding {other}, not tensors that can be compared (a tensor, or "
+            "tuples, lists and dicts of tensors)")
 
 
 def _child_main() -> None:

@@ -48,15 +48,13 @@ class TrialPrint(BaseModel):
 
 
 def _tensors(value: Any) -> Iterator[Any]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            yield from _tensors(v)
+    from torch.utils._pytree import tree_leaves
+
+    yield from (v for v in tree_leaves(value) if isinstance(v, torch.Tensor))
 
 
 def fingerprint(value: Any) -> tuple[TensorPrint, ...]:
-    """Prints of every tensor in an output (a tensor, or nested tuples and lists of them),
+    """Prints of every tensor in an output (a tensor, or nested tuples, lists and dicts of them),
     computed where the tensor lives: one small copy to the host per tensor."""
     prints = []
     for t in _tensors(value):
@@ -170,11 +168,13 @@ def post_timing_trial(candidate: Callable[[list[Any]], Any], reference: Callable
 
 def _detached(value: Any, device: Any = None) -> Any:
     """A copy apart from the buffers a model reuses, on ``device`` where one is given."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone() if device is None else value.detach().to(device, copy=True)
-    if isinstance(value, (tuple, list)):
-        return type(value)(_detached(v, device) for v in value)
-    return value
+    from torch.utils._pytree import tree_map
+
+    def copy(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor):
+            return v
+        return v.detach().clone() if device is None else v.detach().to(device, copy=True)
+    return tree_map(copy, value)
 
 
 def stale_outputs(model: Any, ref_model: Any, get_inputs: Callable[[], Any], config: Any, device: Any,

@@ -61,11 +61,13 @@ class Fp64Reference:
 
 
 def _as_float32(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().float() if value.dtype == torch.float64 else value.detach()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_as_float32(v) for v in value)
-    return value
+    from torch.utils._pytree import tree_map
+
+    def cast(v: Any) -> Any:
+        if not isinstance(v, torch.Tensor):
+            return v
+        return v.detach().float() if v.dtype == torch.float64 else v.detach()
+    return tree_map(cast, value)
 
 
 def judge_against_fp64(reference: Any, candidate: Any, exact: Any, tolerance: Tolerance) -> ConditioningCheck | None:

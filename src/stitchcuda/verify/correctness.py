@@ -107,18 +107,14 @@ class Comparison:
 
 
 def flatten_output(value: Any) -> list[torch.Tensor] | None:
-    """A model output as a list of tensors (tensor, or nested tuple/list of tensors); None otherwise."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        out: list[torch.Tensor] = []
-        for item in value:
-            flat = flatten_output(item)
-            if flat is None:
-                return None
-            out.extend(flat)
-        return out
-    return None
+    """A model output's tensors in torch's pytree order (a tensor, or tuples, lists and dicts of them,
+    nested); None where it holds anything else."""
+    from torch.utils._pytree import tree_leaves
+
+    leaves = tree_leaves(value)
+    if not leaves or not all(isinstance(x, torch.Tensor) for x in leaves):
+        return None
+    return leaves
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -238,20 +234,16 @@ def _unravel(index: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 def detached(value: Any) -> Any:
     """An output on its device, apart from the graph or buffers that made it (a CUDA graph's
     static output is overwritten by the next replay)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(detached(v) for v in value)
-    return value
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, value)
 
 
 def on_device(value: Any, device: Any) -> Any:
-    """``value`` (a tensor, or tuples and lists of them) moved to ``device``."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, (tuple, list)):
-        return type(value)(on_device(v, device) for v in value)
-    return value
+    """``value`` (a tensor, or tuples, lists and dicts of them) moved to ``device``."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, value)
 
 
 def cloned(values: Sequence[Any]) -> list[Any]:

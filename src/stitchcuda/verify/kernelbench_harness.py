@@ -179,6 +179,27 @@ def time_both(checkout: str | Path, reference: str, candidate: str, *, perf_tria
     return float(ref_ms), float(timing.get_timing_stats(elapsed, device=device)["mean"])
 
 
+def _not_one_tensor(reference: str) -> str | None:
+    """Why KernelBench's harness cannot compare this task's outputs (it reads ``output.shape`` and
+    calls ``torch.allclose`` on one tensor), from the reference's forward on the meta device; None
+    where it returns one tensor, or where the meta device cannot tell."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    scope: dict[str, Any] = {"__name__": "stitchcuda_harness_outputs"}
+    try:
+        exec(compile(reference, "reference.py", "exec"), scope)
+        with torch.device("meta"), torch.no_grad():
+            output = scope["Model"](*scope["get_init_inputs"]())(*scope["get_inputs"]())
+    except Exception:  # noqa: BLE001 - not told here: its verdict stands
+        return None
+    if isinstance(output, torch.Tensor):
+        return None
+    return (f"KernelBench's harness compares one output tensor (output.shape, torch.allclose); this task returns "
+            f"{type(output).__name__} of {len(tree_leaves(output))} tensors, which it cannot compare: no verdict "
+            "from it (ours compares them one by one)")
+
+
 def integer_inputs(reference: str) -> dict[int, str]:
     """Positions and dtypes of the reference's integer and bool inputs (token ids, masks), which
     KernelBench's harness casts to float32 with the rest."""
@@ -403,6 +424,8 @@ def _judge(request: HarnessRequest, on_gpu: Callable[[], contextlib.AbstractCont
         verdict = run_harness(request.checkout, reference, candidate, trials=request.trials,
                               perf_trials=request.perf_trials, build_dir=request.build_dir,
                               measure_performance=request.measure_performance)
+    if verdict.compiled and not verdict.correct and (why := _not_one_tensor(reference)):
+        return HarnessReply(error=why)
     # Its reference runs under torch's default flags, cuDNN convolutions in TF32: an "incorrect"
     # is asked again against a true-fp32 reference (untimed), so that an fp32-accurate
     # convolution rejected only for the reference's TF32 shows as such.

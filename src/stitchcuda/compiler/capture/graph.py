@@ -103,6 +103,52 @@ class Placeholder(BaseModel):
     meta: TensorMeta | None = None
 
 
+class OutputForm(BaseModel):
+    """How the forward's tensors nest in what it returns (torch's pytree of them): a leaf (the graph's
+    output ``index``), or a tuple, list or dict of forms."""
+
+    kind: Literal["leaf", "tuple", "list", "dict"] = "leaf"
+    index: int = 0
+    items: list[OutputForm] = []
+    keys: list[str | int] = Field([], description="a dict's keys, in its order")
+
+    def python(self, flat: str, leaves: int) -> str:
+        """The expression that rebuilds this form from ``flat``, the program's outputs: a tuple of
+        ``leaves`` tensors, or the tensor itself when there is one."""
+        if self.kind == "leaf":
+            return flat if leaves == 1 else f"{flat}[{self.index}]"
+        parts = [item.python(flat, leaves) for item in self.items]
+        if self.kind == "tuple":
+            return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+        if self.kind == "list":
+            return "[" + ", ".join(parts) + "]"
+        return "{" + ", ".join(f"{k!r}: {p}" for k, p in zip(self.keys, parts, strict=True)) + "}"
+
+
+def output_form(spec: Any) -> OutputForm | None:
+    """The form of torch.export's output TreeSpec, leaves numbered in order; None for a container
+    this record does not rebuild (a named tuple, a model-output class): the program returns its
+    tensors as a flat tuple there."""
+    counter = iter(range(1 << 30))
+
+    def form(s: Any) -> OutputForm | None:
+        kinds = {tuple: "tuple", list: "list", dict: "dict"}
+        if s.type is None:
+            return OutputForm(index=next(counter))
+        if s.type not in kinds:
+            return None
+        children = list(s.children()) if hasattr(s, "children") else list(s.children_specs)
+        items = [form(c) for c in children]
+        if any(i is None for i in items):
+            return None
+        keys = list(s.context) if s.type is dict else []
+        if any(not isinstance(k, (str, int)) for k in keys):
+            return None
+        return OutputForm(kind=kinds[s.type], items=items, keys=keys)  # type: ignore[arg-type]
+
+    return form(spec)
+
+
 class OpGraph(BaseModel):
     task: str
     placeholders: list[Placeholder]
@@ -115,6 +161,8 @@ class OpGraph(BaseModel):
                                                       "nested list: a tensor the forward makes (torch.tensor, "
                                                       "arange, a mask), recreated by the program")
     draws: dict[str, Draw] = Field({}, description="random placeholder -> how the program draws it")
+    output_form: OutputForm | None = Field(None, description="how the returned tensors nest; None: a tensor, or "
+                                                            "a flat tuple of them")
     state: list[str] = Field([], description="plain tensor attributes of the reference's modules (dotted "
                                              "names), captured as non-persistent buffers: state its forward "
                                              "may reassign (self.hidden = ...), which the program updates")
@@ -190,6 +238,27 @@ _ALSO_DECOMPOSED = (("upsample_nearest2d", "vec"), ("upsample_bilinear2d", "vec"
                     ("upsample_nearest1d", "vec"), ("upsample_nearest3d", "vec"), ("upsample_trilinear3d", "vec"),
                     ("upsample_bicubic2d", "vec"), ("native_dropout", "default"))
 
+
+
+def _clamp_by_tensors(x: Any, min: Any = None, max: Any = None) -> Any:  # noqa: A002 - aten's own names
+    """``clamp`` with tensor bounds (scalar or broadcast) as ``maximum`` then ``minimum``: the same
+    values (NaN kept, ``max`` wins where the bounds cross) and the same type promotion."""
+    import torch
+
+    out = x if min is None else torch.ops.aten.maximum.default(x, min)
+    return out if max is None else torch.ops.aten.minimum.default(out, max)
+
+
+def _own_decompositions() -> dict[Any, Any]:
+    """Decompositions of ours, for core-ATen overloads whose general form the lowerings take."""
+    import torch
+
+    aten = torch.ops.aten
+    return {aten.clamp.Tensor: _clamp_by_tensors,
+            aten.clamp_min.Tensor: lambda x, min: _clamp_by_tensors(x, min=min),
+            aten.clamp_max.Tensor: lambda x, max: _clamp_by_tensors(x, max=max)}
+
+
 # the most elements of a tensor the forward makes that a program recreates from a literal
 MAX_CONSTANT = 1 << 14
 
@@ -243,6 +312,7 @@ def keep_table(decompose: frozenset[str] = frozenset()) -> dict[Any, Any]:
         op = getattr(getattr(torch.ops.aten, packet, None), overload, None)
         if op is not None and op in decomposition_table:
             table[op] = decomposition_table[op]
+    table.update(_own_decompositions())
     for name in KEEP:
         packet, overload = name.split(".")
         if f"aten.{packet}" in decompose:
@@ -290,6 +360,7 @@ def _capture(task: Task, decompose: frozenset[str]) -> OpGraph:
             graph.constants[p.target] = value.detach().cpu().tolist()
     _draws_as_arguments(graph)
     graph.state = state
+    graph.output_form = output_form(exported.call_spec.out_spec)
     missed = _unrecorded_state(model, inputs, graph)
     if missed:
         raise CaptureError(f"the forward reassigns {', '.join(missed)} (state kept across calls), and torch.export did "

@@ -340,7 +340,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         host_src=host_src, host_name=host_name(host_src), spec=spec.arguments(),
         blas=low.uses_blas, lt=bool(low.lt_gemms), dnn=bool(low.convs) or low.uses_dnn,
         reference_init=reference_init_source(task), reference_class=REFERENCE_CLASS,
-        fwd_args=", ".join(["self", *fwd_names]), call_args=call_args, state_reads=reads.lines, state=_state_owners(graph.state),
+        fwd_args=", ".join(["self", *fwd_names]), call_args=call_args, output_form=_output_form(graph), state_reads=reads.lines, state=_state_owners(graph.state),
         constants=[(_constant_name(p.target), _tensor_source(graph.constants[p.target], p.meta.shape, p.meta.dtype))
                    for p in graph.placeholders if p.kind == "constant" and p.name in entry and p.meta is not None],
         cutlass=bool(low.cutlass), cutlass_sources=cutlass_sources, cutlass_flags=repr(CUDA_CFLAGS),
@@ -349,6 +349,16 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         groups=[f"group {lg.group.id} ({lg.group.kind}){_modules_of(modules, lg.group, lg.describe)}: {lg.describe}"
                                             + (" [from the weights alone: run when they change]" if lg.hoisted else "")
                                             for lg in low.groups])
+
+
+def _output_form(graph: OpGraph) -> str:
+    """The expression that nests the program's outputs as the forward returned them, or "" where the
+    host's own return (a tensor, or a flat tuple of them) is that form."""
+    form, leaves = graph.output_form, len(graph.outputs)
+    if form is None or form.kind == "leaf" or (form.kind == "tuple" and leaves > 1 and all(
+            item.kind == "leaf" and item.index == i for i, item in enumerate(form.items))):
+        return ""
+    return form.python("outputs", leaves)
 
 
 def _modules_of(modules: dict[str, str], group: FusionGroup, describe: str) -> str:

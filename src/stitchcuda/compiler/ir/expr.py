@@ -381,6 +381,10 @@ def view_expr(node: Any, x: Expr) -> Expr:
         pad = len(out) - len(shape)
         eff = [0] * pad + [0 if d == 1 and o != 1 else s for d, s, o in zip(shape, strides, out[pad:], strict=True)]
         return leaf(lf.value, out, eff, lf.offset)
+    if name == "aten.unfold" and shape:  # Tensor.unfold: windows along a dim, each a new last dim
+        dim, step = a[1] % len(shape), a[3]
+        return leaf(lf.value, out, strides[:dim] + [strides[dim] * step] + strides[dim + 1:] + [strides[dim]],
+                    lf.offset)
     if name in ("aten.slice", "aten.select"):
         dim = (a[1] if len(a) > 1 else 0) % len(shape)
         if name == "aten.select":

@@ -286,6 +286,7 @@ OPERATORS: dict[str, OpInfo] = {
     "aten.type_as": _op("elementwise", DECOMPOSED, "fusable"),
     "aten.unbind": _op("view", GROUPS, "split", "fusable"),
     "aten.unflatten": _op("view", DECOMPOSED, "layout", "fusable"),
+    "aten.unfold": _op("view", GROUPS, "strided", "fusable", "quiet"),
     "aten.unsqueeze": _op("view", GROUPS, "layout", "reshape", "strided", "fusable", "dense", "quiet"),
     "aten.var": _op("reduce", FAMILY, "sum", "fusable"),
     "aten.var_mean": _op("other", FAMILY),

@@ -125,6 +125,9 @@ class Dataflow:
                     d = norm_dim(args[1], rank)
                     return [s * int(args[4]) if i == d else s for i, s in enumerate(st)]
                 return list(st)
+            if op == "aten.unfold":  # windows of size args[2] every args[3] along a dim, as a new last dim
+                d = norm_dim(args[1], rank)
+                return st[:d] + [st[d] * int(args[3])] + st[d + 1:] + [st[d]]
             if op in ("aten.alias", "aten.detach"):
                 return list(st)
             if op in ("aten.expand", "aten.expand_as"):

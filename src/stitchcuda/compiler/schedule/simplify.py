@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stitchcuda.compiler.capture.evaluate import evaluate_node
 from stitchcuda.compiler.capture.graph import MAX_CONSTANT, Node, OpGraph, Placeholder
 from stitchcuda.compiler.ir.op_table import tagged
 from stitchcuda.compiler.ir.ops import C_TYPES, RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, VIEW_OPS
@@ -120,40 +121,6 @@ def drop_identity_clones(graph: OpGraph) -> OpGraph:
 
 # -- constant folding ---------------------------------------------------------------------------------
 
-def _torch_value(text: Any) -> Any:
-    """An argument as torch takes it back: dtypes, layouts and memory formats kept as text at capture;
-    a device is the CPU."""
-    import torch
-
-    if isinstance(text, list):
-        return [_torch_value(v) for v in text]
-    if isinstance(text, str):
-        if text.startswith("device("):
-            return torch.device("cpu")
-        if text.startswith("torch.") and hasattr(torch, text[6:]):
-            return getattr(torch, text[6:])
-    return text
-
-
-def _evaluate(n: Node, values: dict[str, Any]) -> Any:
-    import torch
-
-    def arg(a: Any) -> Any:
-        if isinstance(a, str) and a.startswith("%"):
-            return values[a[1:]]
-        if isinstance(a, list):
-            return [arg(v) for v in a]
-        return _torch_value(a)
-
-    args, kwargs = arg(n.args), {k: arg(v) for k, v in n.kwargs.items()}
-    if n.op == "stitchcuda.int_add":
-        return args[0] + args[1]
-    packet, name = n.op.split(".", 1)
-    if packet != "aten":
-        raise LookupError(n.op)
-    return getattr(getattr(torch.ops.aten, name), n.overload)(*args, **kwargs)
-
-
 def fold_constants(graph: OpGraph) -> OpGraph:
     """``graph`` with the small values that depend on nothing the forward is given as lifted
     constants (computed here with torch), and the nodes only they read dropped."""
@@ -172,7 +139,7 @@ def fold_constants(graph: OpGraph) -> OpGraph:
                 values[v].dtype in (torch.bool, torch.int32, torch.int64) for v in n.inputs())):
             continue
         try:
-            value = _evaluate(n, values)
+            value = evaluate_node(n, values)
         except Exception:  # noqa: BLE001 - not folded: the program computes it as before
             continue
         if not isinstance(value, torch.Tensor) or list(value.shape) != n.out[0].shape \

@@ -1,0 +1,173 @@
+"""Forms seen on models nobody here wrote, each held on the CPU: patches cut with ``Tensor.unfold``
+and convolutions written with ``F.unfold``, ``clamp`` with tensor bounds, outputs nested in tuples
+(and dicts), a graph that follows its model's weights after ``load_state_dict``.
+
+The captured and simplified graph runs here with torch's own operators (capture/evaluate.py):
+each rewrite is held to the reference's function, before and after new weights are loaded.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import types
+
+import pytest
+import torch
+
+from stitchcuda.compiler import compile_task
+from stitchcuda.compiler.capture.evaluate import run_graph
+from stitchcuda.compiler.capture.graph import capture
+from stitchcuda.compiler.ir.expr import leaf, view_expr
+from stitchcuda.compiler.schedule.simplify import simplify
+from stitchcuda.task.probe import check_here
+from stitchcuda.task.record import Task
+from stitchcuda.verify.correctness import flatten_output
+from stitchcuda.verify.kernelbench_harness import _not_one_tensor
+from stitchcuda.verify.weights_trial import perturbed
+
+TASKS = {
+    "unfold_patches": ("""
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = nn.Linear(3 * 4 * 4, 32)
+                self.norm = nn.LayerNorm(32)
+
+            def forward(self, x):
+                b, c = x.shape[0], x.shape[1]
+                patches = x.unfold(2, 4, 4).unfold(3, 4, 4).permute(0, 2, 3, 1, 4, 5).reshape(b, -1, c * 16)
+                return self.norm(self.embed(patches))
+        """, "[torch.randn(2, 3, 16, 12)]"),
+    "unfold_overlapping": ("""
+        class Model(nn.Module):
+            def forward(self, x):
+                return x.unfold(-1, 5, 2).sum(-1) + x.transpose(1, 2).unfold(1, 3, 3).amax(-1).sum(1, keepdim=True)
+        """, "[torch.randn(2, 6, 15)]"),
+    "im2col": ("""
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = nn.Parameter(torch.randn(8, 4 * 9))
+
+            def forward(self, x):
+                b, _, h, w = x.shape
+                return (self.w @ nn.functional.unfold(x, 3, padding=1, stride=1)).view(b, -1, h, w)
+        """, "[torch.randn(2, 4, 6, 5)]"),
+    "clamp_tensor_bounds": ("""
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.scale = nn.Parameter(torch.log(10 * torch.ones(4, 1, 1)))
+                self.register_buffer("floor", -0.5 - torch.rand(6))
+                self.register_buffer("ceiling", 0.5 + torch.rand(6))
+
+            def forward(self, x):
+                scale = torch.clamp(self.scale, max=torch.log(torch.tensor(1.0 / 0.01))).exp()
+                y = torch.clamp(x * scale, min=self.floor, max=self.ceiling)
+                return y + x.clamp_min(self.floor) - x.clamp_max(self.ceiling)
+        """, "[torch.randn(2, 4, 5, 6)]"),
+    "lstm_states": ("""
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = nn.LSTM(8, 16, num_layers=2, batch_first=True)
+
+            def forward(self, x):
+                return self.net(x)
+        """, "[torch.randn(2, 5, 8)]"),
+    "dict_of_tensors": ("""
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = nn.Linear(8, 8)
+
+            def forward(self, x):
+                y = self.proj(x)
+                return {"hidden": y, "pooled": [y.mean(1), (y.amax(1),)]}
+        """, "[torch.randn(2, 5, 8)]"),
+}
+
+
+def _task(name: str) -> Task:
+    body, inputs = TASKS[name]
+    source = (f"import torch\nimport torch.nn as nn\n\n{textwrap.dedent(body)}\n\n"
+              f"def get_inputs():\n    return {inputs}\n\n\ndef get_init_inputs():\n    return []\n")
+    return Task(name=name, source=source)
+
+
+def _module(task: Task) -> types.ModuleType:
+    module = types.ModuleType(task.name)
+    exec(compile(task.source, task.name, "exec"), module.__dict__)
+    return module
+
+
+def _max_gap(reference, graph_outputs) -> float:
+    leaves = flatten_output(reference)
+    assert leaves is not None and len(leaves) == len(graph_outputs)
+    return max((a - b).abs().max().item() for a, b in zip(leaves, graph_outputs, strict=True))
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_the_captured_graph_computes_the_reference_and_follows_new_weights(name):
+    """Capture and simplification keep the reference's function (the tensor clamp bounds become
+    maximum/minimum, the unfolds strided views), and the graph reads the weights the model holds
+    now: after a perturbed state_dict is loaded, it matches the reference again."""
+    task = _task(name)
+    graph = simplify(capture(task))
+    module = _module(task)
+    torch.manual_seed(0)
+    model = module.Model()
+    inputs = module.get_inputs()
+    with torch.no_grad():
+        assert _max_gap(model(*inputs), run_graph(graph, model.state_dict(keep_vars=True), inputs)) < 1e-5
+        if model.state_dict():
+            before = flatten_output(model(*inputs))
+            model.load_state_dict(perturbed(model.state_dict(), 5))
+            after = model(*inputs)
+            assert _max_gap(after, before) > 1e-3  # the new weights moved the output
+            assert _max_gap(after, run_graph(graph, model.state_dict(keep_vars=True), inputs)) < 1e-5
+    if name == "clamp_tensor_bounds":
+        assert not any(n.op in ("aten.clamp", "aten.clamp_min", "aten.clamp_max") and n.overload == "Tensor"
+                       for n in graph.nodes)
+    compile_task(task).program()  # and a program is written: no refusal
+
+
+@pytest.mark.parametrize("shape,dim,size,step", [((2, 3, 16, 12), 2, 4, 4), ((2, 6, 15), -1, 5, 2),
+                                                 ((7,), 0, 3, 1), ((4, 9, 2), 1, 2, 3)])
+def test_tensor_unfold_reads_through_torch_s_own_strides(shape, dim, size, step):
+    x = torch.randn(shape)
+    want = x.unfold(dim, size, step)
+    node = types.SimpleNamespace(name="u", op="aten.unfold", overload="default", args=["%x", dim, size, step],
+                                 out=[types.SimpleNamespace(shape=list(want.shape))])
+    read = view_expr(node, leaf("x", shape)).leaf
+    assert read.shape == tuple(want.shape) and read.strides == want.stride() and read.offset == 0
+    # after a transpose the read composes with the view before it, as torch's strides do
+    t = x.transpose(0, -1)
+    node.args, node.out[0].shape = ["%x", 0, 1, 1], list(t.unfold(0, 1, 1).shape)
+    read = view_expr(node, leaf("x", t.shape, t.stride())).leaf
+    assert read.strides == t.unfold(0, 1, 1).stride()
+
+
+def test_programs_return_the_forward_s_own_nesting():
+    """LSTM's ``output, (h_n, c_n)`` comes back nested as the reference returns it; a flat tuple and a
+    single tensor are the host's own return, unchanged."""
+    program = compile_task(_task("lstm_states")).program()
+    assert "return (outputs[0], (outputs[1], outputs[2]))" in program
+    program = compile_task(_task("dict_of_tensors")).program()
+    assert "return {'hidden': outputs[0], 'pooled': [outputs[1], (outputs[2],)]}" in program
+    assert "outputs = " not in compile_task(_task("im2col")).program()
+
+
+def test_the_reference_check_takes_any_nesting_of_tensors_and_names_what_is_not_one():
+    for name in ("lstm_states", "dict_of_tensors"):
+        task = _task(name)
+        assert check_here(task.name, task.source, task.name).problem is None
+    source = _task("im2col").source.replace("return (self.w", "return 3, (self.w")
+    problem = check_here("bad", source, "bad.py").problem
+    assert problem is not None and "int" in problem and "tensors" in problem
+
+
+def test_kernelbench_s_harness_is_told_it_cannot_compare_a_tuple():
+    why = _not_one_tensor(_task("lstm_states").source)
+    assert why is not None and "tuple of 3 tensors" in why
+    assert _not_one_tensor(_task("im2col").source) is None
