@@ -102,7 +102,7 @@ class _CosineAttention(nn.Module):
         b, n, c = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
         attn = nn.functional.normalize(q, dim=-1) @ nn.functional.normalize(k, dim=-1).transpose(-2, -1)
-        scale = torch.clamp(self.logit_scale, max=torch.log(torch.tensor(1.0 / 0.01))).exp()
+        scale = torch.clamp(self.logit_scale, max=torch.log(torch.tensor(1.0 / 0.01, device=x.device))).exp()
         out = ((attn * scale).softmax(dim=-1) @ v).transpose(1, 2).reshape(b, n, c)
         return torch.clamp(self.proj(out), min=self.floor, max=self.ceiling)
 

@@ -16,6 +16,7 @@ import torch
 
 from stitchcuda.compiler import compile_task
 from stitchcuda.compiler.capture.evaluate import run_graph
+from stitchcuda.compiler.capture.fast_paths import as_cuda_inference
 from stitchcuda.compiler.capture.graph import capture
 from stitchcuda.compiler.ir.expr import leaf, view_expr
 from stitchcuda.compiler.schedule.simplify import simplify
@@ -171,3 +172,31 @@ def test_kernelbench_s_harness_is_told_it_cannot_compare_a_tuple():
     why = _not_one_tensor(_task("lstm_states").source)
     assert why is not None and "tuple of 3 tensors" in why
     assert _not_one_tensor(_task("im2col").source) is None
+
+
+def _encoder_task(**kwargs) -> Task:
+    args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    return Task(name="encoder", source=(
+        "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+        f"        super().__init__()\n        self.layer = nn.TransformerEncoderLayer(32, {args})\n"
+        "        self.layer.eval()\n\n    def forward(self, x):\n        return self.layer(x)\n\n\n"
+        "def get_inputs():\n    return [torch.randn(2, 5, 32)]\n\n\ndef get_init_inputs():\n    return []\n"))
+
+
+@pytest.mark.parametrize("kwargs,approximate", [
+    ({"nhead": 4, "activation": "gelu", "batch_first": True, "norm_first": True}, "tanh"),
+    ({"nhead": 4, "activation": "gelu", "batch_first": True}, "tanh"),
+    ({"nhead": 4, "activation": "gelu", "batch_first": False}, "none"),  # no native path: the Python code
+    ({"nhead": 1, "activation": "gelu", "batch_first": True}, "none"),  # an odd head count: likewise
+])
+def test_an_eval_encoder_layer_is_captured_as_cuda_runs_it_under_no_grad(kwargs, approximate):
+    """nn.TransformerEncoderLayer's native inference path applies GELU in cuBLASLt's epilogue (the tanh
+    form) on CUDA: a ViT front end's reference missed its own Python code by 2.8e-4 there, and a
+    program of the erf GELU failed strict against it. The capture follows the path the layer takes."""
+    graph = capture(_encoder_task(dim_feedforward=64, **kwargs))
+    gelus = [n for n in graph.nodes if n.op == "aten.gelu"]
+    assert len(gelus) == 1 and gelus[0].kwargs.get("approximate", "none") == approximate
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, activation="gelu", batch_first=True).eval()
+    with as_cuda_inference(layer):
+        assert ("forward" in vars(layer)) == (approximate == "tanh" or kwargs["nhead"] == 4)
+    assert "forward" not in vars(layer)  # the module's own forward again after the capture

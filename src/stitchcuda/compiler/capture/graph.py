@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from stitchcuda.compiler.capture.fast_paths import as_cuda_inference
 from stitchcuda.task.record import Task
 
 # torch's tracing machinery (torch.export, fx's patcher, the proxy and fake dispatch modes) keeps
@@ -475,7 +476,8 @@ def _export(model: Any, inputs: list[Any], decompose: frozenset[str]) -> Any:
         warnings.simplefilter("ignore")  # torch's deprecation notes are not the user's business
         quiet.setLevel(logging.CRITICAL)  # a failed trace's traceback: the CaptureError says what failed
         try:
-            exported = torch.export.export(model, tuple(inputs))
+            with as_cuda_inference(model):  # the function the reference computes on the GPU
+                exported = torch.export.export(model, tuple(inputs))
             return exported.run_decompositions(keep_table(decompose))
         finally:
             quiet.setLevel(level)
