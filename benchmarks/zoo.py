@@ -264,7 +264,8 @@ def catalogue() -> list[ZooModel]:
 SAMPLE = ["tv_resnet18", "tv_mobilenet_v3_small", "tv_efficientnet_b0", "tv_squeezenet1_1", "tv_shufflenet_v2_x0_5",
           "tv_densenet121", "tv_vit_b_32", "hf_gpt2", "hf_llama", "hf_qwen2", "hf_bert", "hf_distilbert",
           "hf_t5_encoder", "hf_vit", "hf_clip_vision", "hf_whisper_encoder", "nn_lstm", "nn_gru",
-          "nn_transformer_encoder", "nn_multihead_attention", "own_unet_softmax"]
+          "nn_transformer_encoder", "nn_multihead_attention", "own_unet_softmax", "nn_lstm_states", "own_vit_unfold",
+          "own_cosine_attention", "hf_gpt2_square"]
 
 
 def _needs_eval(model) -> list[str]:

@@ -53,23 +53,26 @@ def zoo():
 
 @pytest.mark.parametrize("part", ["sample", pytest.param("rest", marks=pytest.mark.full)])
 def test_the_zoo_sample_gets_a_program_for_every_model(zoo, part):
-    """About 20 models, at least 8 transformers and 2 recurrent: each written on the CPU in under 60 s;
-    a refusal could only be a missing operator lowering or a capture torch cannot make. The default
-    run takes a seeded third of them (a transformer, a recurrent layer and a CNN among them)."""
+    """The CI sample's 20-odd models, at least 8 transformers and 2 recurrent: each written on the CPU in
+    under 60 s; a refusal could only be a missing operator lowering or a capture torch cannot make.
+    The default run takes a seeded third of the sample (a transformer, a recurrent layer and a CNN
+    among them); ``full`` takes every other model of the zoo, where the only refusal allowed is the
+    data-dependent routing of the top-k mixture of experts."""
     sample = [m for m in zoo.catalogue() if m.name in zoo.SAMPLE]
     assert len(sample) == len(zoo.SAMPLE) >= 20
     assert sum(m.kind == "transformer" for m in sample) >= 8 and sum(m.kind == "recurrent" for m in sample) >= 2
     chosen = set(random.Random(44).sample(zoo.SAMPLE, 7))
     kinds = {m.name: m.kind for m in sample}
     assert {kinds[n] for n in chosen} == {"transformer", "recurrent", "cnn"}
-    names = [n for n in zoo.SAMPLE if (n in chosen) == (part == "sample")]
+    # the rest: every other model of the zoo, not only the sample's
+    names = sorted(chosen) if part == "sample" else [m.name for m in zoo.catalogue() if m.name not in chosen]
     results = zoo.run(names, jobs=2)
     text, layout = zoo.summary(results)
     print("\n" + text)
     assert not layout, text
-    refused = {n: r["reasons"][:3] for n, r in results.items() if not r["program"]}
+    refused = {n: r["reasons"][:3] for n, r in results.items() if not r["program"] and n != "own_moe_topk"}
     assert not refused, refused
-    slow = {n: round(r["seconds"]) for n, r in results.items() if r["seconds"] > 60}
+    slow = {n: round(r["seconds"]) for n, r in results.items() if r["seconds"] > 60 and n in zoo.SAMPLE}
     assert not slow, f"over 60 s of CPU: {slow}"
 
 
