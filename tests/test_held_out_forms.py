@@ -200,3 +200,36 @@ def test_an_eval_encoder_layer_is_captured_as_cuda_runs_it_under_no_grad(kwargs,
     with as_cuda_inference(layer):
         assert ("forward" in vars(layer)) == (approximate == "tanh")
     assert "forward" not in vars(layer)  # the module's own forward again after the capture
+
+
+class _Cancelling(torch.nn.Module):
+    """w times a sum that cancels: fp32's running sum misses the exact one by several units."""
+
+    def __init__(self, exact: bool):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(1))
+        self.exact = exact
+
+    def forward(self, x):
+        total = x.double().sum(-1).float() if self.exact else x.sum(-1)
+        return self.w * total
+
+
+def test_the_weights_trial_judges_an_ill_conditioned_model_against_fp64():
+    """A model whose trials needed the fp64 judgement stays ill-conditioned after the new weights: the
+    trial judges it against fp64 again (an exact candidate passes), rather than by how far the
+    weights moved the output alone."""
+    from types import SimpleNamespace
+
+    from stitchcuda.verify.config import TOLERANCES
+    from stitchcuda.verify.weights_trial import follows_weights
+
+    def get_inputs():  # each row: 1e8, ten ones, -1e8, repeated; exact sum 40, fp32's far from it
+        row = torch.tensor(([1e8] + [1.0] * 10 + [-1e8]) * 4)
+        return [row.repeat(3, 1)]
+
+    reference = SimpleNamespace(get_inputs=get_inputs)
+    request = SimpleNamespace(config=SimpleNamespace(seed=0, tol=TOLERANCES["strict"]))
+    trial = follows_weights(request, reference, _Cancelling(False), _Cancelling(True), torch.device("cpu"),
+                            draws=False, conditioned=True, fp64=True)
+    assert trial.ran and trial.passed and trial.conditioning is not None and trial.conditioning.passed
