@@ -1,6 +1,7 @@
 """The zoo's own architectures: forms users write that the libraries' models do not cover (patches cut
 with ``unfold``, a tensor-bound ``clamp``, top-k expert routing, softmax inside a U-Net's blocks in
-training mode, a ViT front end from ``nn.TransformerEncoderLayer``, MBConv blocks in training mode).
+training mode, a ViT front end from ``nn.TransformerEncoderLayer``, MBConv blocks in training mode,
+a small RNN cell that keeps its state between calls).
 
 benchmarks/zoo.py copies each class's source into the task files that use it (``OWN`` below names
 them), so every task file stays a standalone KernelBench-format program.
@@ -195,6 +196,21 @@ class _MBNet(nn.Module):
         return self.classifier(self.features(x))
 
 
+class _StatefulCell(nn.Module):
+    """A small RNN cell that keeps its hidden state between calls (self.hidden is reassigned each
+    forward): a few tiny products a call."""
+
+    def __init__(self, inputs=64, hidden=128, batch=8):
+        super().__init__()
+        self.i2h = nn.Linear(inputs + hidden, hidden)
+        self.h2o = nn.Linear(hidden, 32)
+        self.hidden = torch.randn(batch, hidden)
+
+    def forward(self, x):
+        self.hidden = torch.tanh(self.i2h(torch.cat((x, self.hidden.to(x.device)), dim=1)))
+        return self.h2o(self.hidden)
+
+
 # name: (classes whose source the task needs, build, forward, args, inputs, kind, eval mode, about)
 OWN = {
     "own_unet_softmax": (["_Block", "_UNet"], "self.net = _UNet()", "return self.net(x)", "x",
@@ -222,6 +238,9 @@ OWN = {
                       "[torch.randn(4, 3, 224, 224)]", "transformer", None,
                       "A ViT front end of our own: patch convolution, class token, 4 pre-norm "
                       "nn.TransformerEncoderLayers (GELU, batch-first, 256 wide): the class token."),
+    "own_rnn_cell_state": (["_StatefulCell"], "self.net = _StatefulCell()", "return self.net(x)", "x",
+                           "[torch.randn(8, 64)]", "recurrent", None,
+                           "A small RNN cell of our own that keeps its hidden state between calls."),
     "own_mbnet_train": (["_MBConv", "_MBNet"], "self.net = _MBNet()", "return self.net(x)", "x",
                         "[torch.randn(2, 3, 224, 224)]", "cnn", None,
                         "An EfficientNet-B2-sized network of our own (MBConv blocks, squeeze-excitation, "

@@ -233,3 +233,60 @@ def test_the_weights_trial_judges_an_ill_conditioned_model_against_fp64():
     trial = follows_weights(request, reference, _Cancelling(False), _Cancelling(True), torch.device("cpu"),
                             draws=False, conditioned=True, fp64=True)
     assert trial.ran and trial.passed and trial.conditioning is not None and trial.conditioning.passed
+
+
+STATEFUL = """
+import torch
+import torch.nn as nn
+
+
+class Cell(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.i2h = nn.Linear(4 + 6, 6)
+        self.hidden = torch.randn(3, 6)
+
+    def forward(self, x):
+        self.hidden = torch.tanh(self.i2h(torch.cat((x, self.hidden), dim=1)))
+        return self.hidden * 2
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cell = Cell()
+
+    def forward(self, x):
+        return self.cell(x) + 1
+
+
+def get_inputs():
+    return [torch.randn(3, 4)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_state_a_submodule_reassigns_is_carried_across_calls():
+    """A stateful cell inside the task's Model reassigns ``self.hidden`` each call: torch.export
+    misses a reassignment inside a submodule, so the capture turned it away. It now records the
+    write-back, the program carries the state, and two calls of the graph follow two of the
+    reference."""
+    task = Task(name="stateful", source=STATEFUL)
+    graph = simplify(capture(task))
+    assert graph.state == ["cell.hidden"] and list(graph.mutations.values())
+    module = _module(task)
+    torch.manual_seed(0)
+    reference = module.Model()
+    torch.manual_seed(0)
+    twin = module.Model()
+    state = dict(twin.named_parameters()) | {"cell.hidden": twin.cell.hidden}  # a plain attribute there
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(3, 4)
+            (out,) = run_graph(graph, state, [x])
+            assert torch.allclose(out, reference(x), atol=1e-6)
+        assert torch.allclose(twin.cell.hidden, reference.cell.hidden, atol=1e-6)
+    assert "_buffers['hidden']" in compile_task(task).program()

@@ -55,8 +55,10 @@ def evaluate_node(n: Node, values: dict[str, Any]) -> Any:
 
 def run_graph(graph: OpGraph, state: dict[str, Any], inputs: list[Any]) -> list[Any]:
     """The graph's outputs, in order, for ``inputs`` and the parameters and buffers in ``state``
-    (a module's ``state_dict(keep_vars=True)`` or any mapping of its keys); lifted constants from the
-    graph's own values."""
+    (a module's ``state_dict(keep_vars=True)`` or any mapping of its keys, non-persistent buffers
+    included); lifted constants from the graph's own values. The buffers the forward writes back
+    (running statistics, state kept across calls) are copied into ``state``'s tensors, as the
+    program updates them in place."""
     import torch
 
     values: dict[str, Any] = {}
@@ -76,4 +78,8 @@ def run_graph(graph: OpGraph, state: dict[str, Any], inputs: list[Any]) -> list[
         values[n.name] = evaluate_node(n, values)
         for item, index in pieces.get(n.name, []):
             values[item] = values[n.name][index]
+    targets = {p.name: p.target for p in graph.placeholders}
+    with torch.no_grad():
+        for value, buffer in graph.mutations.items():
+            state[targets[buffer]].copy_(values[value])
     return [values[o] for o in graph.outputs]
