@@ -290,3 +290,53 @@ def test_state_a_submodule_reassigns_is_carried_across_calls():
             assert torch.allclose(out, reference(x), atol=1e-6)
         assert torch.allclose(twin.cell.hidden, reference.cell.hidden, atol=1e-6)
     assert "_buffers['hidden']" in compile_task(task).program()
+
+
+NESTED_ENCODER = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first={batch_first})
+        self.encoder = nn.TransformerEncoder(layer, 2, norm=nn.LayerNorm(32))
+        self.eval()
+
+    def forward(self, x, pad):
+        return self.encoder(x, src_key_padding_mask=pad)
+
+
+def get_inputs():
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[1, 5:] = True
+    pad[2, 3:] = True
+    return [torch.randn({shape}), pad]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_an_eval_encoder_with_a_padding_mask_is_captured_as_its_nested_path(batch_first):
+    """nn.TransformerEncoder in eval mode runs a padded batch as a nested tensor under no_grad and
+    returns zeros (then its norm) at the padded positions; its Python code computes values there,
+    2.6 apart. The capture follows the nested path where torch takes it (each row's tokens first)
+    and the Python code where it does not (padding at the front, as torch decides per call; a
+    sequence-first layer, which torch never nests)."""
+    shape = "3, 7, 32" if batch_first else "7, 3, 32"
+    task = Task(name="encoder", source=NESTED_ENCODER.format(batch_first=batch_first, shape=shape))
+    graph = simplify(capture(task))
+    module = _module(task)
+    torch.manual_seed(0)
+    model = module.Model()
+    x, pad = module.get_inputs()
+    state = model.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for mask in (pad, pad.flip(-1)):  # trailing padding nests; leading padding does not
+            (out,) = run_graph(graph, state, [x, mask])
+            assert (out - model(x, mask)).abs().max() < 1e-5
+    compile_task(task).program()
