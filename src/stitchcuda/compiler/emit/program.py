@@ -235,7 +235,9 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     ``low``: the groups already lowered under ``options`` (:meth:`Compiled.lowering`)."""
     options = options or CodegenOptions()
     low = low or lower(graph, groups, options)
-    digest = hashlib.sha256((graph.model_dump_json() + options.model_dump_json()).encode()).hexdigest()[:12]
+    # the kernels' namespace: what the kernels compute (how the outputs nest is the Python side's)
+    digest = hashlib.sha256((graph.model_dump_json(exclude={"output_form"}) + options.model_dump_json()).encode()
+                            ).hexdigest()[:12]
     prefix = f"sc{digest}"
     emitter = Emitter(low, options, prefix)
     split = any(g.fast_tf32 for g in low.lt_gemms) or any(isinstance(c.split, ConvSplit) for c in low.convs)
