@@ -17,7 +17,7 @@ import torch
 from stitchcuda.compiler import compile_task
 from stitchcuda.compiler.capture.evaluate import run_graph
 from stitchcuda.compiler.capture.fast_paths import as_cuda_inference
-from stitchcuda.compiler.capture.graph import capture
+from stitchcuda.compiler.capture.graph import CaptureError, capture
 from stitchcuda.compiler.ir.expr import leaf, view_expr
 from stitchcuda.compiler.schedule.simplify import simplify
 from stitchcuda.task.probe import check_here
@@ -86,6 +86,53 @@ TASKS = {
                 y = self.proj(x)
                 return {"hidden": y, "pooled": [y.mean(1), (y.amax(1),)]}
         """, "[torch.randn(2, 5, 8)]"),
+    "moe_where_index_add": ("""
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gate = nn.Linear(8, 4, bias=False)
+                self.experts = nn.ModuleList(nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
+                                             for _ in range(4))
+
+            def forward(self, x):
+                tokens = x.reshape(-1, x.shape[-1])
+                weights, chosen = torch.topk(self.gate(tokens).softmax(dim=-1), 2, dim=-1)
+                out = torch.zeros_like(tokens)
+                for e, expert in enumerate(self.experts):
+                    rows, slot = torch.where(chosen == e)
+                    out.index_add_(0, rows, expert(tokens[rows]) * weights[rows, slot, None])
+                return out.reshape(x.shape)
+        """, "[torch.randn(2, 6, 8)]"),
+    "moe_mask_setitem": ("""
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.router = nn.Linear(8, 3)
+                self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+
+            def forward(self, x):
+                choice = self.router(x).argmax(-1)
+                out = x.clone()
+                for e, expert in enumerate(self.experts):
+                    picked = choice == e
+                    out[picked] = expert(x[picked]).softmax(0) + x[picked].sum(0)
+                return out + x[x > 0].sum() + x[x > 0.5].amax()
+        """, "[torch.randn(3, 5, 8)]"),
+    "masked_rows_softmax": ("""
+        class Model(nn.Module):
+            def forward(self, x):
+                picked = x[:, 0] > 0
+                rows = torch.where(picked)[0]
+                return x.index_add(0, rows, x[picked].softmax(0) * x[picked].cumsum(0)) + x[picked].amax(0)
+        """, "[torch.randn(7, 4)]"),
+}
+
+UNBOUNDED = {
+    "a result of data-dependent size": ("return x[x > 0]", r"returns index, whose size depends on its data"),
+    "a mean over the chosen rows": ("return x[x > 0].mean() + x", r"reduces over a data-dependent number .* mean"),
+    "the count as a number": ("return x[x > 0].sum(0) / x[x > 0].shape[0] + x", r"uses the number of rows"),
+    "a sort of the chosen rows": ("return torch.sort(x[x > 0])[0].sum() + x", r"runs sort along a dim whose size"),
+    "a size no mask gives": ("return torch.unique(x).sum() * x", r"cannot bound: _unique2"),
 }
 
 
@@ -111,7 +158,8 @@ def _max_gap(reference, graph_outputs) -> float:
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_the_captured_graph_computes_the_reference_and_follows_new_weights(name):
     """Capture and simplification keep the reference's function (the tensor clamp bounds become
-    maximum/minimum, the unfolds strided views), and the graph reads the weights the model holds
+    maximum/minimum, the unfolds strided views, data-dependent routing a graph of static shapes
+    sized by the masks' bounds), and the graph reads the weights the model holds
     now: after a perturbed state_dict is loaded, it matches the reference again."""
     task = _task(name)
     graph = simplify(capture(task))
@@ -131,6 +179,16 @@ def test_the_captured_graph_computes_the_reference_and_follows_new_weights(name)
         assert not any(n.op in ("aten.clamp", "aten.clamp_min", "aten.clamp_max") and n.overload == "Tensor"
                        for n in graph.nodes)
     compile_task(task).program()  # and a program is written: no refusal
+
+
+@pytest.mark.parametrize("what", sorted(UNBOUNDED))
+def test_a_data_dependent_size_no_bound_makes_exact_is_refused_with_the_reason(what):
+    body, reason = UNBOUNDED[what]
+    source = (f"import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+              f"        {body}\n\n\ndef get_inputs():\n    return [torch.randn(6, 4)]\n\n\n"
+              "def get_init_inputs():\n    return []\n")
+    with pytest.raises(CaptureError, match=reason):
+        capture(Task(name="unbounded", source=source))
 
 
 @pytest.mark.parametrize("shape,dim,size,step", [((2, 3, 16, 12), 2, 4, 4), ((2, 6, 15), -1, 5, 2),

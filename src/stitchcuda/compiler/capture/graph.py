@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from stitchcuda.compiler.capture.bounded import UnboundedSize, bound_data_dependent_sizes
 from stitchcuda.compiler.capture.fast_paths import as_cuda_inference
 from stitchcuda.compiler.capture.state import state_as_buffers
 from stitchcuda.task.record import Task
@@ -337,6 +338,8 @@ def _capture(task: Task, decompose: frozenset[str]) -> OpGraph:
     try:
         try:
             exported = _export(model, inputs, decompose)
+        except CaptureError:
+            raise
         except Exception:
             if not any(getattr(t, "is_meta", False) for t in [*inputs, *model.parameters()]):
                 raise
@@ -344,6 +347,8 @@ def _capture(task: Task, decompose: frozenset[str]) -> OpGraph:
             # only a real kernel gives): the same capture once more, on the CPU
             model, inputs, state = _instantiate(task, ("cpu",))
             exported = _export(model, inputs, decompose)
+    except CaptureError:
+        raise
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise CaptureError(f"torch.export could not capture the forward ({type(exc).__name__}: {first[:300]}); "
@@ -463,9 +468,17 @@ def _export(model: Any, inputs: list[Any], decompose: frozenset[str]) -> Any:
         try:
             with as_cuda_inference(model):  # the function the reference computes on the GPU
                 exported = torch.export.export(model, tuple(inputs))
-            return exported.run_decompositions(keep_table(decompose))
+            exported = exported.run_decompositions(keep_table(decompose))
         finally:
             quiet.setLevel(level)
+        try:
+            bound_data_dependent_sizes(exported)
+        except UnboundedSize as exc:
+            raise CaptureError(str(exc)) from None
+        except Exception as exc:  # a graph of a form the rewrite does not know
+            raise CaptureError(f"the forward's data-dependent sizes could not be bounded ({type(exc).__name__}: "
+                               f"{str(exc).strip()[:300]})") from exc
+        return exported
 
 
 def _describe(name: str, exported: Any) -> OpGraph:
