@@ -155,6 +155,23 @@ def test_ncu_counters_label_the_top_kernels(gpu_cache, config):
           f"ncu pass {v.wall.ncu_s:.1f} s of {v.wall.total_s:.1f} s")
 
 
+def test_a_reference_graph_that_cannot_be_captured_leaves_the_caller_s_stream():
+    """Boolean indexing syncs with the host, so eager's CUDA graph of it cannot be captured. The
+    failed capture used to leave torch on the graph's side stream, and the Verifier then blamed the
+    candidate for changing torch's current stream."""
+    import torch
+
+    from stitchcuda.verify.timing import cuda_graph_call
+
+    class Routing(torch.nn.Module):
+        def forward(self, x):
+            return x[x > 0].sum()
+
+    with pytest.raises(Exception):  # noqa: B017 - torch raises its own capture error, by version
+        cuda_graph_call(Routing(), [torch.randn(64, device="cuda")])
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+
+
 def test_trial_inputs_are_drawn_on_the_device_and_seeded():
     import torch
 

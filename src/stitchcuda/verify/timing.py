@@ -139,8 +139,15 @@ def cuda_graph_call(model: torch.nn.Module, inputs: list[object], warmup: int = 
             model(*inputs)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_output = model(*inputs)
+    caller = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph):
+            static_output = model(*inputs)
+    finally:
+        # a forward that cannot be captured (a host sync: nonzero, .item()) fails in the graph's exit,
+        # which then never leaves its side stream: the caller's stream is put back here
+        if torch.cuda.current_stream() != caller:
+            torch.cuda.set_stream(caller)
     torch.cuda.synchronize()
 
     def replay() -> object:
