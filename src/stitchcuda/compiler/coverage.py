@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+from stitchcuda.compiler.capture.bounded import BOUNDED_OPS
 from stitchcuda.compiler.capture.graph import DRAWN_OPS, keep_table
 from stitchcuda.compiler.ir.op_table import DECOMPOSED, FAMILY, GROUPS_THEN_FAMILY, OPERATORS, refusal
 
@@ -49,6 +50,8 @@ def _how(op: str, decomposed: set[str]) -> str | None:
         return "drawn by the program (torch's generator)"
     if op in decomposed:
         return "decomposed"
+    if op in BOUNDED_OPS:
+        return "bounded at capture: static shapes sized by the mask (capture/bounded.py)"
     why = refusal(op)
     if why is not None:
         return f"refused by design: {why}"
@@ -94,7 +97,7 @@ def markdown() -> str:
         lines.append(f"| {role} | {lowering} | {', '.join(f'`{n}`' for n in sorted(names))} |")
     found = coverage()
     lines += ["", f"{len(found.covered)} of {found.total} core-ATen forward operators are covered (lowered, decomposed "
-              f"at capture, drawn by the program or refused with a reason); no lowering yet: "
+              f"or bounded at capture, drawn by the program or refused with a reason); no lowering yet: "
               + ", ".join(f"`{op.split('.', 1)[1]}`" for op in found.missing) + "."]
     return "\n".join(lines) + "\n"
 

@@ -31,6 +31,9 @@ from typing import Any
 class UnboundedSize(ValueError):
     """A data-dependent size the rewrite cannot bound exactly; the message says why."""
 
+# the sources of a data-dependent size that the rewrite turns into static work (boolean indexing is
+# ``aten.index`` with a mask)
+BOUNDED_OPS = ("aten.nonzero",)
 # consumers whose result, along a dim they keep, depends on later rows of that dim (a prefix scan
 # does not: the padding comes last)
 _ROW_MIXING = ("flip", "roll", "sort", "argsort")
