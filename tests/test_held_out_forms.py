@@ -123,7 +123,8 @@ TASKS = {
             def forward(self, x):
                 picked = x[:, 0] > 0
                 rows = torch.where(picked)[0]
-                return x.index_add(0, rows, x[picked].softmax(0) * x[picked].cumsum(0)) + x[picked].amax(0)
+                chosen = nn.functional.layer_norm(x[picked], (4,))
+                return x.index_add(0, rows, chosen.softmax(0) * x[picked].cumsum(0)) + x[picked].amax(0)
         """, "[torch.randn(7, 4)]"),
 }
 
@@ -131,7 +132,9 @@ UNBOUNDED = {
     "a result of data-dependent size": ("return x[x > 0]", r"returns index, whose size depends on its data"),
     "a mean over the chosen rows": ("return x[x > 0].mean() + x", r"reduces over a data-dependent number .* mean"),
     "the count as a number": ("return x[x > 0].sum(0) / x[x > 0].shape[0] + x", r"uses the number of rows"),
-    "a sort of the chosen rows": ("return torch.sort(x[x > 0])[0].sum() + x", r"runs sort along a dim whose size"),
+    "a sort of the chosen rows": ("return torch.sort(x[x > 0])[0].sum() + x", r"runs sort over a dim whose size"),
+    "a norm across the chosen rows": ("return nn.functional.layer_norm(x[x[:, 0] > 0].t(), "
+                                      "(torch.where(x[:, 0] > 0)[0].shape[0],)).sum() + x", r"runs layer_norm over a dim"),
     "a size no mask gives": ("return torch.unique(x).sum() * x", r"cannot bound: _unique2"),
 }
 

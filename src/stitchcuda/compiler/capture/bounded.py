@@ -39,6 +39,21 @@ BOUNDED_OPS = ("aten.nonzero",)
 _ROW_MIXING = ("flip", "roll", "sort", "argsort")
 # ... and those that are exact when the padding is -inf first
 _SOFTMAX = ("_softmax", "_log_softmax", "softmax", "log_softmax", "_safe_softmax")
+# consumers that keep the rows along any dim apart (besides pointwise operators and views, which
+# their schemas tell), and those that keep apart only the rows of their leading (batch) dim
+_ROW_WISE = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "cumsum", "cumprod", "index", "index_select",
+             "gather", "embedding", "index_put", "index_add", "scatter_add", "scatter", "clone", "cat", "stack",
+             "tril", "triu", "full_like", "zeros_like", "ones_like", "empty_like", "_to_copy", "lift_fresh_copy",
+             "sum", "amax", "amin", "mean", "prod", "var", "std", "any", "all", "max", "min", "argmax", "argmin",
+             "logsumexp", "norm", "linalg_vector_norm", "topk", "constant_pad_nd", "flip", "roll", "sort", "argsort",
+             "batch_norm", "_native_batch_norm_legit_no_training", *_SOFTMAX)
+_PER_SAMPLE = ("convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+               "conv_transpose3d", "group_norm", "native_group_norm", "instance_norm", "max_pool1d", "max_pool2d",
+               "max_pool3d", "max_pool2d_with_indices", "max_pool3d_with_indices", "avg_pool1d", "avg_pool2d",
+               "avg_pool3d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
+               "_adaptive_avg_pool2d", "_adaptive_avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d",
+               "scaled_dot_product_attention", "upsample_nearest2d", "upsample_bilinear2d")
+_NORMS = ("layer_norm", "native_layer_norm", "rms_norm")
 _ASSERTS = ("_assert_scalar", "sym_constrain_range_for_size", "sym_constrain_range", "_assert_async")
 
 
@@ -137,12 +152,13 @@ def _bound_consumer(graph: Any, node: Any, counts: dict[str, _Count]) -> None:
     elif name in ("index", "index_put", "index_add", "index_select", "gather", "scatter_add"):
         _mask_indices(graph, node, counts)  # padded index slots then read and write row 0, in range
     if not lost:
+        _padded_dims(node, counts)  # a size computed from the count (a merge, a pad, a cat along it) is refused
         along = _along(node) & set(_padded_dims(node.args[0], counts)) if name in (*_SOFTMAX, *_ROW_MIXING) else set()
         if along and name in _SOFTMAX:
             _mask_arg(graph, node, 0, counts, float("-inf"))
-        elif along and name in _ROW_MIXING:
-            raise UnboundedSize(f"the forward runs {name} along a dim whose size depends on its data ({node.name}); "
-                               "padded to a bound, its rows would mix with the padding")
+        elif (along and name in _ROW_MIXING) or not _keeps_rows_apart(node, counts):
+            raise UnboundedSize(f"the forward runs {name} over a dim whose size depends on its data ({node.name}); "
+                                "padded to a bound, its rows would mix with the padding")
         return
     if name in ("index", "index_select", "gather", "select", "slice") and not (
             _padded_dims(node.args[0], counts) and name in ("select", "slice")):
@@ -422,6 +438,26 @@ def _mask_of(node: Any) -> Any:
         masks = [t for t in node.args[1] if t is not None and t.meta["val"].dtype == torch.bool]
         return masks[0] if len(masks) == 1 else None
     return None
+
+
+def _keeps_rows_apart(node: Any, counts: dict[str, _Count]) -> bool:
+    """Whether ``node``'s rows along its inputs' padded dims depend only on the same rows (the
+    padding then cannot reach the rows below the count)."""
+    import torch
+
+    target, name = node.target, _name(node)
+    if isinstance(target, torch._ops.OpOverload) and (
+            torch.Tag.pointwise in target.tags or any(r.alias_info is not None for r in target._schema.returns)):
+        return True  # pointwise, or a view (one that merges the padded dim gives a derived size, refused)
+    if name in _ROW_WISE:
+        return True
+    padded = set().union(*(_padded_dims(a, counts).keys() for a in node.all_input_nodes))
+    if name in _PER_SAMPLE:
+        return padded == {0}
+    if name in _NORMS:  # normalized over its trailing dims
+        rank, normalized = node.args[0].meta["val"].dim(), len(node.args[1])
+        return all(d < rank - normalized for d in padded)
+    return False
 
 
 def _along(node: Any) -> set[int]:
