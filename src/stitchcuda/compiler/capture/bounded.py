@@ -107,7 +107,7 @@ def bound_data_dependent_sizes(exported: Any) -> dict[str, int]:
             node.args = (self_, [*indices[:where], *cols, *indices[where + 1:]])
     for node in list(graph.nodes):
         _bound_consumer(graph, node, counts)
-    _drop_assertions(graph, counts)
+    _drop_assertions(graph)
     graph.eliminate_dead_code()
     graph.lint()
     gm.recompile()
@@ -147,7 +147,10 @@ def _bound_consumer(graph: Any, node: Any, counts: dict[str, _Count]) -> None:
         return
     out = _symbols(node.meta.get("val"))
     lost = _input_symbols(node) - out
-    if name == "index_put" and not (len(node.args) > 3 and node.args[3]):
+    # an index_put whose values carry the padding adds it as 0s; any other (a write, or values
+    # broadcast over the index) sends the padded slots to a scratch row
+    scratch = name == "index_put" and not (len(node.args) > 3 and node.args[3] and _padded_dims(node.args[2], counts))
+    if scratch:
         _scratch_row_put(graph, node, counts)
     elif name in ("index", "index_put", "index_add", "index_select", "gather", "scatter_add"):
         _mask_indices(graph, node, counts)  # padded index slots then read and write row 0, in range
@@ -163,10 +166,13 @@ def _bound_consumer(graph: Any, node: Any, counts: dict[str, _Count]) -> None:
     if name in ("index", "index_select", "gather", "select", "slice") and not (
             _padded_dims(node.args[0], counts) and name in ("select", "slice")):
         return  # reads rows the reference's own indices chose: all below the count
-    if name == "index_put" and not (len(node.args) > 3 and node.args[3]):
+    if scratch:
         pass  # its padded slots write a scratch row (above)
     elif name in ("index_put", "index_add", "scatter_add"):
         values = {"index_put": 2, "index_add": 3, "scatter_add": 3}[name]
+        if not _padded_dims(node.args[values], counts):
+            raise UnboundedSize(f"the forward scatters values of static size through a data-dependent index "
+                                f"({node.name}: {name}); the compiler masks the padding in the values, and these have none")
         _mask_arg(graph, node, values, counts, 0)
     elif name in ("sum", "any", "all", "amax", "amin", "prod"):
         dtype = node.args[0].meta["val"].dtype
@@ -326,13 +332,13 @@ def _scratch_row_put(graph: Any, node: Any, counts: dict[str, _Count]) -> None:
         grown = graph.call_function(aten.cat.default, ([self_, pad], dim))
     rest = [t if t is None or not hasattr(t, "meta") else _masked(graph, node, t, counts, 0) for t in indices]
     rest[dim] = _masked(graph, node, index, counts, scratch)
-    node.args = (grown, rest, *node.args[2:])
-    with graph.inserting_after(node):
-        cut = graph.call_function(aten.slice.Tensor, (node, dim, 0, scratch))
-    node.replace_all_uses_with(cut, delete_user_cb=lambda user: user is not cut)
+    with graph.inserting_before(node):
+        put = graph.call_function(node.target, (grown, rest, *node.args[2:]), dict(node.kwargs))
+    # the node itself becomes the cut, so its name (an output's, in the graph signature) stays
+    node.target, node.args, node.kwargs = aten.slice.Tensor, (put, dim, 0, scratch), {}
 
 
-def _drop_assertions(graph: Any, counts: dict[str, _Count]) -> None:
+def _drop_assertions(graph: Any) -> None:
     """The trace's run-time checks (on the counts: ``u >= 0``, ``u <= bound``, two counts equal): they
     hold by construction, and the program checks none of a trace's assertions."""
     for node in list(graph.nodes):
