@@ -400,11 +400,9 @@ def _unrecorded_state(model: Any, inputs: list[Any], graph: OpGraph) -> list[str
 
 
 def _static_shapes(exported: Any) -> None:
-    """Refuse, naming the operator, a capture whose sizes depend on the data (``torch.where(mask)``,
-    ``nonzero``, boolean indexing: mixture-of-experts routing). torch.export captures them with an
-    unbacked size symbol; the compiler's programs have static shapes. Sizing every such buffer by
-    its upper bound would need each kernel after it to read the true count at run time (GEMMs
-    over the bound, reductions and index_add masked by it): not built."""
+    """Refuse, naming the operator, a capture with a size still symbolic after the data-dependent
+    sizes were bounded (``capture/bounded.py``): the compiler's programs have static shapes, and the
+    rewrite leaves none unless a form it does not know slipped through."""
     import torch
 
     for node in exported.graph.nodes:
@@ -414,10 +412,9 @@ def _static_shapes(exported: Any) -> None:
             if isinstance(v, torch.Tensor) and not all(isinstance(d, int) for d in v.shape):
                 target = getattr(node.target, "__name__", str(node.target))
                 raise CaptureError(
-                    f"the forward's shapes depend on its data: {node.name} ({target}) has data-dependent size "
-                    f"{tuple(str(d) for d in v.shape)} (torch.where on a mask, nonzero or boolean indexing, as in "
-                    "mixture-of-experts routing); the compiler writes programs of static shapes and does not size "
-                    "buffers by an upper bound yet")
+                    f"the forward's shapes depend on its data: {node.name} ({target}) has size "
+                    f"{tuple(str(d) for d in v.shape)} after the data-dependent sizes were bounded; the compiler "
+                    "writes programs of static shapes")
 
 
 def _draws_as_arguments(graph: OpGraph) -> None:
