@@ -4,6 +4,7 @@ lock file anew, and flocks on separate opens exclude each other as they do acros
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -105,6 +106,15 @@ def test_busy_seconds_is_the_length_of_the_union():
     assert busy_seconds([(4, 5), (0, 1)]) == 2.0
 
 
+def _someone_waits_on(path) -> bool:
+    """Whether a process is blocked on the flock of ``path`` (Linux lists waiters in /proc/locks as
+    ``-> FLOCK ...`` lines, by device and inode)."""
+    st = os.stat(path)
+    inode = f":{st.st_ino} "
+    with open("/proc/locks") as locks:
+        return any(line.split(":", 1)[1].lstrip().startswith("->") and inode in line for line in locks)
+
+
 def test_a_worker_takes_the_gate_around_its_gpu_work(tmp_path, cache):
     """A verification waits while another holds the GPU alone, and records its sections: shared
     around the reference and the trials, exclusive around the timing."""
@@ -118,9 +128,14 @@ def test_a_worker_takes_the_gate_around_its_gpu_work(tmp_path, cache):
     held = threading.Event()
 
     def hold() -> None:
+        # held until the worker is seen waiting (its start-up takes seconds on a loaded machine),
+        # then a second more, so the wait it records is real and at least that long
         with gate.exclusive():
             held.set()
-            time.sleep(3.0)
+            deadline = time.time() + 60
+            while not _someone_waits_on(gate.path) and time.time() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.0)
 
     holder = threading.Thread(target=hold)
     holder.start()
