@@ -392,6 +392,9 @@ def test_the_loop_hands_a_typed_coder_the_program_and_its_verdict(tmp_path):
             return Completion(text="```python\nx = 1\n```", model="m", usage=Usage(), seconds=0.0,
                               finish_reason="stop")
 
+        def samples_wanted(self, request: CoderRequest) -> int:
+            return 1
+
         def complete(self, messages, **kw):
             raise AssertionError("a typed Coder is asked with the request, not the prompt")
 
@@ -476,3 +479,32 @@ def test_the_first_program_is_built_while_the_planner_profiles(tmp_path):
     verifier.gpu = "H100"
     optimizer._build_ahead(state)
     assert done.wait(30) and built[0] in coder.answer(CoderRequest(skill="scratch")).text
+
+
+def test_a_first_step_verifies_the_arithmetic_no_model_predicts_beside_the_first_program():
+    """One step keeps the fastest program that passes every trial: under strict the first program
+    (3xTF32 where the cost model picks it) goes with its plain-TF32 twin and its true-fp32 twin;
+    under paper with its bf16 twin; a model without products or convolutions with none."""
+    from stitchcuda.agents.offline import OfflineCoder, variant_of
+    from stitchcuda.agents.records import CoderRequest
+
+    first = CoderRequest(skill="scratch")
+    strict = OfflineCoder(TASKS["mlp"], "strict")
+    assert strict.samples_wanted(first) == 3
+    # answered in any order, as the loop's threads may: sample 0 is still the first variant
+    walk = {s: variant_of(strict.answer(first.model_copy(update={"sample": s})).text, strict.variants)
+            for s in (2, 0, 1)}
+    base = strict.variants[0]
+    assert walk[0] == 0
+    assert strict.variants[walk[1]] == {**base, "tf32": True, "split_tf32": False}
+    assert strict.variants[walk[2]] == {**base, "cost_model": False, "split_tf32": False, "cutlass": False}
+    # a later step is one sample, from the verdicts
+    assert strict.samples_wanted(CoderRequest(skill="optimize", program="x", verdict=_verdict(ms=1.0))) == 1
+    paper = OfflineCoder(TASKS["mlp"], "paper")
+    assert paper.samples_wanted(first) == 2
+    assert paper.variants[paper.companions()[0]] == {**paper.variants[0], "bf16": True}
+    pointwise = Task(name="gelu_only", source="import torch\n\nclass Model(torch.nn.Module):\n"
+                     "    def forward(self, x):\n        return torch.nn.functional.gelu(x) * 2\n\n"
+                     "def get_inputs():\n    return [torch.randn(64, 64)]\n\n"
+                     "def get_init_inputs():\n    return []\n")
+    assert OfflineCoder(pointwise, "strict").samples_wanted(first) == 1

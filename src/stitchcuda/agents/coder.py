@@ -17,6 +17,11 @@ class TypedCoder(Protocol):
 
     def answer(self, request: CoderRequest) -> Completion: ...
 
+    def samples_wanted(self, request: CoderRequest) -> int:
+        """How many samples this step is worth to the Coder itself (the loop verifies at least that
+        many, and at least the run's ``samples``)."""
+        ...
+
 
 def _rules(tolerance: str, weights: str) -> dict[str, object]:
     return {"tolerance": tolerance, "atol": TOLERANCES[tolerance].fp32_atol, "weights": weights}

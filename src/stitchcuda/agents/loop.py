@@ -289,7 +289,8 @@ class Optimizer:
         request = self._coder_request(state, skill, fixing)
         self.report(state, f"step {index + 1}: subtask {subtask.id}/{len(state.plan.subtasks)} "
                            f"({skill}{', fix' if fixing else ''})")
-        step.samples = self._samples(state, index, messages, request)
+        wanted = self.coder.samples_wanted(request) if isinstance(self.coder, TypedCoder) else 1
+        step.samples = self._samples(state, index, messages, request, max(self.config.samples, wanted))
         chosen = max(step.samples, key=_rank) if step.samples else None
         step.chosen = chosen.sample if chosen else None
         decision = route(state, chosen, subtask, last, self.config.routing)
@@ -326,11 +327,11 @@ class Optimizer:
                             program=Path(path).read_text() if path else None, verdict=found)
 
     def _samples(self, state: RunState, index: int, messages: list[Message],
-                 request: CoderRequest | None = None) -> list[SampleOutcome]:
+                 request: CoderRequest | None = None, count: int = 1) -> list[SampleOutcome]:
         run_dir = self.store.run_dir(state.run_id)
         answers: dict[int, tuple[str | None, str | None, str | None]] = {
             s: (a, None, None) for s, a in self.store.llm_answers(state.run_id, index).items()}
-        missing = [s for s in range(self.config.samples) if s not in answers]
+        missing = [s for s in range(count) if s not in answers]
         if missing:
             with ThreadPoolExecutor(max_workers=len(missing)) as pool:
                 for sample, got in zip(missing, pool.map(lambda s: self._ask(state, index, s, messages, request), missing),
@@ -338,7 +339,7 @@ class Optimizer:
                     answers[sample] = got
         outcomes: list[SampleOutcome] = []
         to_verify: list[tuple[int, Candidate]] = []  # (position in outcomes, program)
-        for sample in range(self.config.samples):
+        for sample in range(count):
             answer, finish, error = answers[sample]
             if answer is None:
                 outcomes.append(SampleOutcome(sample=sample, llm_error=error, feedback=error or ""))
@@ -382,7 +383,7 @@ class Optimizer:
         hook = self._call_hook(state, index, "coder", sample)
         try:
             if isinstance(self.coder, TypedCoder) and request is not None:
-                completion = self.coder.answer(request)  # the prompt still goes to the log, as asked
+                completion = self.coder.answer(request.model_copy(update={"sample": sample}))  # the prompt is logged
             else:
                 completion = self.coder.complete(messages)
         except LLMTimeout as exc:

@@ -236,7 +236,7 @@ class OfflineCoder:
     config = OFFLINE
 
     def __init__(self, task: Task, tolerance: str = "strict", compiled: Compiled | None = None):
-        self.task = task
+        self.task, self.tolerance = task, tolerance
         # CaptureError or Unsupported says why the compiler cannot work on it
         self.compiled = compiled or compile_task(task)
         self.graph, self.groups = self.compiled.graph, self.compiled.groups
@@ -255,6 +255,8 @@ class OfflineCoder:
         coder = cls(task, tolerance)
         coder._estimates()
         coder.first_program()
+        for index in coder.companions():
+            coder.compiled.program(CodegenOptions.model_validate(coder.variants[index]))
         return coder.compiled
 
     def _estimates(self) -> list[float] | None:
@@ -276,6 +278,34 @@ class OfflineCoder:
         return self.compiled.program(CodegenOptions.model_validate(self.variants[choose_next(self.variants, [],
                                                                                             Signals())]))
 
+    def companions(self) -> list[int]:
+        """The variants a first step verifies beside the first one, because no model predicts whether
+        they pass: the same program in the arithmetic that is right only where the data is kind
+        (plain TF32 under strict, bf16 under paper), and under strict the same in true fp32 where
+        the cost model put 3xTF32 somewhere (its error grows with the reduction depth and the
+        operands' spread, which only the trials measure). Only those whose estimate differs from the
+        first's: where no product or convolution changes, neither does the program."""
+        estimates = self._estimates()
+        if not estimates:
+            return []
+        first = self.variants[0]
+        if self.tolerance == "paper":
+            changes = [{"bf16": True}]
+        else:
+            changes = [{"tf32": True, "split_tf32": False},
+                       {"cost_model": False, "split_tf32": False, "cutlass": False, "cublaslt": True}]
+        out = []
+        for change in changes:
+            index = next((i for i, o in enumerate(self.variants) if o == {**first, **change}), None)
+            if index is not None and index not in out and abs(estimates[index] - estimates[0]) > 1e-9:
+                out.append(index)
+        return out
+
+    def samples_wanted(self, request: CoderRequest) -> int:
+        """The first step verifies the first variant and its companions side by side (a one-step run
+        then keeps the fastest that passes every trial); later steps one each."""
+        return 1 + len(self.companions()) if request.skill == "scratch" and request.program is None else 1
+
     def _variant(self, program: str | None) -> int | None:
         if program is None:
             return None
@@ -292,8 +322,14 @@ class OfflineCoder:
             # From the fastest program seen, by its own time: the loop carries the last program
             # into a new subtask even when it was slower, and eager's time (so the speedup) is noisy.
             base = min(self.verified_ms, key=self.verified_ms.__getitem__) if self.verified_ms else carried
-            index = choose_next(self.variants, self.tried, Signals.from_verdict(verdict), base=base,
-                                estimates=self._estimates())
+            companions = self.companions() if self.samples_wanted(request) > 1 else []
+            if companions and request.sample == 0 and 0 not in self.tried:
+                index = 0  # the first variant, whichever sample's thread answers first
+            elif 0 < request.sample <= len(companions):
+                index = companions[request.sample - 1]
+            else:
+                index = choose_next(self.variants, self.tried, Signals.from_verdict(verdict), base=base,
+                                    estimates=self._estimates())
             self.tried.append(index)
             options = CodegenOptions.model_validate(self.variants[index])
         started = time.perf_counter()

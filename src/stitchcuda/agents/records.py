@@ -24,3 +24,4 @@ class CoderRequest(BaseModel):
     skill: Literal["scratch", "fix", "optimize"]
     program: str | None = Field(None, description="source of the program the step starts from")
     verdict: Verdict | None = Field(None, description="the Verifier's verdict on that program")
+    sample: int = Field(0, ge=0, description="which of the step's samples this answer is (0: the first)")
