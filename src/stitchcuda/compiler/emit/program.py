@@ -32,7 +32,7 @@ from stitchcuda.compiler.ir.expr import Unsupported
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.lowering.bf16 import KERNEL as BF16_KERNEL
 from stitchcuda.compiler.lowering.bf16 import ConvBf16
-from stitchcuda.compiler.lowering.cuda_files import TEMPLATES
+from stitchcuda.compiler.lowering.cuda_files import TEMPLATES, cuda_file
 from stitchcuda.compiler.lowering.cutlass_conv import CONV_ABI, CutlassConv
 from stitchcuda.compiler.lowering.cutlass_conv import kernel_sources as conv_sources
 from stitchcuda.compiler.lowering.cutlass_gemm import ABI as GEMM_ABI
@@ -242,7 +242,10 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     emitter = Emitter(low, options, prefix)
     split = any(g.fast_tf32 for g in low.lt_gemms) or any(isinstance(c.split, ConvSplit) for c in low.convs)
     bf16 = any(g.bf16 for g in low.lt_gemms) or any(isinstance(c.split, ConvBf16) for c in low.convs)
-    kernels, launches = ([SPLIT_KERNEL] if split else []) + ([BF16_KERNEL] if bf16 else []), []
+    # the split's and bf16's transposing conversions share one tile loop, written once
+    kernels = ([cuda_file("tile_transpose.cuh")] if split or bf16 else []) + ([SPLIT_KERNEL] if split else []) + (
+        [BF16_KERNEL] if bf16 else [])
+    launches: list[str] = []
     gemms = [x.gemm for lg in low.groups for x in lg.launches() if x.gemm is not None]
     if any(g.split_k > 1 for g in gemms):
         kernels.append(SPLIT_K_KERNEL)

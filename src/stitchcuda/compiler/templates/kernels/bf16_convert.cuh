@@ -16,40 +16,21 @@ __global__ void sc_to_bf16(const float* __restrict__ src, __nv_bfloat16* __restr
 __global__ void sc_to_bf16_t(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst, int rows, int cols,
                              long long s_batch, long long s_row, long long d_batch, long long d_row,
                              long long inner, long long s_outer) {
-  __shared__ float tile[32][33];
   const float* s = src + (blockIdx.z / inner) * s_outer + (blockIdx.z % inner) * s_batch;
   __nv_bfloat16* d = dst + blockIdx.z * d_batch;
-  const int r0 = blockIdx.y * 32, c0 = blockIdx.x * 32;
-  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-    const int r = r0 + j, c = c0 + threadIdx.x;
-    if (r < rows && c < cols) tile[j][threadIdx.x] = s[r * s_row + c];
-  }
-  __syncthreads();
-  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-    const int c = c0 + j, r = r0 + threadIdx.x;
-    if (r < rows && c < cols) d[(long long)c * d_row + r] = __float2bfloat16_rn(tile[threadIdx.x][j]);
-  }
+  sc_tile_transpose(
+      rows, cols, blockIdx.y * 32LL, blockIdx.x * 32LL, [&](long long r, long long c) { return s[r * s_row + c]; },
+      [&](long long r, long long c, float x) { d[c * d_row + r] = __float2bfloat16_rn(x); });
 }
 
 // A convolution's input [n, C, HW] as channels-last bf16 [n, HW, C], through a 32x32 tile.
 __global__ void sc_nhwc_bf16(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst, int channels,
                              long long hw) {
-  __shared__ float tile[32][33];
   const float* s = src + (long long)blockIdx.z * channels * hw;
   __nv_bfloat16* d = dst + (long long)blockIdx.z * channels * hw;
-  const int c0 = blockIdx.y * 32;
-  const long long p0 = blockIdx.x * 32LL;
-  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-    const int c = c0 + j;
-    const long long p = p0 + threadIdx.x;
-    if (c < channels && p < hw) tile[j][threadIdx.x] = s[c * hw + p];
-  }
-  __syncthreads();
-  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-    const int c = c0 + threadIdx.x;
-    const long long p = p0 + j;
-    if (c < channels && p < hw) d[p * channels + c] = __float2bfloat16_rn(tile[threadIdx.x][j]);
-  }
+  sc_tile_transpose(
+      channels, hw, blockIdx.y * 32LL, blockIdx.x * 32LL, [&](long long c, long long p) { return s[c * hw + p]; },
+      [&](long long c, long long p, float x) { d[p * channels + c] = __float2bfloat16_rn(x); });
 }
 
 // A convolution's weight in cuDNN's NHWC filter layout as bf16: element (i0, i1, i2, i3) of the
@@ -67,20 +48,10 @@ __global__ void sc_weight_bf16(const float* __restrict__ src, __nv_bfloat16* __r
 // cuDNN's channels-last bf16 output [n, HW, K] back to the program's fp32 [n, K, HW].
 __global__ void sc_nhwc_bf16_to_nchw(const __nv_bfloat16* __restrict__ src, float* __restrict__ dst, int channels,
                                      long long hw) {
-  __shared__ float tile[32][33];
   const __nv_bfloat16* s = src + (long long)blockIdx.z * channels * hw;
   float* d = dst + (long long)blockIdx.z * channels * hw;
-  const long long p0 = blockIdx.x * 32LL;
-  const int c0 = blockIdx.y * 32;
-  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-    const long long p = p0 + j;
-    const int c = c0 + threadIdx.x;
-    if (c < channels && p < hw) tile[j][threadIdx.x] = __bfloat162float(s[p * channels + c]);
-  }
-  __syncthreads();
-  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-    const int c = c0 + j;
-    const long long p = p0 + threadIdx.x;
-    if (c < channels && p < hw) d[c * hw + p] = tile[threadIdx.x][j];
-  }
+  sc_tile_transpose(
+      hw, channels, blockIdx.x * 32LL, blockIdx.y * 32LL,
+      [&](long long p, long long c) { return __bfloat162float(s[p * channels + c]); },
+      [&](long long p, long long c, float x) { d[c * hw + p] = x; });
 }

@@ -63,27 +63,18 @@ __global__ void sc_split_tf32_t(const float* __restrict__ src, float* __restrict
                                 long long s_batch, long long s_row, long long d_batch, long long d_row,
                                 long long off_big, long long off_small, long long off_big2, long long inner,
                                 long long s_outer) {
-  __shared__ float tile[32][33];
   const float* s = src + (blockIdx.z / inner) * s_outer + (blockIdx.z % inner) * s_batch;
   float* d = dst + blockIdx.z * d_batch;
-  const int r0 = blockIdx.y * 32, c0 = blockIdx.x * 32;
-  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-    const int r = r0 + j, c = c0 + threadIdx.x;
-    if (r < rows && c < cols) tile[j][threadIdx.x] = s[r * s_row + c];
-  }
-  __syncthreads();
-  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-    const int c = c0 + j, r = r0 + threadIdx.x;
-    if (r < rows && c < cols) {
-      const float x = tile[threadIdx.x][j];
-      const float big = sc_tf32_round(x);
-      const float small = isfinite(x) ? sc_tf32_round(x - big) : 0.0f;
-      const long long o = (long long)c * d_row + r;
-      d[o + off_big] = big;
-      d[o + off_small] = small;
-      if (off_big2 >= 0) d[o + off_big2] = big;
-    }
-  }
+  sc_tile_transpose(
+      rows, cols, blockIdx.y * 32LL, blockIdx.x * 32LL, [&](long long r, long long c) { return s[r * s_row + c]; },
+      [&](long long r, long long c, float x) {
+        const float big = sc_tf32_round(x);
+        const float small = isfinite(x) ? sc_tf32_round(x - big) : 0.0f;
+        const long long o = c * d_row + r;
+        d[o + off_big] = big;
+        d[o + off_small] = small;
+        if (off_big2 >= 0) d[o + off_big2] = big;
+      });
 }
 
 // A convolution's input [n, C, HW] as channels-last halves [n, HW, 3C] through a 32x32 tile (reads
@@ -91,30 +82,18 @@ __global__ void sc_split_tf32_t(const float* __restrict__ src, float* __restrict
 // its small half where bit j of small_at is set.
 __global__ void sc_split3_nhwc(const float* __restrict__ src, float* __restrict__ dst, int channels, int cg,
                                long long hw, int small_at) {
-  __shared__ float tile[32][33];
   const float* s = src + (long long)blockIdx.z * channels * hw;
   float* d = dst + (long long)blockIdx.z * 3 * channels * hw;
-  const int c0 = blockIdx.y * 32;
-  const long long p0 = blockIdx.x * 32LL;
-  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-    const int c = c0 + j;
-    const long long p = p0 + threadIdx.x;
-    if (c < channels && p < hw) tile[j][threadIdx.x] = s[c * hw + p];
-  }
-  __syncthreads();
-  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-    const int c = c0 + threadIdx.x;
-    const long long p = p0 + j;
-    if (c < channels && p < hw) {
-      const float x = tile[threadIdx.x][j];
-      const float big = sc_tf32_round(x);
-      const float small = isfinite(x) ? sc_tf32_round(x - big) : 0.0f;
-      float* o = d + p * 3 * channels + (c / cg) * 3 * cg + c % cg;
-      o[0] = (small_at & 1) ? small : big;
-      o[cg] = (small_at & 2) ? small : big;
-      o[2 * cg] = (small_at & 4) ? small : big;
-    }
-  }
+  sc_tile_transpose(
+      channels, hw, blockIdx.y * 32LL, blockIdx.x * 32LL, [&](long long c, long long p) { return s[c * hw + p]; },
+      [&](long long c, long long p, float x) {
+        const float big = sc_tf32_round(x);
+        const float small = isfinite(x) ? sc_tf32_round(x - big) : 0.0f;
+        float* o = d + p * 3 * channels + (c / cg) * 3 * cg + c % cg;
+        o[0] = (small_at & 1) ? small : big;
+        o[cg] = (small_at & 2) ? small : big;
+        o[2 * cg] = (small_at & 4) ? small : big;
+      });
 }
 
 // A convolution's weight as its channels-last halves: element (i0, i1, i2, i3) of the contiguous
@@ -137,20 +116,9 @@ __global__ void sc_split3_weight(const float* __restrict__ src, float* __restric
 
 // cuDNN's channels-last output [n, HW, K] back to the program's [n, K, HW], through a 32x32 tile.
 __global__ void sc_nhwc_to_nchw(const float* __restrict__ src, float* __restrict__ dst, int channels, long long hw) {
-  __shared__ float tile[32][33];
   const float* s = src + (long long)blockIdx.z * channels * hw;
   float* d = dst + (long long)blockIdx.z * channels * hw;
-  const long long p0 = blockIdx.x * 32LL;
-  const int c0 = blockIdx.y * 32;
-  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-    const long long p = p0 + j;
-    const int c = c0 + threadIdx.x;
-    if (c < channels && p < hw) tile[j][threadIdx.x] = s[p * channels + c];
-  }
-  __syncthreads();
-  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
-    const int c = c0 + j;
-    const long long p = p0 + threadIdx.x;
-    if (c < channels && p < hw) d[c * hw + p] = tile[threadIdx.x][j];
-  }
+  sc_tile_transpose(
+      hw, channels, blockIdx.x * 32LL, blockIdx.y * 32LL, [&](long long p, long long c) { return s[p * channels + c]; },
+      [&](long long p, long long c, float x) { d[c * hw + p] = x; });
 }
