@@ -37,13 +37,7 @@ from stitchcuda.compiler.lowering.gemm_calls import BATCH_PTRS, tiny, uses_batch
 from stitchcuda.compiler.lowering.hoist import hoist, static_values
 from stitchcuda.compiler.lowering.kernel_call import Strided
 from stitchcuda.compiler.lowering.lower_context import LowerContext
-from stitchcuda.compiler.lowering.lower_gemm import (
-    BF16_WAY,
-    assign_cutlass,
-    assign_split,
-    gemm_path,
-    reserve_scratch,
-)
+from stitchcuda.compiler.lowering.lower_gemm import reserve_scratch
 from stitchcuda.compiler.lowering.lower_recurrent import batch_recurrent_inputs
 from stitchcuda.compiler.lowering.lower_sequence import SEQUENCES
 from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS, CodegenOptions, Lowered, Lowering, to_ident
@@ -348,31 +342,14 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
     if lowerer.problems:
         raise Unsupported("; ".join(lowerer.problems), frozenset(lowerer.failing_ops), tuple(lowerer.failed))
     gemms = [x.gemm for g in low.groups for x in g.launches() if x.gemm is not None]
-    late: dict[int, str] = {}  # products given their arithmetic here, after their group was described
-    estimated_here: set[int] = set()
-    for gemm in gemms:  # attention's and recurrent cells' products, with a plain epilogue
-        if gemm.split is not None or gemm.lt is not None or gemm.cutlass is not None or gemm.estimate is not None:
-            continue
-        gemm.estimate = gemm_path(lowerer.cx, gemm)
-        estimated_here.add(id(gemm))
-        if gemm.estimate.path == "cutlass":
-            assign_cutlass(low, gemm, "tf32" if lowerer.cx.options.tf32 else "3xtf32")
-            late[id(gemm)] = f"CUTLASS {'TF32' if lowerer.cx.options.tf32 else '3xTF32'}"
-        elif gemm.estimate.path == "split":
-            assign_split(low, gemm, lowerer.cx.options.pack_weights)
-            late[id(gemm)] = "3xTF32 split operands on cuBLASLt TF32 tensor cores"
-        elif gemm.estimate.path == "bf16":
-            assign_split(low, gemm, lowerer.cx.options.pack_weights, bf16=True)
-            late[id(gemm)] = BF16_WAY
     table = low.machine.table.label
-    for lg in low.groups:
-        ways = [late[id(x.gemm)] for x in lg.launches() if x.gemm is not None and id(x.gemm) in late]
-        if ways:
+    for lg in low.groups:  # the products placed where they were made (lower_gemm.place_product)
+        placed = [x.gemm for x in lg.launches() if x.gemm is not None and x.gemm.placed is not None]
+        if ways := [g.placed for g in placed if g.placed]:
             lg.describe += f" [{len(ways)} of its products via {', '.join(dict.fromkeys(ways))}]"
-        late_products = [x.gemm.estimate for x in lg.launches() if x.gemm is not None and id(x.gemm) in estimated_here]
-        if late_products:
-            lg.describe += (f" [cost model, {table}: its {len(late_products)} products "
-                            f"{sum(e.ms for e in late_products):.3f} ms est.]")
+        if placed:
+            lg.describe += (f" [cost model, {table}: its {len(placed)} products "
+                            f"{sum(g.estimate.ms for g in placed):.3f} ms est.]")
     low.estimates = [g.estimate for g in gemms if g.estimate is not None] + \
         [c.estimate for c in low.convs if c.estimate is not None]
     for gemm in gemms:

@@ -16,7 +16,7 @@ from stitchcuda.compiler.ir.expr import (
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import SPLITS
 from stitchcuda.compiler.lowering.lower_context import LowerContext
-from stitchcuda.compiler.lowering.lower_gemm import describe_gemm, strided_gemm
+from stitchcuda.compiler.lowering.lower_gemm import describe_gemm, place_product, strided_gemm
 from stitchcuda.compiler.lowering.lower_rows import lower_row
 from stitchcuda.compiler.lowering.lowered import Lowered
 from stitchcuda.compiler.lowering.registry import group_lowering
@@ -80,6 +80,7 @@ def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
         g_qk.alpha *= scale.get(operand[1:], 1.0) if isinstance(operand, str) else 1.0
     if any(v in scale for n in middle + [pv] for v in n.inputs()):
         raise Unsupported("a scaled value is read after Q.K^T")
+    place_product(cx, g_qk)
     parts = [Lowered(g, "gemm", gemm=g_qk, describe=describe_gemm(qk, g_qk))]
     p_value = qk.name
     if middle:
@@ -123,7 +124,8 @@ def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
     out = cx.buffer(final)
     arg = cx.arg(env, f"{pv.name} ({pv.op})")
     lhs = leaf(p_value, s_shape) if middle else leaf(qk.name, s_shape)
-    g_pv = strided_gemm(cx, f"{pv.name} ({pv.op})", lhs, arg(pv.args[1]), out, cx.shape(pv.name), strides)
+    g_pv = place_product(cx, strided_gemm(cx, f"{pv.name} ({pv.op})", lhs, arg(pv.args[1]), out, cx.shape(pv.name),
+                                          strides))
     parts.append(Lowered(g, "gemm", gemm=g_pv, describe=describe_gemm(pv, g_pv)))
     return Lowered(g, "sequence", parts=parts, describe=" -> ".join(
         ["Q.K^T (batched GEMM)"] + (["row kernel (" + ", ".join(n.op for n in middle if n.op not in VIEWS)

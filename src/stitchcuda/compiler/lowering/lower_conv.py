@@ -28,7 +28,13 @@ from stitchcuda.compiler.lowering.bf16 import bf16_conv_able, plan_conv_bf16
 from stitchcuda.compiler.lowering.cost import Estimate, choose, conv_paths, nchw_tf32_slow
 from stitchcuda.compiler.lowering.cutlass_conv import CutlassConv, conv_supported
 from stitchcuda.compiler.lowering.lower_context import LowerContext
-from stitchcuda.compiler.lowering.lower_gemm import SPLIT_SCRATCH, activation_of, feeds_only, reserve_scratch
+from stitchcuda.compiler.lowering.lower_gemm import (
+    SPLIT_SCRATCH,
+    activation_of,
+    feeds_only,
+    place_product,
+    reserve_scratch,
+)
 from stitchcuda.compiler.lowering.lower_pointwise import (
     apply_epilogue,
     epilogue_text,
@@ -238,7 +244,7 @@ def _as_gemm(cx: LowerContext, g: FusionGroup, anchor: Node, geo: ConvGeometry, 
                 stride_b=geo.c * hw if images else 0, stride_c=geo.k * hw if images else 0, no_split=True)
     text += f" as a GEMM: {geo.n} x [{geo.k} x {geo.c}] . [{geo.c} x {hw}]"
     low, gemm.out = library_call(cx, g, "gemm", anchor, epilogue, bias, env, text)
-    low.gemm = gemm
+    low.gemm = place_product(cx, gemm)
     return low
 
 
@@ -267,7 +273,7 @@ def _patches_as_gemm(cx: LowerContext, g: FusionGroup, anchor: Node, geo: ConvGe
              + (" with " + epilogue_text(bias, epilogue) if bias is not None or epilogue else ""))
     return Lowered(g, "sequence", describe=text, parts=[
         Lowered(g, "pointwise", program=copy, describe=f"patches of {x.value} into {list(shape)}"),
-        Lowered(g, "gemm", gemm=gemm, describe="the patches' GEMM"), write])
+        Lowered(g, "gemm", gemm=place_product(cx, gemm), describe="the patches' GEMM"), write])
 
 
 def _cutlass_conv(cx: LowerContext, g: FusionGroup, anchor: Node, conv: Conv, bias: Expr | None,

@@ -118,6 +118,23 @@ def gemm_path(cx: LowerContext, gemm: Gemm, value: str | None = None) -> Estimat
     return Estimate(op=value or "", path=path, ms=paths[path], paths=paths, tf32=tf32)
 
 
+def place_product(cx: LowerContext, gemm: Gemm) -> Gemm:
+    """Give ``gemm``, a product with a plain epilogue (attention's, a recurrent cell's, a
+    convolution run as a GEMM), the path the cost model or the variant picks, where it is made:
+    CUTLASS, the split operands, bf16 copies, or cuBLAS."""
+    gemm.estimate = gemm_path(cx, gemm)
+    path = gemm.estimate.path
+    if path == "cutlass":
+        assign_cutlass(cx.out, gemm, "tf32" if cx.options.tf32 else "3xtf32")
+        gemm.placed = f"CUTLASS {'TF32' if cx.options.tf32 else '3xTF32'}"
+    elif path in ("split", "bf16"):
+        assign_split(cx.out, gemm, cx.options.pack_weights, bf16=path == "bf16")
+        gemm.placed = BF16_WAY if path == "bf16" else "3xTF32 split operands on cuBLASLt TF32 tensor cores"
+    else:
+        gemm.placed = ""
+    return gemm
+
+
 def _lt_fold(cx: LowerContext, gemm: Gemm, anchor: Node, epilogue: list[Node],
              bias: Expr | None) -> tuple[Node, list[Node], Expr | None]:
     """Move the bias, and a ReLU or tanh-GELU right after it, into a cuBLASLt epilogue where the

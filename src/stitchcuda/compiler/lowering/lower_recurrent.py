@@ -23,7 +23,7 @@ from stitchcuda.compiler.ir.expr import (
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import CELLS, SPLITS, ZEROS
 from stitchcuda.compiler.lowering.lower_context import LowerContext
-from stitchcuda.compiler.lowering.lower_gemm import gemm_shape
+from stitchcuda.compiler.lowering.lower_gemm import gemm_shape, place_product
 from stitchcuda.compiler.lowering.lowered import Lowered, to_ident
 from stitchcuda.compiler.lowering.registry import group_lowering
 
@@ -109,6 +109,7 @@ def lower_recurrent(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
             gemm = gemm_shape(cx, cell, leaf(x_all, (steps_all * b_all, i_all)),
                               Expr("leaf", leaf=wt, shape=wt.shape))
             gemm.out = f"b_{to_ident(value)}"
+            place_product(cx, gemm)
             cx.out.intermediates.append((gemm.out, [steps_all, b_all, width]))
             cx.out.storage[value] = gemm.out
             parts.append(Lowered(g, "gemm", gemm=gemm, describe=f"{cell.op} {cell.module}: gi for all "
@@ -126,6 +127,7 @@ def lower_recurrent(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
         gemm = gemm_shape(cx, cell, lhs, Expr("leaf", leaf=wt, shape=wt.shape))
         value = f"{cell.name}__{tag}"
         gemm.out = f"b_{to_ident(value)}"
+        place_product(cx, gemm)
         cx.out.intermediates.append((gemm.out, [batch, width]))
         cx.out.storage[value] = gemm.out
         parts.append(Lowered(g, "gemm", gemm=gemm, describe=f"{cell.op} {cell.module}: {tag} "

@@ -31,7 +31,7 @@ from stitchcuda.compiler.ir.expr import (
 )
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.lowering.lower_context import LowerContext
-from stitchcuda.compiler.lowering.lower_gemm import gemm_shape
+from stitchcuda.compiler.lowering.lower_gemm import gemm_shape, place_product
 from stitchcuda.compiler.lowering.lower_recurrent import fold_states_and_views
 from stitchcuda.compiler.lowering.lowered import Lowered, to_ident
 from stitchcuda.compiler.lowering.registry import group_lowering
@@ -95,6 +95,7 @@ class _Layers:
     def _gemm(self, lhs: Expr, w: Expr, out: str, shape: tuple[int, ...], what: str) -> None:
         gemm = gemm_shape(self.cx, self.node, lhs, _transposed(w, self.where))
         gemm.out = self.cx.out.storage[out]
+        place_product(self.cx, gemm)
         self.parts.append(Lowered(self.g, "gemm", gemm=gemm, describe=f"{self.node.op}: {what} "
                                   f"[{gemm.m} x {gemm.k}] . [{gemm.k} x {gemm.n}]"))
 
