@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -60,13 +61,18 @@ def _outcome(task: Task) -> tuple[str, str, str | None]:
 
 @pytest.mark.skipif(not (KERNELBENCH / "KernelBench").is_dir(), reason="../shared/kernelbench is absent")
 @pytest.mark.parametrize("level", [1, 2])
-def test_every_kernelbench_task_gets_a_program_or_a_reason(level, monkeypatch, capsys):
+@pytest.mark.parametrize("part", ["sample", pytest.param("rest", marks=pytest.mark.full)])
+def test_every_kernelbench_task_gets_a_program_or_a_reason(level, part, monkeypatch, capsys):
     """No traceback on any task; each program written in SECONDS_PER_PROGRAM or less and holding the
-    reference's parameters under the same seed. The counts are printed (`pytest -s` shows them)."""
+    reference's parameters under the same seed. The counts are printed (`pytest -s` shows them).
+    The default run takes a seeded quarter of each level; the rest of the level runs under `full`."""
     counts: collections.Counter[str] = collections.Counter()
     reasons: dict[str, str] = {}
     slow, wrong_init = [], []
-    for task in load_kernelbench(KERNELBENCH, level):
+    tasks = load_kernelbench(KERNELBENCH, level)
+    chosen = set(random.Random(44 + level).sample(range(len(tasks)), len(tasks) // 4))
+    tasks = [t for i, t in enumerate(tasks) if (i in chosen) == (part == "sample")]
+    for task in tasks:
         started = time.perf_counter()
         outcome, why, program = _outcome(task)
         seconds = time.perf_counter() - started
@@ -85,9 +91,9 @@ def test_every_kernelbench_task_gets_a_program_or_a_reason(level, monkeypatch, c
             print(f"  {name}: {why}")
     assert not wrong_init, wrong_init
     assert not slow, slow
-    # measured 100/100 on both levels on 2026-11-26 (random draws drawn by the program since): a floor
-    # one below, so a regression breaks it
-    assert counts["program"] >= {1: 99, 2: 99}[level], counts
+    # measured 100/100 on both levels (random draws drawn by the program since): a floor of one
+    # miss a level, so a regression breaks it
+    assert counts["program"] >= len(tasks) - (1 if part == "rest" else 0), counts
 
 
 def test_program_parameters_match_the_reference_under_one_seed(tmp_path, monkeypatch):

@@ -289,7 +289,10 @@ class Optimizer:
         request = self._coder_request(state, skill, fixing)
         self.report(state, f"step {index + 1}: subtask {subtask.id}/{len(state.plan.subtasks)} "
                            f"({skill}{', fix' if fixing else ''})")
-        wanted = self.coder.samples_wanted(request) if isinstance(self.coder, TypedCoder) else 1
+        # the Coder's own wish (the offline Coder's twins) where its programs run; a CPU device
+        # cannot run them, so there one program a step says as much
+        on_gpu = self.config.verify.device.startswith("cuda")
+        wanted = self.coder.samples_wanted(request) if on_gpu and isinstance(self.coder, TypedCoder) else 1
         step.samples = self._samples(state, index, messages, request, max(self.config.samples, wanted))
         chosen = max(step.samples, key=_rank) if step.samples else None
         step.chosen = chosen.sample if chosen else None
