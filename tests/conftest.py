@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 from pathlib import Path
@@ -12,6 +13,10 @@ from stitchcuda import machine
 from stitchcuda.torchvision_compat import make_torchvision_importable
 
 make_torchvision_importable()  # the zoo's tasks and transformers import torchvision (a CUDA build on CPU CI)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist's workers get COLUMNS=80, which the CLI's console honours as a user's setting: the
+    # tests read the CLI's output as a pipe or a log sees it, as they do without xdist
+    os.environ.pop("COLUMNS", None)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CPU = FIXTURES / "cpu"
@@ -51,6 +56,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         if "nvcc" in item.keywords and not has_nvcc:
             item.add_marker(pytest.mark.skip(reason="needs nvcc"))
+
+
+@pytest.fixture(autouse=True)
+def _one_gpu_test_at_a_time(request, tmp_path_factory):
+    """Under `pytest -n`, the GPU tests of every worker take turns (two at once would time each
+    other's kernels); the workers' temporary folders share a parent, which holds the lock."""
+    if "gpu" not in request.keywords or not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    with open(tmp_path_factory.getbasetemp().parent / "gpu-tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture
