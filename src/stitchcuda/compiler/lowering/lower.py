@@ -37,7 +37,7 @@ from stitchcuda.compiler.lowering.gemm_calls import BATCH_PTRS, tiny, uses_batch
 from stitchcuda.compiler.lowering.hoist import hoist, static_values
 from stitchcuda.compiler.lowering.kernel_call import Strided
 from stitchcuda.compiler.lowering.lower_context import LowerContext
-from stitchcuda.compiler.lowering.lower_gemm import reserve_scratch
+from stitchcuda.compiler.lowering.lower_gemm import library_way, reserve_scratch
 from stitchcuda.compiler.lowering.lower_recurrent import batch_recurrent_inputs
 from stitchcuda.compiler.lowering.lower_sequence import SEQUENCES
 from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS, CodegenOptions, Lowered, Lowering, to_ident
@@ -344,8 +344,8 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
     gemms = [x.gemm for g in low.groups for x in g.launches() if x.gemm is not None]
     table = low.machine.table.label
     for lg in low.groups:  # the products placed where they were made (lower_gemm.place_product)
-        placed = [x.gemm for x in lg.launches() if x.gemm is not None and x.gemm.placed is not None]
-        if ways := [g.placed for g in placed if g.placed]:
+        placed = [x.gemm for x in lg.launches() if x.gemm is not None and x.gemm.placed]
+        if ways := [way for g in placed if (way := library_way(g))]:
             lg.describe += f" [{len(ways)} of its products via {', '.join(dict.fromkeys(ways))}]"
         if placed:
             lg.describe += (f" [cost model, {table}: its {len(placed)} products "

@@ -126,13 +126,20 @@ def place_product(cx: LowerContext, gemm: Gemm) -> Gemm:
     path = gemm.estimate.path
     if path == "cutlass":
         assign_cutlass(cx.out, gemm, "tf32" if cx.options.tf32 else "3xtf32")
-        gemm.placed = f"CUTLASS {'TF32' if cx.options.tf32 else '3xTF32'}"
     elif path in ("split", "bf16"):
         assign_split(cx.out, gemm, cx.options.pack_weights, bf16=path == "bf16")
-        gemm.placed = BF16_WAY if path == "bf16" else "3xTF32 split operands on cuBLASLt TF32 tensor cores"
-    else:
-        gemm.placed = ""
+    gemm.placed = True
     return gemm
+
+
+def library_way(gemm: Gemm) -> str:
+    """How ``gemm`` runs where that is not cuBLAS or cuBLASLt's fp32 ("" there): CUTLASS, the
+    split operands or bf16 copies."""
+    if gemm.cutlass is not None:
+        return f"CUTLASS {'3xTF32' if gemm.cutlass.math == '3xtf32' else 'TF32'}"
+    if gemm.split is not None:
+        return BF16_WAY if gemm.split.main.bf16 else SPLIT_WAY
+    return ""
 
 
 def _lt_fold(cx: LowerContext, gemm: Gemm, anchor: Node, epilogue: list[Node],
@@ -196,6 +203,7 @@ def assign_split(low: Lowering, gemm: Gemm, pack: bool = True, bf16: bool = Fals
 
 SPLIT_SCRATCH = ("x_split_a", "x_split_b", "x_split_c")
 BF16_WAY = "bf16 operands on cuBLASLt tensor cores (fp32 accumulate)"
+SPLIT_WAY = "3xTF32 split operands on cuBLASLt TF32 tensor cores"
 
 
 def reserve_scratch(low: Lowering, ident: str, floats: int) -> None:
@@ -333,14 +341,13 @@ def describe_gemm(anchor: Node, gemm: Gemm) -> str:
                  *(["scale"] if beta not in (0.0, 1.0) or gemm.alpha != 1.0 else []),
                  *([activation] if activation != "identity" else [])]
         return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . "
-                f"[{gemm.k} x {gemm.n}] via CUTLASS {'3xTF32' if c.math == '3xtf32' else 'TF32'} "
+                f"[{gemm.k} x {gemm.n}] via {library_way(gemm)} "
                 f"{'x'.join(map(str, c.tile))} tile" + (f" (epilogue {' + '.join(fused)})" if fused else "")
                 + (f", split-K: K = {gemm.k * gemm.split_k} as {gemm.split_k} slices, summed" if gemm.split_k > 1 else ""))
     if gemm.split is not None:
         fused = f" (epilogue {gemm.epilogue.lower().replace('_', ' + ')})" if gemm.epilogue else ""
-        way = (BF16_WAY if gemm.split.main.bf16 else "3xTF32 split operands on cuBLASLt TF32 tensor cores")
         return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . [{gemm.k} x "
-                f"{gemm.n}] via {way}{fused}")
+                f"{gemm.n}] via {library_way(gemm)}{fused}")
     return (f"{anchor.op} {anchor.module or anchor.name}: {gemm.outer * gemm.batch} x [{gemm.m} x {gemm.k}] . "
             f"[{gemm.k} x {gemm.n}] via "
             + (f"cuBLASLt (epilogue {gemm.epilogue.lower().replace('_', ' + ')})" if gemm.lt is not None else

@@ -96,9 +96,7 @@ class Gemm:
     split_k_beta: float = 0.0
     split_k_act: str = "identity"
     staged: Any = None  # padded_gemm.Staged: a TF32 cuBLAS call on copies padded to multiples of 4
-    # a product with a plain epilogue placed where it was made (lower_gemm.place_product): how it
-    # runs where not on cuBLAS ("" where it does), for its group's description; None: not placed so
-    placed: str | None = None
+    placed: bool = False  # a product with a plain epilogue, its path given by lower_gemm.place_product
 
 
 @dataclass
