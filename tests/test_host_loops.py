@@ -94,16 +94,26 @@ def _host(program: str) -> str:
     return program[start:program.index("\n}\n", start)]
 
 
-def test_a_recurrent_layers_steps_are_one_loop_each_and_unfold_to_the_unrolled_program(monkeypatch):
+@pytest.fixture
+def stepped(monkeypatch):
+    """Recurrent layers stepped one launch at a time, as where one launch cannot hold them
+    (sequence_kernel.plan_recurrence refuses: a batch over 64, a step's state over shared memory)."""
+    from stitchcuda.compiler.lowering import lower_sequence
+
+    monkeypatch.setattr(lower_sequence, "plan_recurrence", lambda *args, **kwargs: None)
+
+
+def test_a_recurrent_layers_steps_are_one_loop_each_and_unfold_to_the_unrolled_program(stepped, monkeypatch):
     from stitchcuda.compiler import compile_task
     from stitchcuda.compiler.emit.codegen import CodegenOptions
 
     task = Task(name="lstm", source=LSTM)
     compiled = compile_task(task)
     folded = compiled.program(CodegenOptions())
+    folding = loops.MIN_REPEATS
     monkeypatch.setattr(loops, "MIN_REPEATS", 10**9)  # nothing folds
     unrolled = compiled.program(CodegenOptions(block=128))  # other options: not a cached program
-    monkeypatch.undo()
+    monkeypatch.setattr(loops, "MIN_REPEATS", folding)
     compiled.sources.clear()  # a program is emitted once per options: again, with folding back on
     refolded = compiled.program(CodegenOptions(block=128))
     assert len(_LOOP.findall(_host(refolded))) == 4  # 2 layers x 2 directions
@@ -113,7 +123,7 @@ def test_a_recurrent_layers_steps_are_one_loop_each_and_unfold_to_the_unrolled_p
 
 
 @pytest.mark.nvcc
-def test_a_folded_recurrent_program_compiles():
+def test_a_folded_recurrent_program_compiles(stepped):
     from stitchcuda.compiler import compile_task
     from stitchcuda.compiler.check import compile_check
     from stitchcuda.compiler.emit.codegen import CodegenOptions
@@ -128,5 +138,26 @@ def test_a_folded_recurrent_program_compiles():
 
     program = compile_task(Task(name="lstm", source=LSTM)).program(CodegenOptions())
     assert "for (int64_t sc_rep" in program
+    check = compile_check(program)
+    assert check.status == "compiled", check.detail
+
+
+@pytest.mark.nvcc
+def test_a_recurrent_program_with_each_layer_in_one_launch_compiles():
+    """The cooperative launch of sequence_kernel.py, its barrier's PTX and the kernel, through nvcc."""
+    from stitchcuda.compiler import compile_task
+    from stitchcuda.compiler.check import compile_check
+    from stitchcuda.compiler.emit.codegen import CodegenOptions
+    from stitchcuda.cuda_headers import NEEDED, HeadersMissing, include_dirs
+    from tests.cuda_headers import toolkit
+
+    _, home = toolkit()
+    try:
+        include_dirs(home, headers=NEEDED)
+    except HeadersMissing as exc:
+        pytest.skip(f"no real CUDA library headers for this machine: {exc}")
+
+    program = compile_task(Task(name="lstm", source=LSTM)).program(CodegenOptions())
+    assert program.count("cudaLaunchKernelEx(") == 2 and "for (int64_t sc_rep" not in program
     check = compile_check(program)
     assert check.status == "compiled", check.detail

@@ -32,9 +32,20 @@ from stitchcuda.compiler.ir.expr import (
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_gemm import gemm_shape, place_product
+from stitchcuda.compiler.lowering.kernel_call import KernelCall
 from stitchcuda.compiler.lowering.lower_recurrent import fold_states_and_views
 from stitchcuda.compiler.lowering.lowered import Lowered, to_ident
 from stitchcuda.compiler.lowering.registry import group_lowering
+from stitchcuda.compiler.lowering.sequence_kernel import (
+    BARRIER,
+    BARRIER_NAME,
+    RecurrencePlan,
+    plan_recurrence,
+    recurrence_kernel,
+    recurrence_launch,
+    recurrence_ms,
+    stepped_ms,
+)
 
 # operator -> (cell, gates per hidden unit)
 SEQUENCES = {"aten.lstm": ("lstm", 4), "aten.gru": ("gru", 3), "aten.rnn_tanh": ("tanh", 1),
@@ -86,6 +97,11 @@ class _Layers:
         self.hidden = self.params[1].shape[1]
         self.parts: list[Lowered] = []
         self.ident = to_ident(node.name)
+        table = cx.out.machine.table
+        T, B, H, G = self.steps, self.batch, self.hidden, self.gates
+        plan = plan_recurrence(B, H, G, self.dirs, table.sms)
+        self.costs = (recurrence_ms(plan, T, B, H, G, table) if plan else None, stepped_ms(T, B, H, G, self.dirs, table))
+        self.plan = plan if plan is not None and self.costs[0] < self.costs[1] else None  # type: ignore[operator]
 
     def _buffer(self, tag: str, shape: tuple[int, ...]) -> str:
         value = f"{self.node.name}__{tag}"
@@ -123,6 +139,8 @@ class _Layers:
             if layer_in.leaf.strides != contiguous_strides(layer_in.shape):  # type: ignore[union-attr]
                 raise Unsupported(f"{self.where}: the input sequence is a strided view")
             time_major = layer > 0 or not self.batch_first
+            at = (B * G * H, G * H) if time_major else (G * H, T * G * H)  # gi's step and batch-row strides
+            one_launch = self.plan is not None and all(self._plain(layer * self.dirs + d) for d in range(self.dirs))
             for d in range(self.dirs):
                 index = layer * self.dirs + d
                 w_ih, w_hh, *bs = self.params[index * self.per:(index + 1) * self.per]
@@ -130,6 +148,9 @@ class _Layers:
                 self._gemm(x2, w_ih, gi, (rows, G * H), f"layer {layer} direction {d}: x.W_ihᵀ for all {T} steps")
                 hs = self._buffer(f"h{layer}_{d}", (T + 2, B, H))
                 cs = self._buffer(f"c{layer}_{d}", (T + 2, B, H)) if self.cell == "lstm" else None
+                states[(layer, d)] = (hs, cs)
+                if one_launch:
+                    continue
                 gh = self._buffer(f"gh{layer}_{d}", (B, G * H))
                 for s in range(T):
                     t = s if d == 0 else T - 1 - s
@@ -141,12 +162,60 @@ class _Layers:
                     has_gh = not (h_prev.op == "const" and h_prev.const == 0.0)
                     if has_gh:
                         self._gemm(h_prev, w_hh, gh, (B, G * H), f"layer {layer} direction {d} step {s}: h.W_hhᵀ")
-                    at = (t * B * G * H, G * H) if time_major else (t * G * H, T * G * H)
-                    self._step(layer, d, t, gi, at, gh if has_gh else None, bs, h_prev, c_prev, hs, cs)
-                states[(layer, d)] = (hs, cs)
+                    self._step(layer, d, t, gi, (t * at[0], at[1]), gh if has_gh else None, bs, h_prev, c_prev, hs, cs)
+            if one_launch:
+                self._one_launch(layer, at, states)
             if layer + 1 < self.layers:
                 layer_in = self._sequence(states, layer, None)
         return {"states": states}
+
+    def _plain(self, index: int) -> bool:
+        """Whether layer-direction ``index``'s W_hh and biases are dense parameters one launch can read."""
+        H, G = self.hidden, self.gates
+        w_hh, *bs = self.params[index * self.per + 1:(index + 1) * self.per]
+        dense = w_hh.op == "leaf" and w_hh.leaf.plain and w_hh.shape == (G * H, H) and \
+            w_hh.leaf.strides == (H, 1)  # type: ignore[union-attr]
+        return dense and all(b.op == "leaf" and b.leaf.plain and b.leaf.strides == (1,) for b in bs)  # type: ignore[union-attr]
+
+    def _pointer(self, lf: Leaf) -> str:
+        return f"a.{self.cx.out.storage[lf.value]} + {lf.offset}" if lf.offset else f"a.{self.cx.out.storage[lf.value]}"
+
+    def _one_launch(self, layer: int, at: tuple[int, int], states: dict) -> None:
+        """Every step of both directions of ``layer`` in one cooperative launch (sequence_kernel.py)."""
+        T, B, H, G = self.steps, self.batch, self.hidden, self.gates
+        plan: RecurrencePlan = self.plan  # type: ignore[assignment]
+        fields: dict[str, list[str]] = {k: [] for k in ("gi", "w", "bi", "bh", "h0", "c0", "hs", "cs")}
+        initial: dict[str, tuple[float | None, int, int]] = {"h0": (0.0, 0, 0), "c0": (0.0, 0, 0)}
+        store = self.cx.out.storage
+        for d in range(self.dirs):
+            index = layer * self.dirs + d
+            _, w_hh, *bs = self.params[index * self.per:(index + 1) * self.per]
+            fields["gi"].append(f"a.{store[f'{self.node.name}__gi{layer}_{d}']}")
+            fields["w"].append(self._pointer(w_hh.leaf))  # type: ignore[arg-type]
+            for key, b in zip(("bi", "bh"), bs, strict=False):
+                fields[key].append(self._pointer(b.leaf))  # type: ignore[arg-type]
+            for which, key in enumerate(("h0", "c0")[:2 if self.cell == "lstm" else 1]):
+                e = self._initial(which, index)
+                if e.op == "const":
+                    initial[key] = (e.const or 0.0, 0, 0)
+                    fields[key].append("nullptr")
+                else:
+                    initial[key] = (None, *e.leaf.strides)  # type: ignore[union-attr]
+                    fields[key].append(self._pointer(e.leaf))  # type: ignore[arg-type]
+            hs, cs = states[(layer, d)]
+            fields["hs"].append(f"a.{store[hs]}")
+            fields["cs"].append(f"a.{store[cs]}" if cs else "nullptr")
+        sync = store[self._buffer(f"sync{layer}", (2,))]
+        self.cx.out.ctypes[sync] = "int32_t"
+        name = f"k_{self.ident}_l{layer}_steps"
+        source = recurrence_kernel(name, plan, self.cell, T, B, H, G, self.dirs, at[0], at[1], bool(self.biases),
+                                   initial["h0"], initial["c0"])
+        launch = recurrence_launch(name, plan, self.dirs, f"a.{sync}", {k: v for k, v in fields.items() if v})
+        what = (f"layer {layer}: every step in one launch, {plan.blocks} blocks of {plan.units} units a direction, "
+                f"W_hh {'in shared memory' if plan.w_shared else 'through L2'}")
+        self.parts.append(Lowered(self.g, "kernel", call=KernelCall(kernels={BARRIER_NAME: BARRIER, name: source},
+                                                                    launch=launch, describe=f"{self.node.op}: {what}"),
+                                  describe=f"{self.node.op}: {what}"))
 
     def _step(self, layer: int, d: int, t: int, gi: str, at: tuple[int, int], gh: str | None, bs: list[Expr],
               h_prev: Expr, c_prev: Expr | None, hs: str, cs: str | None) -> None:
@@ -263,6 +332,11 @@ def lower_sequence(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lower
     if not wanted:
         raise Unsupported(f"{layers.where}: nothing reads its outputs")
     layers.outputs(states, wanted)
+    one, stepped = layers.costs
+    how = (f"every step of a layer in one launch [cost model, {cx.out.machine.table.label}: {one:.3f} ms est.; "
+           f"stepped {stepped:.3f}]" if layers.plan else "per step h.W_hhᵀ + fused gates" + (
+               f" [cost model, {cx.out.machine.table.label}: {stepped:.3f} ms est.; one launch {one:.3f}]"
+               if one is not None else ""))
     return Lowered(g, "sequence", parts=layers.parts,
                    describe=f"{node.op} {node.module}: {layers.layers} layer(s) x {layers.dirs} direction(s) x "
-                            f"{layers.steps} steps, input GEMM batched over steps, per step h.W_hhᵀ + fused gates")
+                            f"{layers.steps} steps, input GEMM batched over steps, {how}")

@@ -1,0 +1,186 @@
+"""The one-launch recurrent layer (templates/kernels/recurrence.cu.j2): every step of both
+directions, its blocks meeting at the group barrier, run on the CPU through the CUDA emulation
+(tests/fixtures/cuda_on_cpu/: every block at once, warps exchanging through __shfl_xor_sync) and
+held to a float64 numpy recurrence for each cell, gate layout, initial state and W_hh placement,
+on sizes that leave the last block short of units."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from stitchcuda.compiler.lowering.cuda_files import TEMPLATES
+from stitchcuda.compiler.lowering.sequence_kernel import (
+    plan_recurrence,
+    recurrence_kernel,
+    shared_bytes,
+)
+from tests.conftest import FIXTURES
+
+T, B, H, UNITS, BLOCK = 5, 3, 40, 8, 64  # 5 blocks a direction, the last with 8 of 8 units; 2 warps a block
+GATES = {"lstm": 4, "gru": 3, "tanh": 1, "relu": 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    cell: str
+    dirs: int
+    time_major: bool
+    h0_given: bool  # else a constant initial state
+    w_shared: bool
+    bias: bool = True
+    hidden: int = H
+    direction: int = 0  # the reference's: set per direction
+
+    @property
+    def gates(self) -> int:
+        return GATES[self.cell]
+
+
+CASES = [
+    Case("lstm", 2, True, True, True),
+    Case("lstm", 1, False, False, False),
+    Case("gru", 2, False, True, True, hidden=37),  # 5 blocks of 8 units, the last with 5
+    Case("gru", 1, True, False, False, bias=False),
+    Case("tanh", 2, True, False, True),
+    Case("relu", 1, False, True, False),
+]
+
+CALL = r"""
+  {
+    const int dirs = %(dirs)d, G = %(G)d, H = %(H)d;
+    std::vector<std::vector<float>> gi(2), w(2), bi(2), bh(2), h0(2), c0(2), hs(2), cs(2);
+    %(name)s_args p = {};
+    for (int d = 0; d < dirs; ++d) {
+      const std::string at = dir + "/%(name)s_" + std::to_string(d) + "_";
+      gi[d] = get(at + "gi"); w[d] = get(at + "w"); bi[d] = get(at + "bi"); bh[d] = get(at + "bh");
+      h0[d] = get(at + "h0"); c0[d] = get(at + "c0");
+      hs[d].assign((%(T)d + 2) * %(B)d * H, -7.f); cs[d].assign((%(T)d + 2) * %(B)d * H, -7.f);
+      p.gi[d] = gi[d].data(); p.w[d] = w[d].data(); p.bi[d] = bi[d].data(); p.bh[d] = bh[d].data();
+      p.h0[d] = h0[d].data(); p.c0[d] = c0[d].data(); p.hs[d] = hs[d].data(); p.cs[d] = cs[d].data();
+    }
+    unsigned sync[2] = {0, 0};
+    p.sync = sync;
+    launch_cooperative(dirs * %(blocks)d, %(block)d, %(shared)d, [&] { %(name)s(p); });
+    for (int d = 0; d < dirs; ++d) {
+      put(dir + "/%(name)s_" + std::to_string(d) + "_hs", hs[d]);
+      put(dir + "/%(name)s_" + std::to_string(d) + "_cs", cs[d]);
+    }
+  }
+"""
+
+MAIN_HEAD = r"""
+#include <cstdio>
+#include <string>
+std::string dir;
+std::vector<float> get(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  std::vector<float> v;
+  float x;
+  while (std::fread(&x, 4, 1, f) == 1) v.push_back(x);
+  std::fclose(f);
+  return v;
+}
+void put(const std::string& path, const std::vector<float>& v) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  std::fwrite(v.data(), 4, v.size(), f);
+  std::fclose(f);
+}
+int main(int, char** argv) {
+  dir = argv[1];
+"""
+
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def _reference(case: Case, gi, w, bi, bh, h0, c0):
+    """Each direction's h (and c) after every step, indexed by time: [T, B, H]."""
+    G, Hh = case.gates, case.hidden
+    hs, cs = np.zeros((T, B, Hh)), np.zeros((T, B, Hh))
+    h, c = h0.astype(np.float64), c0.astype(np.float64)
+    for s in range(T):
+        t = s if case.direction == 0 else T - 1 - s
+        x = gi[t] + bi
+        g = h @ w.T.astype(np.float64) + bh
+        if case.cell == "lstm":
+            i, f, gg, o = (x[:, k * Hh:(k + 1) * Hh] + g[:, k * Hh:(k + 1) * Hh] for k in range(4))
+            c = _sigmoid(f) * c + _sigmoid(i) * np.tanh(gg)
+            h = _sigmoid(o) * np.tanh(c)
+        elif case.cell == "gru":
+            r = _sigmoid(x[:, :Hh] + g[:, :Hh])
+            z = _sigmoid(x[:, Hh:2 * Hh] + g[:, Hh:2 * Hh])
+            n = np.tanh(x[:, 2 * Hh:] + r * g[:, 2 * Hh:])
+            h = (1 - z) * n + z * h
+        else:
+            pre = x + g
+            h = np.tanh(pre) if case.cell == "tanh" else np.maximum(pre, 0)
+        hs[t], cs[t] = h, c
+    return hs, cs
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    root = tmp_path_factory.mktemp("recurrence")
+    rng = np.random.default_rng(0)
+    kernels, calls, expected = [], [], {}
+    for n, case in enumerate(CASES):
+        G, Hh = case.gates, case.hidden
+        plan = plan_recurrence(B, Hh, G, case.dirs, sms=132, units=UNITS, block=BLOCK)
+        assert plan is not None
+        plan = dataclasses.replace(plan, w_shared=case.w_shared,
+                                   shared_bytes=shared_bytes(B, Hh, G, plan.units, case.w_shared))
+        name = f"k_case{n}"
+        gi_step, gi_row = (B * G * Hh, G * Hh) if case.time_major else (G * Hh, T * G * Hh)
+        h0_value = None if case.h0_given else 0.25
+        kernels.append(recurrence_kernel(name, plan, case.cell, T, B, Hh, G, case.dirs, gi_step, gi_row, case.bias,
+                                         (h0_value, Hh, 1), (None if case.h0_given else -0.5, Hh, 1)))
+        calls.append(CALL % {"name": name, "dirs": case.dirs, "G": G, "H": Hh, "T": T, "B": B, "blocks": plan.blocks,
+                             "block": BLOCK, "shared": plan.shared_bytes})
+        for d in range(case.dirs):
+            gi = rng.standard_normal((T, B, G * Hh)).astype(np.float32)
+            flat = gi.reshape(T * B * G * Hh) if case.time_major else gi.transpose(1, 0, 2).reshape(-1)
+            w = (rng.standard_normal((G * Hh, Hh)) / np.sqrt(Hh)).astype(np.float32)
+            bi, bh = (rng.standard_normal((2, G * Hh)) * 0.1 * case.bias).astype(np.float32)
+            h0, c0 = rng.standard_normal((2, B, Hh)).astype(np.float32)
+            if not case.h0_given:
+                h0, c0 = np.full((B, Hh), 0.25, np.float32), np.full((B, Hh), -0.5, np.float32)
+            for key, value in {"gi": flat, "w": w, "bi": bi, "bh": bh, "h0": h0, "c0": c0}.items():
+                value.astype(np.float32).tofile(root / f"{name}_{d}_{key}")
+            expected[(n, d)] = _reference(dataclasses.replace(case, direction=d), gi, w, bi, bh, h0, c0)
+    prelude = (TEMPLATES / "prelude.cu.j2").read_text()
+    source = "\n".join([(FIXTURES / "cuda_on_cpu" / "cuda_on_cpu.h").read_text(), prelude, *kernels, MAIN_HEAD,
+                        *calls, "}\n"])
+    (root / "main.cpp").write_text(source)
+    built = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "main.cpp", "-o", "main"], cwd=root,
+                           capture_output=True, text=True)
+    if built.returncode != 0 and "barrier" in built.stderr:
+        pytest.skip("needs a C++20 compiler with <barrier>")
+    assert built.returncode == 0, built.stderr[-3000:]
+    subprocess.run([str(root / "main"), str(root)], check=True, timeout=300)
+    return root, expected
+
+
+@pytest.mark.parametrize("n", range(len(CASES)), ids=[f"{c.cell}-{c.dirs}dir-{'tm' if c.time_major else 'bm'}-"
+                                                        f"{'h0' if c.h0_given else 'const'}-"
+                                                        f"{'smem' if c.w_shared else 'l2'}" for c in CASES])
+def test_every_step_of_a_layer_in_one_launch_matches_the_recurrence(runs, n):
+    root, expected = runs
+    case = CASES[n]
+    Hh = case.hidden
+    for d in range(case.dirs):
+        hs = np.fromfile(root / f"k_case{n}_{d}_hs", np.float32).reshape(T + 2, B, Hh)
+        cs = np.fromfile(root / f"k_case{n}_{d}_cs", np.float32).reshape(T + 2, B, Hh)
+        want_h, want_c = expected[(n, d)]
+        np.testing.assert_allclose(hs[1:T + 1], want_h, rtol=0, atol=2e-5)  # row t + 1 holds time t
+        if case.cell == "lstm":
+            np.testing.assert_allclose(cs[1:T + 1], want_c, rtol=0, atol=2e-5)
+        untouched = [0, T + 1]
+        assert (hs[untouched] == -7.0).all(), "a step wrote outside its row"
