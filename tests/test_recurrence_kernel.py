@@ -17,7 +17,6 @@ from stitchcuda.compiler.lowering.cuda_files import TEMPLATES
 from stitchcuda.compiler.lowering.sequence_kernel import (
     plan_recurrence,
     recurrence_kernel,
-    shared_bytes,
 )
 from tests.conftest import FIXTURES
 
@@ -31,7 +30,7 @@ class Case:
     dirs: int
     time_major: bool
     h0_given: bool  # else a constant initial state
-    w_shared: bool
+    w_place: str
     bias: bool = True
     hidden: int = H
     direction: int = 0  # the reference's: set per direction
@@ -42,12 +41,12 @@ class Case:
 
 
 CASES = [
-    Case("lstm", 2, True, True, True),
-    Case("lstm", 1, False, False, False),
-    Case("gru", 2, False, True, True, hidden=37),  # 5 blocks of 8 units, the last with 5
-    Case("gru", 1, True, False, False, bias=False),
-    Case("tanh", 2, True, False, True),
-    Case("relu", 1, False, True, False),
+    Case("lstm", 2, True, True, "registers"),
+    Case("lstm", 1, False, False, "global"),
+    Case("gru", 2, False, True, "shared", hidden=37),  # 5 blocks of 8 units, the last with 5
+    Case("gru", 1, True, False, "registers", bias=False, hidden=37),
+    Case("tanh", 2, True, False, "shared"),
+    Case("relu", 1, False, True, "global"),
 ]
 
 CALL = r"""
@@ -133,10 +132,8 @@ def runs(tmp_path_factory):
     kernels, calls, expected = [], [], {}
     for n, case in enumerate(CASES):
         G, Hh = case.gates, case.hidden
-        plan = plan_recurrence(B, Hh, G, case.dirs, sms=132, units=UNITS, block=BLOCK)
-        assert plan is not None
-        plan = dataclasses.replace(plan, w_shared=case.w_shared,
-                                   shared_bytes=shared_bytes(B, Hh, G, plan.units, case.w_shared))
+        plan = plan_recurrence(B, Hh, G, case.dirs, sms=132, units=UNITS, block=BLOCK, w_place=case.w_place)
+        assert plan is not None and plan.w_place == case.w_place
         name = f"k_case{n}"
         gi_step, gi_row = (B * G * Hh, G * Hh) if case.time_major else (G * Hh, T * G * Hh)
         h0_value = None if case.h0_given else 0.25
@@ -170,7 +167,7 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("n", range(len(CASES)), ids=[f"{c.cell}-{c.dirs}dir-{'tm' if c.time_major else 'bm'}-"
                                                         f"{'h0' if c.h0_given else 'const'}-"
-                                                        f"{'smem' if c.w_shared else 'l2'}" for c in CASES])
+                                                        f"{c.w_place}" for c in CASES])
 def test_every_step_of_a_layer_in_one_launch_matches_the_recurrence(runs, n):
     root, expected = runs
     case = CASES[n]

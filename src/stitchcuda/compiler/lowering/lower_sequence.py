@@ -39,6 +39,7 @@ from stitchcuda.compiler.lowering.registry import group_lowering
 from stitchcuda.compiler.lowering.sequence_kernel import (
     BARRIER,
     BARRIER_NAME,
+    PLACES,
     RecurrencePlan,
     plan_recurrence,
     recurrence_kernel,
@@ -212,7 +213,7 @@ class _Layers:
                                    initial["h0"], initial["c0"])
         launch = recurrence_launch(name, plan, self.dirs, f"a.{sync}", {k: v for k, v in fields.items() if v})
         what = (f"layer {layer}: every step in one launch, {plan.blocks} blocks of {plan.units} units a direction, "
-                f"W_hh {'in shared memory' if plan.w_shared else 'through L2'}")
+                f"W_hh {PLACES[plan.w_place]}")
         self.parts.append(Lowered(self.g, "kernel", call=KernelCall(kernels={BARRIER_NAME: BARRIER, name: source},
                                                                     launch=launch, describe=f"{self.node.op}: {what}"),
                                   describe=f"{self.node.op}: {what}"))

@@ -3,15 +3,15 @@
 Stepped one launch at a time, a layer pays two launches a step (h.W_hhᵀ, then the gates) on a
 matrix of a few rows: its time is the launches', and eager replayed from a CUDA graph, running
 cuDNN's persistent kernels, is faster. Here one cooperative launch runs the whole sequence: each
-block keeps its hidden units' rows of W_hh in shared memory (read through L2 each step where they
-do not fit), computes their h.W_hhᵀ and gates in fp32 on CUDA cores, and meets the direction's
+block keeps its hidden units' rows of W_hh on chip (registers, else shared memory, else read
+through L2 each step), computes their h.W_hhᵀ and gates in fp32 on CUDA cores, and meets the direction's
 other blocks at a barrier (``grid_barrier.cuh``) before the next step reads the new h. Both
 directions of a layer run side by side in the same launch.
 
 The plan sizes the blocks so that each does enough multiply-adds a step to be worth its share of
 the barrier, and never more blocks than the GPU has SMs (a block needs at most 48 KB of shared
 memory and 256 threads, so two fit on an SM on any GPU we know). Where the state of a step does
-not fit a block's shared memory (batch x hidden over 12k floats) or the batch is over 64 (a
+not fit a block's shared memory (batch x hidden near 12k floats) or the batch is over 64 (a
 thread keeps a sum per row of the batch in registers), the layer stays stepped."""
 
 from __future__ import annotations
@@ -28,47 +28,59 @@ BLOCK = 256
 SHARED_BYTES = 48 * 1024  # the static limit: no opt-in attribute needed at launch
 WORK_PER_BLOCK = 32768  # multiply-adds of h.W_hhᵀ a block does a step, at least (where the SMs allow)
 MAX_BATCH = 64
+MAX_W_REGISTERS = 64  # a thread's share of its row of W_hh, kept in registers up to this many floats
 # a step's barrier over a direction's blocks: an arrival and a poll through L2, and the next step's
 # first read of h (a guess from the usual figures for a grid-wide sync; not yet measured here)
 BARRIER_MS = 0.0015
 L2_SM_TBPS = 0.1  # what one SM reads from L2 a second, about: W_hh's rows where they are not kept
 
 
+PLACES = {"registers": "in registers", "shared": "in shared memory", "global": "read through L2 each step"}
+
+
 @dataclass(frozen=True)
 class RecurrencePlan:
     units: int  # hidden units a block owns
     blocks: int  # blocks a direction
-    w_shared: bool  # its W_hh rows kept in shared memory
+    tp: int  # threads a gate row: each sums every tp-th column of the row, then they add up by shuffles
+    w_place: str  # where a block keeps its W_hh rows: "registers", "shared" or "global" (L2 each step)
     shared_bytes: int
     block: int = BLOCK
 
 
 def plan_recurrence(batch: int, hidden: int, gates: int, dirs: int, sms: int, units: int | None = None,
-                    block: int = BLOCK) -> RecurrencePlan | None:
+                    block: int = BLOCK, w_place: str | None = None) -> RecurrencePlan | None:
     """How a layer's steps spread over blocks, or None where one launch cannot hold them."""
-    if batch > MAX_BATCH or hidden < 1:
+    if batch > MAX_BATCH or hidden < 1 or gates > block:
         return None
     if units is None:
         units = max(1, -(-WORK_PER_BLOCK // (gates * hidden * batch)), -(-hidden * dirs // sms))
-    units = min(units, hidden)
+    units = min(units, hidden, block // gates)
     blocks = -(-hidden // units)
     units = -(-hidden // blocks)
-    if shared_bytes(batch, hidden, gates, units, False) > SHARED_BYTES:
+    rows = gates * units
+    tp = 1
+    while tp < 32 and rows * tp * 2 <= block:
+        tp *= 2
+    if shared_bytes(batch, hidden, rows, tp, "global") > SHARED_BYTES:
         return None
-    kept = shared_bytes(batch, hidden, gates, units, True) <= SHARED_BYTES
-    return RecurrencePlan(units, blocks, kept, shared_bytes(batch, hidden, gates, units, kept), block)
+    if w_place is None:
+        w_place = "registers" if -(-hidden // tp) <= MAX_W_REGISTERS else \
+            "shared" if shared_bytes(batch, hidden, rows, tp, "shared") <= SHARED_BYTES else "global"
+    return RecurrencePlan(units, blocks, tp, w_place, shared_bytes(batch, hidden, rows, tp, w_place), block)
 
 
-def shared_bytes(batch: int, hidden: int, gates: int, units: int, w_shared: bool) -> int:
-    """A block's shared memory: the step's h, its rows' products, and their W_hh rows where kept."""
-    return 4 * (batch * hidden + gates * units * batch + (gates * units * hidden if w_shared else 0))
+def shared_bytes(batch: int, hidden: int, rows: int, tp: int, w_place: str) -> int:
+    """A block's shared memory: the step's h, its rows' products, and their W_hh rows where kept
+    there (each row padded by ``tp`` against bank conflicts)."""
+    return 4 * (batch * hidden + rows * batch + (rows * (hidden + tp) if w_place == "shared" else 0))
 
 
 def recurrence_ms(p: RecurrencePlan, steps: int, batch: int, hidden: int, gates: int, table: NominalPeaks) -> float:
     """The one launch: a barrier and a block's share of the products each step."""
     per_sm = table.fp32 * 1e12 / table.sms * SIMT_EFF
     work = 2.0 * gates * p.units * hidden * batch / per_sm * 1e3
-    reads = 0.0 if p.w_shared else 4.0 * gates * p.units * hidden / (L2_SM_TBPS * 1e12) * 1e3
+    reads = 4.0 * gates * p.units * hidden / (L2_SM_TBPS * 1e12) * 1e3 if p.w_place == "global" else 0.0
     return steps * (BARRIER_MS + work + reads) + 2 * LAUNCH_MS
 
 
@@ -87,7 +99,7 @@ def recurrence_kernel(name: str, p: RecurrencePlan, cell: str, steps: int, batch
     lie; ``h0``/``c0``: (a constant initial state, or None for one read from memory with these
     batch and hidden strides)."""
     return render_kernel("recurrence.cu.j2", name=name, block=p.block, steps=steps, batch=batch, hidden=hidden,
-                         gates=gates, units=p.units, blocks=p.blocks, dirs=dirs, cell=cell, w_shared=p.w_shared,
+                         gates=gates, units=p.units, blocks=p.blocks, dirs=dirs, cell=cell, w_place=p.w_place, place=PLACES[p.w_place], tp=p.tp,
                          gi_step=gi_step, gi_row=gi_row, bias=bias, h0_const=_literal(h0[0]), h0_sb=h0[1],
                          h0_sh=h0[2], c0_const=_literal(c0[0]), c0_sb=c0[1], c0_sh=c0[2])
 
