@@ -103,6 +103,15 @@ class _Layers:
         plan = plan_recurrence(B, H, G, self.dirs, table.sms)
         self.costs = (recurrence_ms(plan, T, B, H, G, table) if plan else None, stepped_ms(T, B, H, G, self.dirs, table))
         self.plan = plan if plan is not None and self.costs[0] < self.costs[1] else None  # type: ignore[operator]
+        # a unidirectional stack: every layer in one launch, a step behind the one below (a wavefront)
+        wave = plan_recurrence(B, H, G, 1, table.sms, layers=self.layers) if self.dirs == 1 and self.layers > 1 \
+            else None
+        self.wave = wave if wave is not None and self.plan is not None and wave.w_place == "registers" and \
+            recurrence_ms(wave, T, B, H, G, table) < self.layers * self.costs[0] else None  # type: ignore[operator]
+        if self.wave is not None:
+            self.costs = (recurrence_ms(self.wave, T, B, H, G, table), self.costs[1] * self.layers)
+        elif self.costs[0] is not None:
+            self.costs = (self.costs[0] * self.layers, self.costs[1] * self.layers)
 
     def _buffer(self, tag: str, shape: tuple[int, ...]) -> str:
         value = f"{self.node.name}__{tag}"
@@ -142,6 +151,7 @@ class _Layers:
             time_major = layer > 0 or not self.batch_first
             at = (B * G * H, G * H) if time_major else (G * H, T * G * H)  # gi's step and batch-row strides
             one_launch = self.plan is not None and all(self._plain(layer * self.dirs + d) for d in range(self.dirs))
+            wave = layer == 0 and self.wave is not None and all(self._plain(i, i > 0) for i in range(self.layers))
             for d in range(self.dirs):
                 index = layer * self.dirs + d
                 w_ih, w_hh, *bs = self.params[index * self.per:(index + 1) * self.per]
@@ -150,7 +160,7 @@ class _Layers:
                 hs = self._buffer(f"h{layer}_{d}", (T + 2, B, H))
                 cs = self._buffer(f"c{layer}_{d}", (T + 2, B, H)) if self.cell == "lstm" else None
                 states[(layer, d)] = (hs, cs)
-                if one_launch:
+                if one_launch or wave:
                     continue
                 gh = self._buffer(f"gh{layer}_{d}", (B, G * H))
                 for s in range(T):
@@ -164,34 +174,46 @@ class _Layers:
                     if has_gh:
                         self._gemm(h_prev, w_hh, gh, (B, G * H), f"layer {layer} direction {d} step {s}: h.W_hhᵀ")
                     self._step(layer, d, t, gi, (t * at[0], at[1]), gh if has_gh else None, bs, h_prev, c_prev, hs, cs)
+            if wave:  # every layer in one launch, each a step behind the one below
+                for above in range(1, self.layers):
+                    states[(above, 0)] = (self._buffer(f"h{above}_0", (T + 2, B, H)),
+                                          self._buffer(f"c{above}_0", (T + 2, B, H)) if self.cell == "lstm" else None)
+                self._one_launch(list(range(self.layers)), at, states, self.wave)  # type: ignore[arg-type]
+                break
             if one_launch:
-                self._one_launch(layer, at, states)
+                self._one_launch([layer], at, states, self.plan)  # type: ignore[arg-type]
             if layer + 1 < self.layers:
                 layer_in = self._sequence(states, layer, None)
         return {"states": states}
 
-    def _plain(self, index: int) -> bool:
-        """Whether layer-direction ``index``'s W_hh and biases are dense parameters one launch can read."""
+    def _plain(self, index: int, w_ih: bool = False) -> bool:
+        """Whether layer-direction ``index``'s W_hh (and W_ih) and biases are dense parameters one
+        launch can read."""
         H, G = self.hidden, self.gates
-        w_hh, *bs = self.params[index * self.per + 1:(index + 1) * self.per]
-        dense = w_hh.op == "leaf" and w_hh.leaf.plain and w_hh.shape == (G * H, H) and \
-            w_hh.leaf.strides == (H, 1)  # type: ignore[union-attr]
+        first = index * self.per if w_ih else index * self.per + 1
+        *ws, = self.params[first:index * self.per + 2]
+        bs = self.params[index * self.per + 2:(index + 1) * self.per]
+        dense = all(w.op == "leaf" and w.leaf.plain and w.shape == (G * H, H) and  # type: ignore[union-attr]
+                    w.leaf.strides == (H, 1) for w in ws)  # type: ignore[union-attr]
         return dense and all(b.op == "leaf" and b.leaf.plain and b.leaf.strides == (1,) for b in bs)  # type: ignore[union-attr]
 
     def _pointer(self, lf: Leaf) -> str:
         return f"a.{self.cx.out.storage[lf.value]} + {lf.offset}" if lf.offset else f"a.{self.cx.out.storage[lf.value]}"
 
-    def _one_launch(self, layer: int, at: tuple[int, int], states: dict) -> None:
-        """Every step of both directions of ``layer`` in one cooperative launch (sequence_kernel.py)."""
+    def _one_launch(self, layers: list[int], at: tuple[int, int], states: dict, plan: RecurrencePlan) -> None:
+        """Every step of both directions of ``layers`` (one, or a wavefront of all) in one
+        cooperative launch (sequence_kernel.py)."""
         T, B, H, G = self.steps, self.batch, self.hidden, self.gates
-        plan: RecurrencePlan = self.plan  # type: ignore[assignment]
-        fields: dict[str, list[str]] = {k: [] for k in ("gi", "w", "bi", "bh", "h0", "c0", "hs", "cs")}
+        fields: dict[str, list[str]] = {k: [] for k in ("gi", "w", "wi", "bi", "bh", "h0", "c0", "hs", "cs")}
         initial: dict[str, tuple[float | None, int, int]] = {"h0": (0.0, 0, 0), "c0": (0.0, 0, 0)}
         store = self.cx.out.storage
-        for d in range(self.dirs):
+        layer = layers[0]
+        for index, (layer, d) in enumerate((lay, d) for lay in layers for d in range(self.dirs)):
             index = layer * self.dirs + d
-            _, w_hh, *bs = self.params[index * self.per:(index + 1) * self.per]
-            fields["gi"].append(f"a.{store[f'{self.node.name}__gi{layer}_{d}']}")
+            w_ih, w_hh, *bs = self.params[index * self.per:(index + 1) * self.per]
+            first = layer == layers[0]
+            fields["gi"].append(f"a.{store[f'{self.node.name}__gi{layer}_{d}']}" if first else "nullptr")
+            fields["wi"].append("nullptr" if first else self._pointer(w_ih.leaf))  # type: ignore[arg-type]
             fields["w"].append(self._pointer(w_hh.leaf))  # type: ignore[arg-type]
             for key, b in zip(("bi", "bh"), bs, strict=False):
                 fields[key].append(self._pointer(b.leaf))  # type: ignore[arg-type]
@@ -206,13 +228,16 @@ class _Layers:
             hs, cs = states[(layer, d)]
             fields["hs"].append(f"a.{store[hs]}")
             fields["cs"].append(f"a.{store[cs]}" if cs else "nullptr")
-        sync = store[self._buffer(f"sync{layer}", (2,))]
+        groups = len(layers) * self.dirs
+        sync = store[self._buffer(f"sync{layers[0]}", (groups,))]
         self.cx.out.ctypes[sync] = "int32_t"
-        name = f"k_{self.ident}_l{layer}_steps"
+        name = f"k_{self.ident}_l{layers[0]}_steps"
         source = recurrence_kernel(name, plan, self.cell, T, B, H, G, self.dirs, at[0], at[1], bool(self.biases),
-                                   initial["h0"], initial["c0"])
-        launch = recurrence_launch(name, plan, self.dirs, f"a.{sync}", {k: v for k, v in fields.items() if v})
-        what = (f"layer {layer}: every step in one launch, {plan.blocks} blocks of {plan.units} units a direction, "
+                                   initial["h0"], initial["c0"], layers=len(layers))
+        launch = recurrence_launch(name, plan, groups, f"a.{sync}",
+                                   {k: v for k, v in fields.items() if any(x != "nullptr" for x in v)})
+        span = f"layers {layers[0]}-{layers[-1]} as a wavefront" if len(layers) > 1 else f"layer {layer}"
+        what = (f"{span}: every step in one launch, {plan.blocks} blocks of {plan.units} units a direction, "
                 f"W_hh {PLACES[plan.w_place]}")
         self.parts.append(Lowered(self.g, "kernel", call=KernelCall(kernels={BARRIER_NAME: BARRIER, name: source},
                                                                     launch=launch, describe=f"{self.node.op}: {what}"),
@@ -334,7 +359,8 @@ def lower_sequence(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lower
         raise Unsupported(f"{layers.where}: nothing reads its outputs")
     layers.outputs(states, wanted)
     one, stepped = layers.costs
-    how = (f"every step of a layer in one launch [cost model, {cx.out.machine.table.label}: {one:.3f} ms est.; "
+    one_way = "all layers in one launch as a wavefront" if layers.wave else "every step of a layer in one launch"
+    how = (f"{one_way} [cost model, {cx.out.machine.table.label}: {one:.3f} ms est.; "
            f"stepped {stepped:.3f}]" if layers.plan else "per step h.W_hhᵀ + fused gates" + (
                f" [cost model, {cx.out.machine.table.label}: {stepped:.3f} ms est.; one launch {one:.3f}]"
                if one is not None else ""))

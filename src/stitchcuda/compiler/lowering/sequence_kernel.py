@@ -46,15 +46,17 @@ class RecurrencePlan:
     w_place: str  # where a block keeps its W_hh rows: "registers", "shared" or "global" (L2 each step)
     shared_bytes: int
     block: int = BLOCK
+    layers: int = 1  # layers in the launch: more than one runs as a wavefront (one direction only)
 
 
 def plan_recurrence(batch: int, hidden: int, gates: int, dirs: int, sms: int, units: int | None = None,
-                    block: int = BLOCK, w_place: str | None = None) -> RecurrencePlan | None:
-    """How a layer's steps spread over blocks, or None where one launch cannot hold them."""
-    if batch > MAX_BATCH or hidden < 1 or gates > block:
+                    block: int = BLOCK, w_place: str | None = None, layers: int = 1) -> RecurrencePlan | None:
+    """How a layer's steps (or, ``layers`` > 1, a unidirectional stack's) spread over blocks, or
+    None where one launch cannot hold them."""
+    if batch > MAX_BATCH or hidden < 1 or gates > block or (layers > 1 and dirs > 1):
         return None
     if units is None:
-        units = max(1, -(-WORK_PER_BLOCK // (gates * hidden * batch)), -(-hidden * dirs // sms))
+        units = max(1, -(-WORK_PER_BLOCK // (gates * hidden * batch)), -(-hidden * dirs * layers // sms))
     units = min(units, hidden, block // gates)
     blocks = -(-hidden // units)
     units = -(-hidden // blocks)
@@ -62,26 +64,32 @@ def plan_recurrence(batch: int, hidden: int, gates: int, dirs: int, sms: int, un
     tp = 1
     while tp < 32 and rows * tp * 2 <= block:
         tp *= 2
-    if shared_bytes(batch, hidden, rows, tp, "global") > SHARED_BYTES:
+    if shared_bytes(batch, hidden, rows, tp, "global", layers) > SHARED_BYTES:
         return None
-    if w_place is None:
-        w_place = "registers" if -(-hidden // tp) <= MAX_W_REGISTERS else \
-            "shared" if shared_bytes(batch, hidden, rows, tp, "shared") <= SHARED_BYTES else "global"
-    return RecurrencePlan(units, blocks, tp, w_place, shared_bytes(batch, hidden, rows, tp, w_place), block)
+    if w_place is None:  # a wavefront keeps W_ih's rows too: registers only
+        w_place = "registers" if -(-hidden // tp) * (2 if layers > 1 else 1) <= MAX_W_REGISTERS else \
+            "shared" if shared_bytes(batch, hidden, rows, tp, "shared", layers) <= SHARED_BYTES and layers == 1 \
+            else "global" if layers == 1 else ""
+    if not w_place:
+        return None
+    return RecurrencePlan(units, blocks, tp, w_place, shared_bytes(batch, hidden, rows, tp, w_place, layers), block,
+                          layers)
 
 
-def shared_bytes(batch: int, hidden: int, rows: int, tp: int, w_place: str) -> int:
-    """A block's shared memory: the step's h, its rows' products, and their W_hh rows where kept
-    there (each row padded by ``tp`` against bank conflicts)."""
-    return 4 * (batch * hidden + rows * batch + (rows * (hidden + tp) if w_place == "shared" else 0))
+def shared_bytes(batch: int, hidden: int, rows: int, tp: int, w_place: str, layers: int = 1) -> int:
+    """A block's shared memory: the step's h, its rows' products, their W_hh rows where kept there
+    (each row padded by ``tp`` against bank conflicts), and a wavefront's input and its products."""
+    state = batch * hidden + rows * batch
+    return 4 * (state * (2 if layers > 1 else 1) + (rows * (hidden + tp) if w_place == "shared" else 0))
 
 
 def recurrence_ms(p: RecurrencePlan, steps: int, batch: int, hidden: int, gates: int, table: NominalPeaks) -> float:
-    """The one launch: a barrier and a block's share of the products each step."""
+    """The one launch: a barrier and a block's share of the products each step (two products in a
+    wavefront's later layers, which finish ``layers - 1`` steps after the first)."""
     per_sm = table.fp32 * 1e12 / table.sms * SIMT_EFF
-    work = 2.0 * gates * p.units * hidden * batch / per_sm * 1e3
+    work = 2.0 * gates * p.units * hidden * batch / per_sm * 1e3 * (2 if p.layers > 1 else 1)
     reads = 4.0 * gates * p.units * hidden / (L2_SM_TBPS * 1e12) * 1e3 if p.w_place == "global" else 0.0
-    return steps * (BARRIER_MS + work + reads) + 2 * LAUNCH_MS
+    return (steps + p.layers - 1) * (BARRIER_MS + work + reads) + 2 * LAUNCH_MS
 
 
 def stepped_ms(steps: int, batch: int, hidden: int, gates: int, dirs: int, table: NominalPeaks) -> float:
@@ -94,13 +102,13 @@ def stepped_ms(steps: int, batch: int, hidden: int, gates: int, dirs: int, table
 
 def recurrence_kernel(name: str, p: RecurrencePlan, cell: str, steps: int, batch: int, hidden: int, gates: int,
                       dirs: int, gi_step: int, gi_row: int, bias: bool, h0: tuple[float | None, int, int],
-                      c0: tuple[float | None, int, int]) -> str:
+                      c0: tuple[float | None, int, int], layers: int = 1) -> str:
     """The kernel's source. ``gi_step``/``gi_row``: how far apart x.W_ihᵀ's steps and batch rows
     lie; ``h0``/``c0``: (a constant initial state, or None for one read from memory with these
     batch and hidden strides)."""
     return render_kernel("recurrence.cu.j2", name=name, block=p.block, steps=steps, batch=batch, hidden=hidden,
                          gates=gates, units=p.units, blocks=p.blocks, dirs=dirs, cell=cell, w_place=p.w_place, place=PLACES[p.w_place], tp=p.tp,
-                         gi_step=gi_step, gi_row=gi_row, bias=bias, h0_const=_literal(h0[0]), h0_sb=h0[1],
+                         layers=layers, groups=layers * dirs, gi_step=gi_step, gi_row=gi_row, bias=bias, h0_const=_literal(h0[0]), h0_sb=h0[1],
                          h0_sh=h0[2], c0_const=_literal(c0[0]), c0_sb=c0[1], c0_sh=c0[2])
 
 
@@ -108,14 +116,14 @@ def _literal(value: float | None) -> str | None:
     return None if value is None else f"{float(value)!r}f".replace("inf", "INFINITY")
 
 
-def recurrence_launch(name: str, p: RecurrencePlan, dirs: int, sync: str, fields: dict[str, list[str]]) -> str:
+def recurrence_launch(name: str, p: RecurrencePlan, groups: int, sync: str, fields: dict[str, list[str]]) -> str:
     """Zero the barrier counters, then the cooperative launch. ``fields``: the argument struct's
-    pointer arrays (``gi``, ``w``, ...), an expression per direction."""
-    init = " ".join(f"p.{k}[{d}] = {v[d]};" for k, v in fields.items() for d in range(dirs))
-    return (f"{{\n  SC_CUDA_CHECK(cudaMemsetAsync({sync}, 0, {dirs} * sizeof(unsigned), stream));\n"
+    pointer arrays (``gi``, ``w``, ...), an expression per group (a layer's direction)."""
+    init = " ".join(f"p.{k}[{g}] = {v[g]};" for k, v in fields.items() for g in range(groups) if v[g] != "nullptr")
+    return (f"{{\n  SC_CUDA_CHECK(cudaMemsetAsync({sync}, 0, {groups} * sizeof(unsigned), stream));\n"
             f"  {name}_args p = {{}};\n  {init}\n  p.sync = reinterpret_cast<unsigned*>({sync});\n"
             f"  cudaLaunchAttribute attr[1];\n  attr[0].id = cudaLaunchAttributeCooperative;\n"
             f"  attr[0].val.cooperative = 1;\n  cudaLaunchConfig_t cfg = {{}};\n"
-            f"  cfg.gridDim = dim3({dirs * p.blocks});\n  cfg.blockDim = dim3({p.block});\n"
+            f"  cfg.gridDim = dim3({groups * p.blocks});\n  cfg.blockDim = dim3({p.block});\n"
             f"  cfg.dynamicSmemBytes = {p.shared_bytes};\n  cfg.stream = stream;\n  cfg.attrs = attr;\n"
             f"  cfg.numAttrs = 1;\n  SC_CUDA_CHECK(cudaLaunchKernelEx(&cfg, {name}, p));\n}}")
