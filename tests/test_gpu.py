@@ -479,3 +479,56 @@ def test_bf16_programs_stay_within_paper_and_follow_their_weights(tmp_path, gpu_
     assert "bf16 (fp32 accumulate)" in v.precision.arithmetic
     print(f"bf16 mlp under paper: {v.timing.candidate.median_ms:.3f} ms, " +
           ", ".join(f"{k} {s:.2f}x" for k, s in v.speedup.items()))
+
+
+RECURRENT = {
+    # a stack of three layers, batch-first, every output: one launch as a wavefront
+    "lstm_stack": ("nn.LSTM(64, 128, num_layers=3, batch_first=True)", "out, (h, c) = self.net(x)\n        return out, h, c",
+                   "[torch.randn(4, 50, 64)]"),
+    # bidirectional with a given h0, a hidden width no tile divides: one launch a layer
+    "gru_bidirectional": ("nn.GRU(64, 96, num_layers=2, bidirectional=True)",
+                          "out, h = self.net(x, self.h0)\n        return out, h", "[torch.randn(30, 3, 64)]"),
+    "rnn_relu_stack": ("nn.RNN(32, 80, num_layers=3, nonlinearity='relu', batch_first=True)",
+                       "return self.net(x)[0]", "[torch.randn(5, 40, 32)]"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECURRENT))
+def test_recurrent_layers_in_one_launch_match_and_follow_their_weights(name, tmp_path):
+    """Each layer (or a unidirectional stack) in one cooperative launch (sequence_kernel.py): within
+    1e-4 of the reference on its first call, after an optimizer step and after load_state_dict."""
+    import torch
+
+    from stitchcuda.compiler import compile_task
+    from stitchcuda.compiler.emit.codegen import CodegenOptions
+    from stitchcuda.task.record import Task
+
+    layer, forward, inputs = RECURRENT[name]
+    h0 = "\n        self.register_buffer('h0', torch.randn(4, 3, 96))" if "h0" in forward else ""
+    source = (f"import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+              f"        super().__init__()\n        self.net = {layer}{h0}\n\n    def forward(self, x):\n"
+              f"        {forward}\n\n\ndef get_inputs():\n    return {inputs}\n\n\ndef get_init_inputs():\n"
+              "    return []\n")
+    task = Task(name=name, source=source)
+    program = compile_task(task).program(CodegenOptions())
+    assert "cudaLaunchKernelEx(" in program and "for (int64_t sc_rep" not in program
+    scope, ref, new = _reference_and_program(task, program, tmp_path / f"{name}_program.py")
+    x = [t.cuda() for t in scope["get_inputs"]()]
+
+    def agree(what: str) -> None:
+        # the reference in true fp32: torch's default runs cuDNN's recurrent kernels in TF32 (1e-4 off)
+        with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            got, expected = new(*x), ref(*x)
+        got, expected = (got, expected) if isinstance(got, tuple) else ((got,), (expected,))
+        for g, e in zip(got, expected, strict=True):
+            error = ((g - e).abs().max() / e.abs().max()).item()
+            assert error < 1e-4, f"{name}, {what}: relative error {error:.2e}"
+
+    agree("first call")
+    agree("second call (graph replay)")
+    _sgd_step(ref, new)
+    agree("after an optimizer step")
+    state = {k: v + 0.01 * torch.randn_like(v) for k, v in ref.state_dict().items()}
+    ref.load_state_dict(state)
+    new.load_state_dict(state)
+    agree("after load_state_dict")
