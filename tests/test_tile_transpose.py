@@ -5,14 +5,11 @@ held to numpy element by element, on sizes that are not multiples of the 32x32 t
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import numpy as np
 import pytest
 
 from stitchcuda.compiler.lowering.cuda_files import cuda_file
-from tests.conftest import FIXTURES
+from tests.cuda_on_cpu import run_on_cpu
 
 B, R, C, GROUP = 2, 70, 45, 10  # two matrices of R x C; as images, R channels (7 groups) of C pixels
 
@@ -73,22 +70,12 @@ def _halves(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory):
-    if shutil.which("g++") is None:
-        pytest.skip("needs g++")
     root = tmp_path_factory.mktemp("tile")
     x = (np.sin(np.arange(B * R * C) * 0.37) * 3).astype(np.float32)
     x[7] = np.inf  # the split keeps it in the big half, with a zero small one
     x.tofile(root / "x")
-    source = "\n".join([(FIXTURES / "cuda_on_cpu" / "cuda_on_cpu.h").read_text(), "#include <string>",
-                        cuda_file("tile_transpose.cuh"), cuda_file("split_tf32.cuh"), cuda_file("bf16_convert.cuh"),
-                        MAIN % {"B": B, "R": R, "C": C, "G": GROUP}])
-    (root / "main.cpp").write_text(source)
-    built = subprocess.run(["g++", "-std=c++20", "-O1", "-pthread", "main.cpp", "-o", "main"], cwd=root,
-                           capture_output=True, text=True)
-    if built.returncode != 0 and "barrier" in built.stderr:
-        pytest.skip("needs a C++20 compiler with <barrier>")
-    assert built.returncode == 0, built.stderr
-    subprocess.run([str(root / "main"), str(root)], check=True, timeout=120)
+    run_on_cpu(root, cuda_file("tile_transpose.cuh"), cuda_file("split_tf32.cuh"), cuda_file("bf16_convert.cuh"),
+               MAIN % {"B": B, "R": R, "C": C, "G": GROUP}, timeout=120)
 
     def read(name: str, dtype) -> np.ndarray:
         return np.fromfile(root / name, dtype=dtype)

@@ -30,9 +30,9 @@ from stitchcuda.compiler.ir.expr import (
     ref,
 )
 from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.lowering.kernel_call import KernelCall
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_gemm import gemm_shape, place_product
-from stitchcuda.compiler.lowering.kernel_call import KernelCall
 from stitchcuda.compiler.lowering.lower_recurrent import fold_states_and_views
 from stitchcuda.compiler.lowering.lowered import Lowered, to_ident
 from stitchcuda.compiler.lowering.registry import group_lowering
