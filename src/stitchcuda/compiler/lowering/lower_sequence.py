@@ -207,8 +207,7 @@ class _Layers:
         fields: dict[str, list[str]] = {k: [] for k in ("gi", "w", "wi", "bi", "bh", "h0", "c0", "hs", "cs")}
         initial: dict[str, tuple[float | None, int, int]] = {"h0": (0.0, 0, 0), "c0": (0.0, 0, 0)}
         store = self.cx.out.storage
-        layer = layers[0]
-        for index, (layer, d) in enumerate((lay, d) for lay in layers for d in range(self.dirs)):
+        for layer, d in ((lay, d) for lay in layers for d in range(self.dirs)):
             index = layer * self.dirs + d
             w_ih, w_hh, *bs = self.params[index * self.per:(index + 1) * self.per]
             first = layer == layers[0]
@@ -236,7 +235,7 @@ class _Layers:
                                    initial["h0"], initial["c0"], layers=len(layers))
         launch = recurrence_launch(name, plan, groups, f"a.{sync}",
                                    {k: v for k, v in fields.items() if any(x != "nullptr" for x in v)})
-        span = f"layers {layers[0]}-{layers[-1]} as a wavefront" if len(layers) > 1 else f"layer {layer}"
+        span = f"layers {layers[0]}-{layers[-1]} as a wavefront" if len(layers) > 1 else f"layer {layers[0]}"
         what = (f"{span}: every step in one launch, {plan.blocks} blocks of {plan.units} units a direction, "
                 f"W_hh {PLACES[plan.w_place]}")
         self.parts.append(Lowered(self.g, "kernel", call=KernelCall(kernels={BARRIER_NAME: BARRIER, name: source},
