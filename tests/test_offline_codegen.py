@@ -135,6 +135,44 @@ def _run_family_node(graph: OpGraph, low, lg, flat: dict) -> None:
             flat[low.storage[name]] = t.detach().contiguous().reshape(-1).to(flat[low.storage[name]].dtype).clone()
 
 
+def _run_recurrence(r, flat: dict) -> None:
+    """A one-launch recurrence (lowering/sequence_kernel.py) stepped in torch: each group's states
+    written into its rows of ``hs`` (and ``cs``), as the kernel writes them."""
+    T, B, H, G = r.steps, r.batch, r.hidden, r.gates
+
+    def read(ptr, shape, strides):
+        return torch.as_strided(flat[ptr[0]], shape, strides, ptr[1])
+
+    def initial(ptr, spec):
+        return torch.full((B, H), spec[0]) if ptr is None else read(ptr, (B, H), spec[1:]).clone()
+
+    for index, g in enumerate(r.groups):
+        d = index % r.dirs
+        w = read(g.w, (G * H, H), (H, 1))
+        bi = read(g.bi, (G * H,), (1,)) if g.bi else torch.zeros(G * H)
+        bh = read(g.bh, (G * H,), (1,)) if g.bh else torch.zeros(G * H)
+        h, c = initial(g.h0, r.h0), initial(g.c0, r.c0)
+        hs = flat[g.hs].view(T + 2, B, H)
+        for s in range(T):
+            t = s if d == 0 else T - 1 - s
+            if g.gi is not None:
+                x = read((g.gi[0], g.gi[1] + t * r.gi_step), (B, G * H), (r.gi_row, 1))
+            else:  # a wavefront's later layer: the layer below's h of the step
+                x = flat[r.groups[index - r.dirs].hs].view(T + 2, B, H)[t + 1] @ read(g.wi, (G * H, H), (H, 1)).T
+            xs, hh = (x + bi).split(H, dim=1), (h @ w.T + bh).split(H, dim=1)
+            if r.cell == "lstm":
+                i, f, gg, o = (xs[k] + hh[k] for k in range(4))
+                c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(gg)
+                h = torch.sigmoid(o) * torch.tanh(c)
+                flat[g.cs].view(T + 2, B, H)[t + 1] = c
+            elif r.cell == "gru":
+                rg, z = torch.sigmoid(xs[0] + hh[0]), torch.sigmoid(xs[1] + hh[1])
+                h = (1 - z) * torch.tanh(xs[2] + rg * hh[2]) + z * h
+            else:
+                h = torch.tanh(xs[0] + hh[0]) if r.cell == "tanh" else torch.relu(xs[0] + hh[0])
+            hs[t + 1] = h
+
+
 def reference_module(task: Task) -> types.ModuleType:
     module = types.ModuleType("reference_under_test")
     exec(compile(task.source, task.name, "exec"), module.__dict__)
@@ -315,6 +353,9 @@ def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         flat[ident] = torch.full((numel(shape),), float("nan"))
     # as the program runs them: the groups made from the weights alone first, with the packs
     for lg in (x for g in sorted(low.groups, key=lambda g: not g.hoisted) for x in g.launches()):
+        if lg.recurrence is not None:
+            _run_recurrence(lg.recurrence, flat)
+            continue
         if lg.kind == "kernel":
             _run_family_node(graph, low, lg, flat)
             continue

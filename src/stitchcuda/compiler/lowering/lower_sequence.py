@@ -40,6 +40,9 @@ from stitchcuda.compiler.lowering.sequence_kernel import (
     BARRIER,
     BARRIER_NAME,
     PLACES,
+    Pointer,
+    RecurrenceGroup,
+    RecurrenceLaunch,
     RecurrencePlan,
     plan_recurrence,
     recurrence_kernel,
@@ -197,50 +200,47 @@ class _Layers:
                     w.leaf.strides == (H, 1) for w in ws)  # type: ignore[union-attr]
         return dense and all(b.op == "leaf" and b.leaf.plain and b.leaf.strides == (1,) for b in bs)  # type: ignore[union-attr]
 
-    def _pointer(self, lf: Leaf) -> str:
-        return f"a.{self.cx.out.storage[lf.value]} + {lf.offset}" if lf.offset else f"a.{self.cx.out.storage[lf.value]}"
+    def _pointer(self, lf: Leaf) -> Pointer:
+        return self.cx.out.storage[lf.value], lf.offset
 
     def _one_launch(self, layers: list[int], at: tuple[int, int], states: dict, plan: RecurrencePlan) -> None:
         """Every step of both directions of ``layers`` (one, or a wavefront of all) in one
         cooperative launch (sequence_kernel.py)."""
         T, B, H, G = self.steps, self.batch, self.hidden, self.gates
-        fields: dict[str, list[str]] = {k: [] for k in ("gi", "w", "wi", "bi", "bh", "h0", "c0", "hs", "cs")}
         initial: dict[str, tuple[float | None, int, int]] = {"h0": (0.0, 0, 0), "c0": (0.0, 0, 0)}
         store = self.cx.out.storage
+        groups: list[RecurrenceGroup] = []
         for layer, d in ((lay, d) for lay in layers for d in range(self.dirs)):
             index = layer * self.dirs + d
             w_ih, w_hh, *bs = self.params[index * self.per:(index + 1) * self.per]
+            hs, cs = states[(layer, d)]
             first = layer == layers[0]
-            fields["gi"].append(f"a.{store[f'{self.node.name}__gi{layer}_{d}']}" if first else "nullptr")
-            fields["wi"].append("nullptr" if first else self._pointer(w_ih.leaf))  # type: ignore[arg-type]
-            fields["w"].append(self._pointer(w_hh.leaf))  # type: ignore[arg-type]
-            for key, b in zip(("bi", "bh"), bs, strict=False):
-                fields[key].append(self._pointer(b.leaf))  # type: ignore[arg-type]
+            group = RecurrenceGroup(w=self._pointer(w_hh.leaf), hs=store[hs], cs=store[cs] if cs else None,  # type: ignore[arg-type]
+                                    gi=(store[f"{self.node.name}__gi{layer}_{d}"], 0) if first else None,
+                                    wi=None if first else self._pointer(w_ih.leaf))  # type: ignore[arg-type]
+            if bs:
+                group.bi, group.bh = (self._pointer(b.leaf) for b in bs)  # type: ignore[arg-type]
             for which, key in enumerate(("h0", "c0")[:2 if self.cell == "lstm" else 1]):
                 e = self._initial(which, index)
                 if e.op == "const":
                     initial[key] = (e.const or 0.0, 0, 0)
-                    fields[key].append("nullptr")
                 else:
                     initial[key] = (None, *e.leaf.strides)  # type: ignore[union-attr]
-                    fields[key].append(self._pointer(e.leaf))  # type: ignore[arg-type]
-            hs, cs = states[(layer, d)]
-            fields["hs"].append(f"a.{store[hs]}")
-            fields["cs"].append(f"a.{store[cs]}" if cs else "nullptr")
-        groups = len(layers) * self.dirs
-        sync = store[self._buffer(f"sync{layers[0]}", (groups,))]
+                    setattr(group, key, self._pointer(e.leaf))  # type: ignore[arg-type]
+            groups.append(group)
+        what = RecurrenceLaunch(self.cell, T, B, H, G, self.dirs, at[0], at[1], initial["h0"], initial["c0"], groups)
+        sync = store[self._buffer(f"sync{layers[0]}", (len(groups),))]
         self.cx.out.ctypes[sync] = "int32_t"
         name = f"k_{self.ident}_l{layers[0]}_steps"
         source = recurrence_kernel(name, plan, self.cell, T, B, H, G, self.dirs, at[0], at[1], bool(self.biases),
                                    initial["h0"], initial["c0"], layers=len(layers))
-        launch = recurrence_launch(name, plan, groups, f"a.{sync}",
-                                   {k: v for k, v in fields.items() if any(x != "nullptr" for x in v)})
+        launch = recurrence_launch(name, plan, what, f"a.{sync}")
         span = f"layers {layers[0]}-{layers[-1]} as a wavefront" if len(layers) > 1 else f"layer {layers[0]}"
-        what = (f"{span}: every step in one launch, {plan.blocks} blocks of {plan.units} units a direction, "
-                f"W_hh {PLACES[plan.w_place]}")
+        text = (f"{self.node.op}: {span}: every step in one launch, {plan.blocks} blocks of {plan.units} units a "
+                f"direction, W_hh {PLACES[plan.w_place]}")
         self.parts.append(Lowered(self.g, "kernel", call=KernelCall(kernels={BARRIER_NAME: BARRIER, name: source},
-                                                                    launch=launch, describe=f"{self.node.op}: {what}"),
-                                  describe=f"{self.node.op}: {what}"))
+                                                                    launch=launch, describe=text),
+                                  describe=text, recurrence=what))
 
     def _step(self, layer: int, d: int, t: int, gi: str, at: tuple[int, int], gh: str | None, bs: list[Expr],
               h_prev: Expr, c_prev: Expr | None, hs: str, cs: str | None) -> None:

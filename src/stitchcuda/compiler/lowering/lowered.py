@@ -164,6 +164,7 @@ class Lowered:
     describe: str = ""
     parts: list[Lowered] = field(default_factory=list)  # a "sequence": GEMMs and kernels launched in order
     hoisted: bool = False  # computes from the weights alone: launched with the packs (hoist.py)
+    recurrence: Any = None  # sequence_kernel.RecurrenceLaunch: what a one-launch recurrence reads and writes
 
     def launches(self) -> list[Lowered]:
         """The launchable pieces in order (the group itself unless it is a sequence)."""

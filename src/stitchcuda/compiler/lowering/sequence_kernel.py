@@ -38,6 +38,41 @@ L2_SM_TBPS = 0.1  # what one SM reads from L2 a second, about: W_hh's rows where
 PLACES = {"registers": "in registers", "shared": "in shared memory", "global": "read through L2 each step"}
 
 
+Pointer = tuple[str, int]  # a buffer's identifier and an element offset into it
+
+
+@dataclass
+class RecurrenceGroup:
+    """One layer's direction in a launch: the buffers it reads and writes."""
+
+    w: Pointer  # W_hh, [gates x hidden, hidden]
+    hs: str  # the states' rows, [steps + 2, batch, hidden]
+    gi: Pointer | None = None  # x.W_ihᵀ of every step (the launch's first layer)
+    wi: Pointer | None = None  # W_ih (a wavefront's later layers: x is the layer below's h)
+    bi: Pointer | None = None
+    bh: Pointer | None = None
+    h0: Pointer | None = None  # None: the constant initial state
+    c0: Pointer | None = None
+    cs: str | None = None
+
+
+@dataclass
+class RecurrenceLaunch:
+    """What one launch computes, for whoever runs it another way (the tests' CPU simulation)."""
+
+    cell: str
+    steps: int
+    batch: int
+    hidden: int
+    gates: int
+    dirs: int
+    gi_step: int
+    gi_row: int
+    h0: tuple[float | None, int, int]  # (a constant, or None and the batch and hidden strides)
+    c0: tuple[float | None, int, int]
+    groups: list[RecurrenceGroup]
+
+
 @dataclass(frozen=True)
 class RecurrencePlan:
     units: int  # hidden units a block owns
@@ -116,12 +151,19 @@ def _literal(value: float | None) -> str | None:
     return None if value is None else f"{float(value)!r}f".replace("inf", "INFINITY")
 
 
-def recurrence_launch(name: str, p: RecurrencePlan, groups: int, sync: str, fields: dict[str, list[str]]) -> str:
-    """Zero the barrier counters, then the cooperative launch. ``fields``: the argument struct's
-    pointer arrays (``gi``, ``w``, ...), an expression per group (a layer's direction)."""
-    init = " ".join(f"p.{k}[{g}] = {v[g]};" for k, v in fields.items() for g in range(groups) if v[g] != "nullptr")
+def recurrence_launch(name: str, p: RecurrencePlan, what: RecurrenceLaunch, sync: str) -> str:
+    """Zero the barrier counters, then the cooperative launch with each group's buffers."""
+    def at(ptr: Pointer | str | None) -> str | None:
+        if ptr is None:
+            return None
+        ident, offset = (ptr, 0) if isinstance(ptr, str) else ptr
+        return f"a.{ident} + {offset}" if offset else f"a.{ident}"
+
+    fields = [f"p.{k}[{g}] = {v};" for k in ("gi", "w", "wi", "bi", "bh", "h0", "c0", "hs", "cs")
+              for g, group in enumerate(what.groups) if (v := at(getattr(group, k)))]
+    groups = len(what.groups)
     return (f"{{\n  SC_CUDA_CHECK(cudaMemsetAsync({sync}, 0, {groups} * sizeof(unsigned), stream));\n"
-            f"  {name}_args p = {{}};\n  {init}\n  p.sync = reinterpret_cast<unsigned*>({sync});\n"
+            f"  {name}_args p = {{}};\n  {' '.join(fields)}\n  p.sync = reinterpret_cast<unsigned*>({sync});\n"
             f"  cudaLaunchAttribute attr[1];\n  attr[0].id = cudaLaunchAttributeCooperative;\n"
             f"  attr[0].val.cooperative = 1;\n  cudaLaunchConfig_t cfg = {{}};\n"
             f"  cfg.gridDim = dim3({groups * p.blocks});\n  cfg.blockDim = dim3({p.block});\n"
