@@ -122,8 +122,35 @@ def test_a_recurrent_layers_steps_are_one_loop_each_and_unfold_to_the_unrolled_p
     assert len(_LOOP.findall(_host(folded))) == 4
 
 
+THREE_WAYS = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.both = nn.LSTM(16, 32, num_layers=2, batch_first=True, bidirectional=True)  # one launch a layer
+        self.stack = nn.GRU(16, 24, num_layers=2)  # both layers in one launch, a wavefront
+        self.wide = nn.RNN(8, 16)  # a batch of 65 rows: stepped, its steps a host loop
+
+    def forward(self, x, y):
+        return self.both(x)[0], self.stack(x)[0], self.wide(y)[0]
+
+
+def get_inputs():
+    return [torch.randn(2, 12, 16), torch.randn(5, 65, 8)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
 @pytest.mark.nvcc
-def test_a_folded_recurrent_program_compiles(stepped):
+def test_a_program_with_every_way_of_running_a_recurrent_layer_compiles():
+    """One nvcc run over the cooperative launches (a layer's, a wavefront's), the barrier's PTX and
+    a stepped layer folded into a host loop."""
     from stitchcuda.compiler import compile_task
     from stitchcuda.compiler.check import compile_check
     from stitchcuda.compiler.emit.codegen import CodegenOptions
@@ -136,28 +163,8 @@ def test_a_folded_recurrent_program_compiles(stepped):
     except HeadersMissing as exc:
         pytest.skip(f"no real CUDA library headers for this machine: {exc}")
 
-    program = compile_task(Task(name="lstm", source=LSTM)).program(CodegenOptions())
+    program = compile_task(Task(name="recurrent", source=THREE_WAYS)).program(CodegenOptions())
+    assert program.count("cudaLaunchKernelEx(") == 3 and "as a wavefront" in program
     assert "for (int64_t sc_rep" in program
-    check = compile_check(program)
-    assert check.status == "compiled", check.detail
-
-
-@pytest.mark.nvcc
-def test_a_recurrent_program_with_each_layer_in_one_launch_compiles():
-    """The cooperative launch of sequence_kernel.py, its barrier's PTX and the kernel, through nvcc."""
-    from stitchcuda.compiler import compile_task
-    from stitchcuda.compiler.check import compile_check
-    from stitchcuda.compiler.emit.codegen import CodegenOptions
-    from stitchcuda.cuda_headers import NEEDED, HeadersMissing, include_dirs
-    from tests.cuda_headers import toolkit
-
-    _, home = toolkit()
-    try:
-        include_dirs(home, headers=NEEDED)
-    except HeadersMissing as exc:
-        pytest.skip(f"no real CUDA library headers for this machine: {exc}")
-
-    program = compile_task(Task(name="lstm", source=LSTM)).program(CodegenOptions())
-    assert program.count("cudaLaunchKernelEx(") == 2 and "for (int64_t sc_rep" not in program
     check = compile_check(program)
     assert check.status == "compiled", check.detail
