@@ -262,6 +262,18 @@ def test_report_files_tables_escaping_and_links(tmp_path):
     header = next(line for line in md.splitlines() if line.startswith("| task |"))
     cells = re.compile(r"(?<!\\)\|")
     assert task_rows and all(len(cells.findall(r)) == len(cells.findall(header)) for r in task_rows)
+    assert "max\\_autotune" not in header  # a column only where --max-autotune measured it
+
+
+def test_max_autotune_gets_a_column_where_a_bench_measured_it(tmp_path):
+    from stitchcuda.bench.report import write_report
+
+    result = report_result(tmp_path)
+    result.tasks[0].speedup["torch_compile_max_autotune"] = 1.25
+    md = write_report(result, tmp_path / "report").markdown.read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| task |"))
+    assert "vs torch\\_compile\\_max\\_autotune |" in header
+    assert "1.25×" in md
 
 
 def test_report_without_attempts_notes_the_missing_timeline(tmp_path):

@@ -182,6 +182,9 @@ def _extension(cfg: CutlassConv):
 
 
 def _problem(n, c, hw, k, rs, stride, pad):
+    """A conv's config, its launch arguments, its output, its float64 reference, and the input tensors
+    the arguments point into: the caller holds them, or the allocator hands their memory on (to the
+    workspace, say) while the kernel still reads it."""
     import torch
 
     cfg = CutlassConv(math="3xtf32", align=4 if c % 4 == 0 and k % 4 == 0 else 1, bias=True, activation="relu")
@@ -194,7 +197,7 @@ def _problem(n, c, hw, k, rs, stride, pad):
     args.x, args.weight, args.bias, args.y = x.data_ptr(), weight.data_ptr(), bias.data_ptr(), y.data_ptr()
     ref = torch.relu(torch.nn.functional.conv2d(x.double(), weight.double(), bias.double(), stride=stride,
                                                 padding=pad))
-    return cfg, args, y, ref
+    return cfg, args, y, ref, (x, weight, bias)
 
 
 def _rel_error(y, ref) -> float:
@@ -209,7 +212,7 @@ GPU_CASES = {"c64-k128-3x3": (8, 64, 56, 128, 3, 1, 1), "c3-k17-5x5-s2": (4, 3, 
 def test_conv_matches_torch_in_float64(case):
     import torch
 
-    cfg, args, y, ref = _problem(*GPU_CASES[case])
+    cfg, args, y, ref, _inputs = _problem(*GPU_CASES[case])
     launch, workspace = _extension(cfg)
     need = workspace(ctypes.byref(args))
     assert need > 0
@@ -228,7 +231,7 @@ def test_conv_replays_from_a_cuda_graph():
     """No allocation and no synchronisation in the launcher: it can be captured and replayed."""
     import torch
 
-    cfg, args, y, ref = _problem(*GPU_CASES["c64-k128-3x3"])
+    cfg, args, y, ref, _inputs = _problem(*GPU_CASES["c64-k128-3x3"])
     launch, workspace = _extension(cfg)
     need = workspace(ctypes.byref(args))
     buffer = torch.empty(need, dtype=torch.uint8, device="cuda")

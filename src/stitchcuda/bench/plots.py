@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 BASELINE_COLORS = {
     "eager": "#4c72b0",
     "torch_compile": "#dd8452",
+    "torch_compile_max_autotune": "#937860",
     "eager_tf32": "#55a868",
     "cuda_graph": "#c44e52",
     "best": "#8172b3",

@@ -3,7 +3,8 @@
 A bench row is the best verified program of one task's optimize run (or the verdict of one
 existing solution under ``--evaluate``), reduced to what metrics and reports read. Speedup keys
 are the Verifier's baseline names: ``eager``, ``eager_tf32``, ``cuda_graph``,
-``torch_compile``, and ``best`` (the fastest baseline the tolerance policy accepts).
+``torch_compile``, ``torch_compile_max_autotune`` (with ``--max-autotune``), and ``best`` (the fastest
+baseline the tolerance policy accepts).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from stitchcuda.verify.verdict import HackLevel, SecondOpinion
 TaskStatus = Literal["pending", "done", "failed", "unsupported"]
 # "kernelbench": KernelBench's own speedup, its reference (torch's default flags) over the program,
 # both timed by its harness (--kernelbench-harness); the others are our Verifier's timings
-BASELINES = ("eager", "torch_compile", "eager_tf32", "cuda_graph", "best", "kernelbench")
+BASELINES = ("eager", "torch_compile", "torch_compile_max_autotune", "eager_tf32", "cuda_graph", "best", "kernelbench")
 
 
 class Attempt(BaseModel):

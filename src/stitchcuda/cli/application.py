@@ -74,6 +74,9 @@ KernelBenchOpt = Annotated[
 HarnessOpt = Annotated[Path | None, typer.Option(
     "--kernelbench-harness", metavar="PATH", show_default=False, help="A KernelBench checkout: its own "
     "eval_kernel_against_ref also judges each candidate (own process, GPU), shown beside our verdict, which counts.")]
+MaxAutotuneOpt = Annotated[bool, typer.Option(
+    "--max-autotune", help="Also time torch.compile(mode='max-autotune') as a baseline: minutes to compile, so cut "
+    "at 300 s (then named over its limit) and cached per task and GPU.")]
 WeightsOpt = Annotated[WeightsConvention, typer.Option(
     help="seeded: ModelNew built under the reference's seed, nothing copied (KernelBench's convention); "
          "copy: the reference's state_dict loaded into ModelNew, to verify against given weights.")]

@@ -403,7 +403,9 @@ def bench_view(result, metrics) -> Group:
     harness = any(t.second_opinion is not None for t in result.tasks)
     why = any(_why(t) for t in result.tasks)
     stages = any(t.stages for t in result.tasks)
-    for col in ("task", "status", "correct", "hacking", "vs eager", "vs compile", "vs best", "ms", "wall") + (
+    autotune = any("torch_compile_max_autotune" in t.speedup for t in result.tasks)
+    for col in ("task", "status", "correct", "hacking", "vs eager", "vs compile") + (
+            ("vs max-autotune",) if autotune else ()) + ("vs best", "ms", "wall") + (
             ("where the wall time went",) if stages else ()) + (
             ("KernelBench",) if harness else ()) + (("why",) if why else ()):
         table.add_column(col, overflow="fold")
@@ -413,7 +415,8 @@ def bench_view(result, metrics) -> Group:
 
     for t in result.tasks:
         table.add_row(t.task, t.status, _yes_no(t.correct) if t.status == "done" else "-", t.hacking or "-",
-                      x(t.speedup.get("eager")), x(t.speedup.get("torch_compile")), x(t.speedup.get("best")),
+                      x(t.speedup.get("eager")), x(t.speedup.get("torch_compile")),
+                      *((x(t.speedup.get("torch_compile_max_autotune")),) if autotune else ()), x(t.speedup.get("best")),
                       f"{t.milliseconds:.3f}" if t.milliseconds else "-", f"{t.wall_s:.0f} s",
                       *((stage_line(t.stages, top=3),) if stages else ()),
                       *((_opinion_cell(t.second_opinion),) if harness else ()),
@@ -422,7 +425,9 @@ def bench_view(result, metrics) -> Group:
     lines = [f"success {o.succeeded}/{o.tasks}, hacking partial {o.hacking_partial}, total {o.hacking_total}",
              "geomean over successful tasks: " + ", ".join(
                  f"{name} {x(s.geomean_success)}" for name, s in ((n, o.speedup.get(n)) for n in
-                                                                   ("eager", "torch_compile", "best")) if s),
+                                                                   ("eager", "torch_compile",
+                                                                    "torch_compile_max_autotune", "best"))
+                 if s and (s.n_success or name != "torch_compile_max_autotune")),
              "fast_1.0 / 1.05 / 2.0 vs eager: " + " / ".join(
                  f"{o.fast('eager', p).count}" for p in (1.0, 1.05, 2.0))]
     if harness:

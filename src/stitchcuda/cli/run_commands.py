@@ -20,6 +20,7 @@ from stitchcuda.cli.application import (
     HarnessOpt,
     KernelBenchOpt,
     LevelOpt,
+    MaxAutotuneOpt,
     ProblemOpt,
     Provider,
     WeightsOpt,
@@ -145,6 +146,7 @@ def bench(
     resume: Annotated[str | None, typer.Option(help="Resume a bench (id, unique prefix, or 'last').")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the bench's metrics as JSON.")] = False,
     kernelbench_harness: HarnessOpt = None,
+    max_autotune: MaxAutotuneOpt = False,
     skip_unusable: Annotated[bool, typer.Option(
         "--skip-unusable", help="Leave out tasks whose reference does not run (named on stderr) instead of "
                                 "stopping.")] = False,
@@ -183,6 +185,7 @@ def bench(
                 max_cost=max_cost, max_wall=max_wall, max_attempts=6, max_replans=2, max_subtasks=4)
         except SessionError as exc:
             raise unusable(str(exc), exc.hints, json_out) from None
+        optimize.verify.compile_max_autotune = max_autotune
         if kernelbench_harness is not None:
             optimize.verify.kernelbench_harness = str(kernelbench_harness.expanduser().resolve())
             if why := harness_problem(kernelbench_harness):  # said up front too; the bench still runs

@@ -11,6 +11,7 @@ from stitchcuda.cli.application import (
     HarnessOpt,
     KernelBenchOpt,
     LevelOpt,
+    MaxAutotuneOpt,
     ProblemOpt,
     Provider,
     WeightsOpt,
@@ -61,6 +62,7 @@ def verify(
     level: LevelOpt = None,
     problem: ProblemOpt = None,
     kernelbench_harness: HarnessOpt = None,
+    max_autotune: MaxAutotuneOpt = False,
 ) -> None:
     """Build, check and time CANDIDATE against REFERENCE in a fresh worker process."""
     if kernelbench is not None and candidate is None:
@@ -82,6 +84,8 @@ def verify(
         updates["device"] = device
     if no_compile_baseline:
         updates["compile_baseline"] = False
+    if max_autotune:
+        updates["compile_max_autotune"] = True
     if timeout is not None:
         updates["timeout_s"] = timeout
     if ncu:

@@ -1,9 +1,11 @@
 """The timing phase in the worker: the candidate against eager and the free-lunch baselines.
 
 Candidate, eager reference and each baseline (eager with TF32, the reference replayed from a CUDA
-graph, torch.compile) are timed in interleaved rounds by one :class:`~stitchcuda.verify.timing.Timer`,
-so drift cancels. Only torch.compile's time is reused from an earlier verification of this task on
-this GPU (its compile takes tens of seconds); the cheap baselines are timed again beside every
+graph, torch.compile, and with ``compile_max_autotune`` torch.compile's max-autotune mode) are timed
+in interleaved rounds by one :class:`~stitchcuda.verify.timing.Timer`, so drift cancels. Only
+torch.compile's times are reused from an earlier verification of this task on this GPU (its compile
+takes tens of seconds, max-autotune's minutes; one still compiling after ``compile_limit_s`` is
+recorded as over the limit and not tried again); the cheap baselines are timed again beside every
 candidate, as a cached figure would compare a candidate timed under one load (a bench's builds
 beside it) with a baseline timed under another: hf_bert read 0.88x its CUDA graph in a bench
 with the graph's time cached, 1.06x with both timed in one run. Each baseline's
@@ -13,7 +15,10 @@ that would fail the policy is never the bar an honest candidate is held to.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -22,7 +27,7 @@ from typing import Any
 
 import torch
 
-from stitchcuda.verify.config import TOLERANCES
+from stitchcuda.verify.config import COMPILED_BASELINES, TOLERANCES
 from stitchcuda.verify.correctness import compare_outputs, detached, make_trial_inputs, trial_draw
 from stitchcuda.verify.crash import fail
 from stitchcuda.verify.model_state import ModelState
@@ -32,7 +37,11 @@ from stitchcuda.verify.torch_state import set_tf32
 from stitchcuda.verify.verdict import BaselineTiming, TimingReport
 
 # baselines too slow to set up to time again beside every candidate: their cached time is reused
-REUSED = frozenset({"torch_compile"})
+REUSED = frozenset(COMPILED_BASELINES)
+
+
+class OverLimit(Exception):
+    """A baseline's set-up (torch.compile's first call) ran past its limit."""
 
 
 def time_candidate(request: WorkerRequest, result: WorkerResult, reference: ModuleType, ref_model: Any,
@@ -47,19 +56,23 @@ def time_candidate(request: WorkerRequest, result: WorkerResult, reference: Modu
     ]
     baselines: dict[str, BaselineTiming] = {}
     now = datetime.now(UTC).isoformat(timespec="seconds")
-    wanted = ["eager_tf32", "cuda_graph"] + (["torch_compile"] if config.compile_baseline else [])
     setup_started = time.perf_counter()
     reusable = {name: b for name, b in request.cached_baselines.items() if name in REUSED}
+    compile_s: dict[str, float] = {}
     if device.type == "cuda":
-        for name in wanted:
+        for name in config.baselines:
             cached = reusable.get(name)
-            if cached is not None and cached.stats is not None:
+            if cached is not None and (cached.stats is not None or cached.compile_s is not None):  # timed, or over the limit
                 baselines[name] = cached.model_copy(update={"cached": True})
                 continue
             try:
-                contenders.append(baseline_contender(name, ref_model, inputs))
+                contenders.append(baseline_contender(name, ref_model, inputs, config.compile_limit_s, compile_s))
             except Exception as exc:
-                baselines[name] = BaselineTiming(name=name, error=f"{type(exc).__name__}: {exc}"[:300], measured_at=now)
+                over = isinstance(exc, OverLimit)
+                baselines[name] = BaselineTiming(name=name, error=f"{type(exc).__name__}: {exc}"[:300], measured_at=now,
+                                                 compile_s=compile_s.get(name) if over else None)
+                if over:  # remembered, so the next candidate of this task does not wait for it again
+                    result.measured_baselines[name] = baselines[name]
                 set_tf32(False)
     result.baselines_s = time.perf_counter() - setup_started
     named = os.environ.get("STITCHCUDA_TIMING_CPU", "")
@@ -80,7 +93,7 @@ def time_candidate(request: WorkerRequest, result: WorkerResult, reference: Modu
     result.baselines_s += time.perf_counter() - checked
     for c in contenders[1:]:
         baselines[c.name] = BaselineTiming(name=c.name, stats=summarize(c.samples), measured_at=now,
-                                           **accuracy.get(c.name, {}))
+                                           compile_s=compile_s.get(c.name), **accuracy.get(c.name, {}))
         if c.name != "eager":
             result.measured_baselines[c.name] = baselines[c.name]
     result.timing = TimingReport(
@@ -162,15 +175,44 @@ def _load(tensors: list[torch.Tensor], values: list[Any]) -> bool:
     return True
 
 
-def baseline_contender(name: str, ref_model: Any, inputs: list[Any]) -> Contender:
-
+def baseline_contender(name: str, ref_model: Any, inputs: list[Any], limit_s: float = 300.0,
+                       compile_s: dict[str, float] | None = None) -> Contender:
+    """A baseline ready to time. A torch.compile baseline compiles here, on its first call, within
+    ``limit_s`` (:class:`OverLimit` past it); its compile time goes to ``compile_s``."""
     if name == "eager_tf32":
         return Contender(name, lambda: ref_model(*inputs), before=lambda: set_tf32(True), after=lambda: set_tf32(False))
     if name == "cuda_graph":
         return Contender(name, cuda_graph_call(ref_model, inputs))
-    if name == "torch_compile":
-        compiled = torch.compile(ref_model)
-        compiled(*inputs)  # compile now, outside the timed rounds
-        torch.cuda.synchronize()
+    if name in COMPILED_BASELINES:
+        mode = COMPILED_BASELINES[name]
+        compiled = torch.compile(ref_model, mode=None if mode == "default" else mode)
+        started = time.perf_counter()
+        try:
+            with time_limit(limit_s):
+                compiled(*inputs)  # compile now, outside the timed rounds
+                torch.cuda.synchronize()
+        finally:
+            if compile_s is not None:
+                compile_s[name] = round(time.perf_counter() - started, 2)
         return Contender(name, lambda: compiled(*inputs))
     raise ValueError(name)
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """Raise :class:`OverLimit` in the main thread once ``seconds`` have passed (Inductor's compile is
+    Python between its subprocesses, so the signal lands); elsewhere the worker's own limit holds."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise OverLimit(f"still compiling after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

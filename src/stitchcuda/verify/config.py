@@ -42,6 +42,10 @@ TOLERANCES: dict[str, Tolerance] = {
 }
 
 
+# the baselines that compile first (torch.compile's modes): their set-up is allowed compile_limit_s each
+COMPILED_BASELINES = {"torch_compile": "default", "torch_compile_max_autotune": "max-autotune"}
+
+
 class VerifyConfig(BaseModel):
     """Everything that decides how one candidate is checked and timed."""
 
@@ -59,6 +63,10 @@ class VerifyConfig(BaseModel):
     ncu_kernels: int = Field(5, ge=1, description="how many of the candidate's kernels ncu reports, longest first")
     ncu_timeout_s: float = Field(300.0, gt=0)
     compile_baseline: bool = Field(True, description="measure torch.compile (slow the first time; cached)")
+    compile_max_autotune: bool = Field(False, description="also measure torch.compile(mode='max-autotune'): "
+                                                          "minutes to compile, so cached per task and GPU as well")
+    compile_limit_s: float = Field(300.0, gt=0, description="a torch.compile baseline still compiling after this "
+                                                            "is recorded as over the limit, not timed (and not tried again)")
     baseline_cache: bool = True
     warmup: int = Field(3, ge=1)
     min_timing_trials: int = Field(30, ge=3)
@@ -74,6 +82,19 @@ class VerifyConfig(BaseModel):
     @property
     def tol(self) -> Tolerance:
         return TOLERANCES[self.tolerance]
+
+    @property
+    def baselines(self) -> list[str]:
+        """The baselines timed beside a candidate on a GPU (eager itself always is)."""
+        compiled = (["torch_compile"] if self.compile_baseline else []) + \
+            (["torch_compile_max_autotune"] if self.compile_max_autotune else [])
+        return ["eager_tf32", "cuda_graph", *compiled]
+
+    def worker_limit_s(self, cached: dict) -> float:
+        """``timeout_s``, plus ``compile_limit_s`` for each torch.compile baseline not yet in ``cached``
+        (a name -> BaselineTiming dict of this task's stored baselines)."""
+        uncached = [n for n in self.baselines if n in COMPILED_BASELINES and n not in cached]
+        return self.timeout_s + self.compile_limit_s * len(uncached)
 
 
 PRESETS: dict[str, VerifyConfig] = {

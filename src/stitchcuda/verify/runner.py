@@ -384,7 +384,7 @@ class Verifier:
             request = self._request("verify", workdir, cand_path, ref_path, cached)
             request.cached_reference_profile = cached_profile
             request.gate_alone = alone
-            outcome = self._spawn(request, workdir, hide_gpu=False, run_limit=self.config.timeout_s,
+            outcome = self._spawn(request, workdir, hide_gpu=False, run_limit=self.config.worker_limit_s(cached),
                                   on_phase=on_phase)
             phases = _read_phases(Path(request.phase_path))
             result = outcome.result
@@ -535,7 +535,8 @@ class Verifier:
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        usable = {k: v.model_copy(update={"cached": False}).model_dump() for k, v in baselines.items() if v.stats}
+        usable = {k: v.model_copy(update={"cached": False}).model_dump() for k, v in baselines.items()
+                  if v.stats or v.compile_s is not None}  # timed, or a compile over its limit
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(usable, indent=1))
         tmp.replace(path)

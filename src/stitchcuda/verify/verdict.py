@@ -181,6 +181,8 @@ class BaselineTiming(BaseModel):
         {}, description="per tolerance policy: does this baseline's own output match the fp32 reference? "
                         "A baseline that fails the policy in force (e.g. TF32 under strict) is not 'best'")
     max_abs_error: float | None = Field(None, description="of this baseline's output against the fp32 reference")
+    compile_s: float | None = Field(None, description="a torch.compile baseline's first call (its compile); "
+                                                      "with an error, how long it ran before its limit stopped it")
 
 
 class TimingReport(BaseModel):

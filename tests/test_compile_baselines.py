@@ -1,0 +1,75 @@
+"""torch.compile's baselines (verify/baselines.py): the default mode, and max-autotune on request,
+each compiled within a limit; a compile over it is recorded as such, kept, and not waited for again."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from stitchcuda.verify import baselines
+from stitchcuda.verify.baselines import OverLimit, baseline_contender, time_limit
+from stitchcuda.verify.config import VerifyConfig
+from stitchcuda.verify.verdict import BaselineTiming, TimingStats
+
+
+def test_a_compile_past_its_limit_is_stopped_and_its_time_kept(monkeypatch):
+    modes = []
+
+    def slow_compile(model, mode=None):  # a stand-in for Inductor's autotuning: Python that takes its time
+        modes.append(mode)
+        return lambda *inputs: time.sleep(30)
+
+    monkeypatch.setattr(torch, "compile", slow_compile)
+    compile_s: dict[str, float] = {}
+    started = time.perf_counter()
+    with pytest.raises(OverLimit, match="still compiling after 0.3 s"):
+        baseline_contender("torch_compile_max_autotune", torch.nn.Identity(), [], limit_s=0.3, compile_s=compile_s)
+    assert time.perf_counter() - started < 5
+    assert modes == ["max-autotune"] and 0.25 < compile_s["torch_compile_max_autotune"] < 5
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_the_default_mode_is_torch_compiles_own(monkeypatch):
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: modes.append(mode) or model)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    compile_s: dict[str, float] = {}
+    contender = baseline_contender("torch_compile", torch.nn.Identity(), [torch.ones(2)], compile_s=compile_s)
+    assert modes == [None] and contender.name == "torch_compile" and compile_s["torch_compile"] < 5
+
+
+def test_the_limit_holds_only_in_the_main_thread_and_leaves_no_timer():
+    done = []
+
+    def elsewhere():
+        with time_limit(0.05):
+            time.sleep(0.2)  # no signal can land here: the worker's own limit covers it
+        done.append(True)
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    thread.join()
+    assert done == [True]
+    with time_limit(5):
+        pass
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_max_autotune_is_asked_for_and_its_compile_widens_the_workers_limit():
+    assert "torch_compile_max_autotune" not in VerifyConfig().baselines
+    config = VerifyConfig(compile_max_autotune=True, timeout_s=100, compile_limit_s=300)
+    assert config.baselines == ["eager_tf32", "cuda_graph", "torch_compile", "torch_compile_max_autotune"]
+    assert config.worker_limit_s({}) == 700
+    stats = TimingStats(median_ms=1.0, mean_ms=1.0, min_ms=1.0, max_ms=1.0, q25_ms=1.0, q75_ms=1.0, std_ms=0.0,
+                        spread_pct=0.0, trials=3)
+    timed = BaselineTiming(name="torch_compile", stats=stats, compile_s=20.0)
+    over = BaselineTiming(name="torch_compile_max_autotune", error="OverLimit: still compiling after 300 s",
+                          compile_s=300.1)
+    assert config.worker_limit_s({"torch_compile": timed}) == 400
+    assert config.worker_limit_s({"torch_compile": timed, "torch_compile_max_autotune": over}) == 100
+    assert VerifyConfig(compile_baseline=False, timeout_s=100).worker_limit_s({}) == 100
+    assert baselines.REUSED == {"torch_compile", "torch_compile_max_autotune"}
