@@ -72,4 +72,26 @@ def test_max_autotune_is_asked_for_and_its_compile_widens_the_workers_limit():
     assert config.worker_limit_s({"torch_compile": timed}) == 400
     assert config.worker_limit_s({"torch_compile": timed, "torch_compile_max_autotune": over}) == 100
     assert VerifyConfig(compile_baseline=False, timeout_s=100).worker_limit_s({}) == 100
-    assert baselines.REUSED == {"torch_compile", "torch_compile_max_autotune"}
+    assert {"torch_compile", "torch_compile_max_autotune"} == baselines.REUSED
+
+
+def test_a_baseline_that_raises_while_timed_is_dropped_and_the_candidate_still_timed():
+    from stitchcuda.verify.timing import Contender, Timer
+
+    calls = {"n": 0}
+
+    def overwritten():  # torch.compile's CUDA graphs on a model that keeps an output as its state
+        calls["n"] += 1
+        if calls["n"] > 4:
+            raise RuntimeError("accessing tensor output of CUDAGraphs that has been overwritten")
+
+    flips = []
+    candidate, eager = Contender("candidate", lambda: None), Contender("eager", lambda: None)
+    compiled = Contender("torch_compile_max_autotune", overwritten, before=lambda: flips.append("on"),
+                         after=lambda: flips.append("off"), optional=True)
+    rounds = Timer(torch.device("cpu")).run([candidate, eager, compiled], 2, 5, 10, 0.01)
+    assert rounds >= 5 and len(candidate.samples) == rounds == len(eager.samples)
+    assert compiled.samples == [] and "overwritten" in compiled.error
+    assert flips == ["on", "off"] * (len(flips) // 2)  # its after ran each time, the last one too
+    with pytest.raises(RuntimeError, match="overwritten"):  # the candidate's own exception is the timing's
+        Timer(torch.device("cpu")).run([Contender("candidate", overwritten)], 2, 3, 3, 0.01)

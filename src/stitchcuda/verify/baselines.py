@@ -16,11 +16,13 @@ that would fail the policy is never the bar an honest candidate is held to.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
@@ -45,8 +47,10 @@ class OverLimit(Exception):
 
 
 def time_candidate(request: WorkerRequest, result: WorkerResult, reference: ModuleType, ref_model: Any,
-                   new_model: Any, device: torch.device) -> None:
-    """``result.timing``: the candidate, eager and the baselines, timed in interleaved rounds."""
+                   new_model: Any, device: torch.device, gate: Any = None) -> None:
+    """``result.timing``: the candidate, eager and the baselines, timed in interleaved rounds. Called
+    inside ``gate``'s exclusive section (a GateClient); a torch.compile baseline compiles in a shared
+    one, as a compile does not need a quiet GPU and max-autotune's takes minutes."""
     config = request.config
     inputs = make_trial_inputs(reference.get_inputs, config.seed, "given", device)
     timer = Timer(device)
@@ -65,8 +69,11 @@ def time_candidate(request: WorkerRequest, result: WorkerResult, reference: Modu
             if cached is not None and (cached.stats is not None or cached.compile_s is not None):  # timed, or over the limit
                 baselines[name] = cached.model_copy(update={"cached": True})
                 continue
+            if gate is not None and name in COMPILED_BASELINES:
+                gate.switch("shared")
             try:
-                contenders.append(baseline_contender(name, ref_model, inputs, config.compile_limit_s, compile_s))
+                contenders.append(replace(baseline_contender(name, ref_model, inputs, config.compile_limit_s, compile_s),
+                                          optional=True))
             except Exception as exc:
                 over = isinstance(exc, OverLimit)
                 baselines[name] = BaselineTiming(name=name, error=f"{type(exc).__name__}: {exc}"[:300], measured_at=now,
@@ -74,6 +81,8 @@ def time_candidate(request: WorkerRequest, result: WorkerResult, reference: Modu
                 if over:  # remembered, so the next candidate of this task does not wait for it again
                     result.measured_baselines[name] = baselines[name]
                 set_tf32(False)
+        if gate is not None:
+            gate.switch("exclusive")
     result.baselines_s = time.perf_counter() - setup_started
     named = os.environ.get("STITCHCUDA_TIMING_CPU", "")
     core = int(named) if named.isdigit() and int(named) in os.sched_getaffinity(0) else None
@@ -89,9 +98,13 @@ def time_candidate(request: WorkerRequest, result: WorkerResult, reference: Modu
              for name, b in request.cached_baselines.items() if b.passes}
     trials = [lambda i=i: make_trial_inputs(reference.get_inputs, *trial_draw(config.seed, i), device)
               for i in range(config.trials)]
-    accuracy = known | baseline_accuracy(ref_model, inputs, [c for c in contenders[2:] if c.name not in known], trials)
+    accuracy = known | baseline_accuracy(ref_model, inputs, [c for c in contenders[2:]
+                                                             if c.name not in known and c.error is None], trials)
     result.baselines_s += time.perf_counter() - checked
     for c in contenders[1:]:
+        if c.error is not None:  # raised while timed: no figure, and nothing kept for the next candidate
+            baselines[c.name] = BaselineTiming(name=c.name, error=c.error, measured_at=now, compile_s=compile_s.get(c.name))
+            continue
         baselines[c.name] = BaselineTiming(name=c.name, stats=summarize(c.samples), measured_at=now,
                                            compile_s=compile_s.get(c.name), **accuracy.get(c.name, {}))
         if c.name != "eager":
@@ -146,6 +159,8 @@ def baseline_accuracy(ref_model: Any, inputs: list[Any], contenders: list[Conten
             reference = detached(ref_model(*inputs))
             for c in contenders:
                 fresh()
+                if c.model is not None:  # a compiled baseline's own copy starts from the same state
+                    start.restore(c.model)
                 c.before()
                 try:
                     out = detached(c.call())
@@ -185,7 +200,8 @@ def baseline_contender(name: str, ref_model: Any, inputs: list[Any], limit_s: fl
         return Contender(name, cuda_graph_call(ref_model, inputs))
     if name in COMPILED_BASELINES:
         mode = COMPILED_BASELINES[name]
-        compiled = torch.compile(ref_model, mode=None if mode == "default" else mode)
+        model = own_state_copy(ref_model)
+        compiled = torch.compile(model, mode=None if mode == "default" else mode)
         started = time.perf_counter()
         try:
             with time_limit(limit_s):
@@ -194,8 +210,22 @@ def baseline_contender(name: str, ref_model: Any, inputs: list[Any], limit_s: fl
         finally:
             if compile_s is not None:
                 compile_s[name] = round(time.perf_counter() - started, 2)
-        return Contender(name, lambda: compiled(*inputs))
+        return Contender(name, lambda: compiled(*inputs), model=model)
     raise ValueError(name)
+
+
+def own_state_copy(model: Any) -> Any:
+    """``model`` with state of its own (the plain tensors a forward reassigns, ``self.hidden``) and the
+    same parameters and buffers: a compiled baseline's CUDA graphs keep its outputs in their pool and
+    overwrite them on the next replay, so eager must never read a state the compiled model wrote.
+    The model itself where it cannot be copied."""
+    if not isinstance(model, torch.nn.Module):
+        return model
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    try:
+        return copy.deepcopy(model, memo=shared)
+    except Exception:
+        return model
 
 
 @contextlib.contextmanager

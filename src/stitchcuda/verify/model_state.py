@@ -64,9 +64,12 @@ class ModelState:
                 owner = model.get_submodule(path) if path else model
                 now = getattr(owner, name, None)
                 if isinstance(now, torch.Tensor) and now.shape == before.shape and now.dtype == before.dtype:
-                    now.copy_(before)
-                else:
-                    setattr(owner, name, before.clone())
+                    try:
+                        now.copy_(before)
+                        continue
+                    except RuntimeError:  # an output torch.compile's CUDA graphs overwrote: not to be touched
+                        pass
+                setattr(owner, name, before.clone())
 
 
 def _state_tensors(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -29,6 +29,9 @@ class Contender:
     before: Callable[[], None] = lambda: None  # e.g. flip TF32 on; not timed
     after: Callable[[], None] = lambda: None
     samples: list[float] = field(default_factory=list)
+    optional: bool = False  # a baseline: an exception drops it from the rounds (with ``error``), not the timing
+    model: object = None  # the module whose kept state the call reads, where it is not the reference itself
+    error: str | None = None
 
 
 def summarize(samples_ms: list[float]) -> TimingStats:
@@ -88,26 +91,35 @@ class Timer:
         ``measuring`` (entered after the warm-up, which may compile). Returns rounds."""
         per_round_ms = 0.0
         for c in contenders:
-            c.before()
-            try:
+            with self._dropping(c):
                 for _ in range(warmup):
                     c.call()
                 self.sync()
                 per_round_ms += self.time_once(c.call)
-            finally:
-                c.after()
         rounds = int(budget_s * 1e3 / max(per_round_ms, 1e-3))
         rounds = max(min_rounds, min(max_rounds, rounds))
         with measuring or nullcontext():
             for r in range(rounds):
-                shift = r % len(contenders)
-                for c in contenders[shift:] + contenders[:shift]:
-                    c.before()
-                    try:
+                timed = [c for c in contenders if c.error is None]
+                shift = r % len(timed)
+                for c in timed[shift:] + timed[:shift]:
+                    with self._dropping(c):
                         c.samples.append(self.time_once(c.call))
-                    finally:
-                        c.after()
         return rounds
+
+    @contextmanager
+    def _dropping(self, c: Contender) -> Iterator[None]:
+        """``c``'s before and after around the block; an optional contender that raises is dropped
+        (torch.compile's CUDA graphs refuse a model that keeps an output as its state, say)."""
+        c.before()
+        try:
+            yield
+        except Exception as exc:
+            if not c.optional:
+                raise
+            c.error, c.samples = f"{type(exc).__name__}: {exc}"[:300], []
+        finally:
+            c.after()
 
 
 @contextmanager

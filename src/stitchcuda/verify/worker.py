@@ -434,7 +434,7 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
             fail(result, exc, "escape probe")
     started = time.perf_counter()
     with torch.no_grad(), kept(ref_model, new_model):  # the post-timing trial goes on from the trials' state
-        time_candidate(request, result, reference, ref_model, new_model, device)
+        time_candidate(request, result, reference, ref_model, new_model, device, progress.gate)
     audit_state("during timing", threads=False)  # torch.compile's baseline starts worker threads
     result.timing_s = time.perf_counter() - started - result.baselines_s
     progress.gate.switch("shared")  # a trial again: nothing more is timed
