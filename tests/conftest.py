@@ -78,6 +78,25 @@ def cache(tmp_path, monkeypatch) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def session_builds(tmp_path_factory) -> Path:
+    """One builds folder for the whole session, every xdist worker's included (their temporary
+    folders share a parent)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "session-builds"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+def share_builds(cache_root: Path, builds: Path) -> Path:
+    """``cache_root`` with its builds folder linked to ``builds``: builds are keyed by their sources
+    and flags, so a test that does not test the build cache itself gets the same verdicts from another
+    test's build of the same fixture candidate (each took about 30 s of g++ on CI's two cores)."""
+    cache_root.mkdir(parents=True, exist_ok=True)
+    (cache_root / "builds").symlink_to(builds, target_is_directory=True)
+    return cache_root
+
+
 @pytest.fixture(scope="module")
 def kb(tmp_path_factory):
     """The knowledge base built once per test module, in a cache of its own."""

@@ -17,7 +17,7 @@ from stitchcuda.bench.solutions import match_solutions
 from stitchcuda.cli import app
 from stitchcuda.task import load_folder
 from stitchcuda.verify.pool import GatedVerifier, GateStats, GpuGate
-from tests.conftest import CPU
+from tests.conftest import CPU, share_builds
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REFERENCE = FIXTURES / "cpu" / "tiny_mlp.py"
@@ -54,9 +54,10 @@ def test_solutions_match_by_name_and_kernelbench_numbering(tmp_path):
     assert unmatched == ["unrelated.py"]
 
 
-def test_bench_evaluate_locally_then_resume_redoes_nothing_verified(tmp_path, cache):
+def test_bench_evaluate_locally_then_resume_redoes_nothing_verified(tmp_path, cache, session_builds):
     """One honest C++ solution (a real g++ build in the CPU build pool, then a gated verification
     that hits the cache), one pure-PyTorch (a total hack), one wrong, one missing."""
+    share_builds(cache, session_builds)
     tasks, sols = suite_with_solutions(tmp_path, {
         "a_honest": FIXTURES / "agents" / "tiny_mlp_full_cpp.py", "b_pure": FIXTURES / "cpu" / "pure_torch.py",
         "c_wrong": FIXTURES / "cpu" / "wrong.py", "d_missing": None})

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from stitchcuda.cli import app
 from stitchcuda.rl.train import step_metrics
 from stitchcuda.store import RunStore, TrainLog
+from tests.conftest import share_builds
 from tests.llm_server import ScriptedOpenAIServer
 from tests.test_optimize_loop import plan
 
@@ -88,7 +89,8 @@ def lora_at_start(monkeypatch) -> dict:
     return snapshot
 
 
-def test_grpo_smoke_run_with_verified_rewards(tmp_path, cache, lora_at_start):
+def test_grpo_smoke_run_with_verified_rewards(tmp_path, cache, session_builds, lora_at_start):
+    share_builds(cache, session_builds)
     import torch
     from safetensors.torch import load_file
 
@@ -162,8 +164,9 @@ def test_grpo_smoke_run_with_verified_rewards(tmp_path, cache, lora_at_start):
     assert resumed["resumed_from"].endswith("checkpoint-2") and resumed["steps"] == 3
 
 
-def test_reward_functions_verify_extracted_programs(tmp_path, cache):
+def test_reward_functions_verify_extracted_programs(tmp_path, cache, session_builds):
     """The path a good completion takes: extracted, verified (a real g++ build), rule-rewarded."""
+    share_builds(cache, session_builds)
     from stitchcuda.reward import RewardConfig
     from stitchcuda.rl.config import VerifySection
     from stitchcuda.rl.rewards import VerificationPool, VerifiedRewards

@@ -18,14 +18,15 @@ import time
 import pytest
 
 from stitchcuda import store_repair
-from tests.conftest import sampled
+from tests.conftest import CPU, sampled
 
 OLD_PROGRAM = "# the program an earlier run wrote\n" * 1000
 # the 30 kills: which signal, and when, as a share of an unkilled run's time once its run is stored;
 # one in three on the --device cpu loop
 KILLS = [f"{i}-{'SIGKILL' if i % 2 else 'SIGINT'}-{random.Random(45 + i).random():.3f}-{'loop' if i % 3 == 2 else 'nogpu'}"
          for i in range(30)]
-PATHS = {"nogpu": ("mlp",), "loop": ("mlp", "--device", "cpu", "--max-steps", "3")}
+# the loop runs a small MLP: the suite's mlp took 7 s a step in its reference on a CPU
+PATHS = {"nogpu": ("mlp",), "loop": (str(CPU / "tiny_mlp.py"), "--device", "cpu", "--max-steps", "3")}
 
 
 def _optimize(workspace, out, *more: str) -> subprocess.Popen:

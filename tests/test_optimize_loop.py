@@ -17,7 +17,7 @@ from stitchcuda.llm.openai_backend import OpenAIChatClient
 from stitchcuda.store import RunStore
 from stitchcuda.task import load_task_file
 from stitchcuda.verify import PRESETS, Verifier
-from tests.conftest import CPU, FIXTURES
+from tests.conftest import CPU, FIXTURES, share_builds
 from tests.llm_server import Delay, Reply, ScriptedOpenAIServer
 
 pytestmark = pytest.mark.nvcc  # builds C++ extensions: slow on a CPU machine
@@ -42,8 +42,8 @@ def plan(target: float, title: str = "the whole MLP in C++") -> str:
 
 
 @pytest.fixture(scope="module")
-def shared_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("optimize-cache")
+def shared_cache(tmp_path_factory, session_builds):
+    return share_builds(tmp_path_factory.mktemp("optimize-cache"), session_builds)
 
 
 @pytest.fixture

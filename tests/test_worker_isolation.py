@@ -12,7 +12,7 @@ import torch
 from stitchcuda.task import load_candidate, load_task_file
 from stitchcuda.verify import PRESETS, Verifier
 from stitchcuda.verify.weights_trial import SAMPLE, sample_positions
-from tests.conftest import CPU
+from tests.conftest import CPU, share_builds
 
 
 @pytest.fixture
@@ -214,9 +214,10 @@ def test_the_verdict_names_the_core_it_timed_on(verifier, task, monkeypatch):
     assert v.timing is not None and "core" not in v.timing.method
 
 
-def test_warm_workers_serve_clean_runs_again_and_retire_after_anything_else(cache, task, monkeypatch):
+def test_warm_workers_serve_clean_runs_again_and_retire_after_anything_else(cache, session_builds, task, monkeypatch):
     """Warm workers (the GPU default) give the same verdicts, crash included; a worker serves the
     next candidate only after a clean run, and any hacking finding or crash retires it."""
+    share_builds(cache, session_builds)
     monkeypatch.setenv("STITCHCUDA_PREWARM", "1")
     verifier = Verifier(PRESETS["tiny-debug"].model_copy(update={"timeout_s": 120}), cache=cache)
     def pids() -> set[int]:
