@@ -66,7 +66,7 @@ def time_candidate(request: WorkerRequest, result: WorkerResult, reference: Modu
     if device.type == "cuda":
         for name in config.baselines:
             cached = reusable.get(name)
-            if cached is not None and (cached.stats is not None or cached.compile_s is not None):  # timed, or over the limit
+            if cached is not None and cached.settled:
                 baselines[name] = cached.model_copy(update={"cached": True})
                 continue
             if gate is not None and name in COMPILED_BASELINES:

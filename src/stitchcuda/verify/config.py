@@ -91,9 +91,9 @@ class VerifyConfig(BaseModel):
         return ["eager_tf32", "cuda_graph", *compiled]
 
     def worker_limit_s(self, cached: dict) -> float:
-        """``timeout_s``, plus ``compile_limit_s`` for each torch.compile baseline not yet in ``cached``
+        """``timeout_s``, plus ``compile_limit_s`` for each torch.compile baseline not settled in ``cached``
         (a name -> BaselineTiming dict of this task's stored baselines)."""
-        uncached = [n for n in self.baselines if n in COMPILED_BASELINES and n not in cached]
+        uncached = [n for n in self.baselines if n in COMPILED_BASELINES and not (n in cached and cached[n].settled)]
         return self.timeout_s + self.compile_limit_s * len(uncached)
 
 

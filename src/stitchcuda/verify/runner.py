@@ -535,8 +535,7 @@ class Verifier:
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        usable = {k: v.model_copy(update={"cached": False}).model_dump() for k, v in baselines.items()
-                  if v.stats or v.compile_s is not None}  # timed, or a compile over its limit
+        usable = {k: v.model_copy(update={"cached": False}).model_dump() for k, v in baselines.items() if v.settled}
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(usable, indent=1))
         tmp.replace(path)

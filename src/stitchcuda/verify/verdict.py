@@ -184,6 +184,11 @@ class BaselineTiming(BaseModel):
     compile_s: float | None = Field(None, description="a torch.compile baseline's first call (its compile); "
                                                       "with an error, how long it ran before its limit stopped it")
 
+    @property
+    def settled(self) -> bool:
+        """Worth keeping for the next candidate: timed, or a compile that ran past its limit."""
+        return self.stats is not None or self.compile_s is not None
+
 
 class TimingReport(BaseModel):
     method: str
