@@ -95,3 +95,40 @@ def test_a_baseline_that_raises_while_timed_is_dropped_and_the_candidate_still_t
     assert flips == ["on", "off"] * (len(flips) // 2)  # its after ran each time, the last one too
     with pytest.raises(RuntimeError, match="overwritten"):  # the candidate's own exception is the timing's
         Timer(torch.device("cpu")).run([Contender("candidate", overwritten)], 2, 3, 3, 0.01)
+
+
+def test_compiles_hold_no_timing_section_and_the_timing_gets_the_gpu_alone(monkeypatch):
+    """The default mode's compile holds no section of the GPU gate (another task's timing does not
+    wait on Inductor's builds), max-autotune's the shared one (it times kernel choices on the GPU),
+    and the timing that follows is exclusive; a compile over its limit is kept."""
+    from stitchcuda.verify.protocol import WorkerResult
+
+    class RecordingGate:
+        def __init__(self):
+            self.mode, self.log = "exclusive", []
+
+        def switch(self, mode):
+            if mode != self.mode:
+                self.mode = mode
+                self.log.append(mode)
+
+    gate, held = RecordingGate(), {}
+
+    def compile_in(model, mode=None):
+        held[mode or "default"] = gate.mode
+        if mode == "max-autotune":
+            raise OverLimit("still compiling after 300 s")
+        return model
+
+    monkeypatch.setattr(torch, "compile", compile_in)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(baselines, "cuda_graph_call", lambda model, inputs: lambda: None)  # no capture on a CPU
+    config = VerifyConfig(compile_max_autotune=True)
+    found, result = {}, WorkerResult()
+    contenders = baselines.set_up_baselines(config, {}, torch.nn.Identity(), [torch.ones(2)], gate, found, result,
+                                            {}, "now")
+    assert held == {"default": None, "max-autotune": "shared"}
+    assert [c.name for c in contenders] == ["eager_tf32", "cuda_graph", "torch_compile"]
+    assert gate.log == [None, "shared", "exclusive"]  # eager TF32 and the graph set up in the exclusive one
+    assert "OverLimit" in found["torch_compile_max_autotune"].error
+    assert "torch_compile_max_autotune" in result.measured_baselines

@@ -119,8 +119,9 @@ def test_doctor_fetch_headers_fetches_only_the_missing_and_keeps_json(bare, monk
 
 
 @pytest.mark.nvcc
-def test_the_mlp_program_compiles_on_this_machine(tmp_path):
-    """What `stitchcuda optimize mlp` writes without a GPU is compile-checked, also with a CPU torch."""
+def test_the_mlp_program_compiles_on_this_machine(tmp_path, cache):
+    """What `stitchcuda optimize mlp` writes without a GPU is compile-checked, also with a CPU torch;
+    the same program checked again (a resumed run, the same model again) is not compiled again."""
     from stitchcuda.compiler.capture.graph import capture
     from stitchcuda.compiler.emit.codegen import CodegenOptions, generate
     from stitchcuda.compiler.schedule.fusion import fuse
@@ -134,5 +135,11 @@ def test_the_mlp_program_compiles_on_this_machine(tmp_path):
         pytest.skip(f"no real CUDA library headers for this machine: {exc}")
     task = resolve_tasks("mlp")[0]
     graph = capture(task)
-    result = compile_check(generate(task, graph, fuse(graph), CodegenOptions()))
-    assert result.status == "compiled", result.detail
+    program = generate(task, graph, fuse(graph), CodegenOptions())
+    result = compile_check(program)
+    assert result.status == "compiled" and not result.kept, result.detail
+    again = compile_check(program)
+    assert again.kept and (again.status, again.detail) == (result.status, result.detail)
+    broken = program.replace("__global__", "__global__ not_a_type", 1)
+    assert compile_check(broken).status == "failed"
+    assert not compile_check(broken).kept  # a failure is not kept: it is compiled again, its errors shown

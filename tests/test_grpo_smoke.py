@@ -217,7 +217,7 @@ def test_reward_verifications_on_ray_with_logical_gpus(tmp_path, cache):
 def test_the_gpu_runs_taught_model_writes_through_its_tokenizer_and_template(tmp_path):
     """benchmarks/grpo_gpu.py's stand-in for a small coder (no hub on the GPU machine): its
     tokenizer must give back every byte of the programs it is taught (several per task), and its prompts must be
-    rendered with the chat template GRPO uses (two teaching steps here; the GPU run takes 1,000)."""
+    rendered with the chat template GRPO uses (one teaching step here; the GPU run takes 1,000)."""
     import importlib.util
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -228,7 +228,7 @@ def test_the_gpu_runs_taught_model_writes_through_its_tokenizer_and_template(tmp
     grpo_gpu = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(grpo_gpu)
     build_dataset(tmp_path, [], tmp_path / "data", list(grpo_gpu.TAUGHT), eval_fraction=0.0)
-    folder = grpo_gpu.taught_tiny(tmp_path / "taught", tmp_path / "data", steps=2)
+    folder = grpo_gpu.taught_tiny(tmp_path / "taught", tmp_path / "data", steps=1)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     for path in (p for paths in grpo_gpu.TAUGHT.values() for p in paths):
         text = "```python\n" + (ROOT / path).read_text() + "```"

@@ -6,6 +6,9 @@ Linking and running need a CUDA build of torch and a GPU; this says so instead o
 from __future__ import annotations
 
 import ast
+import hashlib
+import json
+import os
 import shutil
 import subprocess
 import sysconfig
@@ -16,6 +19,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from stitchcuda import cuda_headers, machine
+from stitchcuda.paths import cache_root
 
 # the one header of c10/cuda a CPU build of torch lacks: its CMake writes it for CUDA builds only
 _CMAKE_MACROS = Path("c10/cuda/impl/cuda_cmake_macros.h")
@@ -29,6 +33,7 @@ class CompileCheck(BaseModel):
     status: str  # "compiled", "failed" or "skipped"
     detail: str
     seconds: float = 0.0
+    kept: bool = False  # the verdict of an earlier compile of the same text with the same tools
 
 
 def cuda_source(program: str) -> str:
@@ -83,6 +88,13 @@ def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> 
                                                      + headers.missing_detail())
     flags = [*(f"-I{p}" for p in includes), f"-I{sysconfig.get_paths()['include']}",
              *(f"-I{p}" for p in headers.dirs)]
+    cxx = shutil.which("c++") or shutil.which("g++")
+    kept = _kept_check(program, arch, [nvcc, cxx, *flags])
+    if kept.exists():  # this program was compiled by these tools before: a resumed run, the same model again
+        try:
+            return CompileCheck.model_validate_json(kept.read_text()).model_copy(update={"kept": True})
+        except (OSError, ValueError):  # unreadable: compiled again and written anew
+            pass
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="stitchcuda-nvcc-") as tmp:
         if not any((p / _CMAKE_MACROS).exists() for p in includes):
@@ -93,7 +105,7 @@ def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> 
         host.write_text(host_text)
         steps = [("nvcc", [nvcc, "-std=c++17", f"-arch={arch}", "-c", str(unit), "-o",
                            str(Path(tmp) / "program.o"), *flags])]
-        if cxx := shutil.which("c++") or shutil.which("g++"):
+        if cxx:
             syntax = [cxx, "-std=c++17", "-fsyntax-only", "-DTORCH_EXTENSION_NAME=check", *flags,
                       f"-I{home / 'include'}"]
             steps.append(("the C++ compiler (binding)", [*syntax, str(binding)]))
@@ -112,7 +124,31 @@ def compile_check(program: str, arch: str = "sm_90", timeout_s: float = 900) -> 
         if len(steps) > 2:
             _HOSTS_CHECKED.add(host_text)
     what = "the program's CUDA" + (" and its C++ (binding, program host)" if len(steps) > 1 else "")
-    return CompileCheck(status="compiled", detail=f"{what} compiled for {arch}", seconds=time.perf_counter() - started)
+    check = CompileCheck(status="compiled", detail=f"{what} compiled for {arch}", seconds=time.perf_counter() - started)
+    try:  # only a success is kept: a failure is shown with its errors each time, and may be the machine's
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        partial = kept.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(check.model_dump_json())
+        partial.replace(kept)
+    except OSError:  # a read-only cache only costs the next check its compile
+        pass
+    return check
+
+
+def _kept_check(program: str, arch: str, tools: list) -> Path:
+    """Where the verdict of compiling ``program`` for ``arch`` with these tools and flags is kept:
+    keyed by the program's text, torch's version (its headers) and each compiler's path, size and
+    modification time (a new toolkit is a new key)."""
+    import torch
+
+    def identity(tool) -> list:
+        if tool is None or str(tool).startswith("-"):
+            return [str(tool)]
+        stat = Path(tool).stat()
+        return [str(tool), stat.st_size, stat.st_mtime_ns]
+
+    key = json.dumps([program, arch, torch.__version__, *(identity(t) for t in tools)])
+    return cache_root() / "compile-checks" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
 
 def _cpu_torch_shim(folder: Path) -> Path:

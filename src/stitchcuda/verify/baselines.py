@@ -40,6 +40,11 @@ from stitchcuda.verify.verdict import BaselineTiming, TimingReport
 
 # baselines too slow to set up to time again beside every candidate: their cached time is reused
 REUSED = frozenset(COMPILED_BASELINES)
+# The GPU gate's section a baseline is set up in. max-autotune times its kernel choices on the GPU,
+# so beside other tasks' trials but never in their timing; the default mode's compile is CPU work
+# (Dynamo, Inductor, Triton's builds) ending in one forward, and holds no section: in a bench, a
+# DenseNet's 70-130 s compile in the shared section kept every other task's timing waiting.
+SETUP_SECTION: dict[str, str | None] = {"torch_compile": None, "torch_compile_max_autotune": "shared"}
 
 
 class OverLimit(Exception):
@@ -49,8 +54,8 @@ class OverLimit(Exception):
 def time_candidate(request: WorkerRequest, result: WorkerResult, reference: ModuleType, ref_model: Any,
                    new_model: Any, device: torch.device, gate: Any = None) -> None:
     """``result.timing``: the candidate, eager and the baselines, timed in interleaved rounds. Called
-    inside ``gate``'s exclusive section (a GateClient); a torch.compile baseline compiles in a shared
-    one, as a compile does not need a quiet GPU and max-autotune's takes minutes."""
+    inside ``gate``'s exclusive section (a GateClient); a torch.compile baseline compiles outside it
+    (:data:`SETUP_SECTION`), as a compile does not need a quiet GPU and takes minutes."""
     config = request.config
     inputs = make_trial_inputs(reference.get_inputs, config.seed, "given", device)
     timer = Timer(device)
@@ -64,25 +69,7 @@ def time_candidate(request: WorkerRequest, result: WorkerResult, reference: Modu
     reusable = {name: b for name, b in request.cached_baselines.items() if name in REUSED}
     compile_s: dict[str, float] = {}
     if device.type == "cuda":
-        for name in config.baselines:
-            cached = reusable.get(name)
-            if cached is not None and cached.settled:
-                baselines[name] = cached.model_copy(update={"cached": True})
-                continue
-            if gate is not None and name in COMPILED_BASELINES:
-                gate.switch("shared")
-            try:
-                contenders.append(replace(baseline_contender(name, ref_model, inputs, config.compile_limit_s, compile_s),
-                                          optional=True))
-            except Exception as exc:
-                over = isinstance(exc, OverLimit)
-                baselines[name] = BaselineTiming(name=name, error=f"{type(exc).__name__}: {exc}"[:300], measured_at=now,
-                                                 compile_s=compile_s.get(name) if over else None)
-                if over:  # remembered, so the next candidate of this task does not wait for it again
-                    result.measured_baselines[name] = baselines[name]
-                set_tf32(False)
-        if gate is not None:
-            gate.switch("exclusive")
+        contenders += set_up_baselines(config, reusable, ref_model, inputs, gate, baselines, result, compile_s, now)
     result.baselines_s = time.perf_counter() - setup_started
     named = os.environ.get("STITCHCUDA_TIMING_CPU", "")
     core = int(named) if named.isdigit() and int(named) in os.sched_getaffinity(0) else None
@@ -118,6 +105,36 @@ def time_candidate(request: WorkerRequest, result: WorkerResult, reference: Modu
         l2_flush_bytes=timer.flush_bytes,
         rounds=rounds,
     )
+
+
+def set_up_baselines(config: Any, reusable: dict[str, BaselineTiming], ref_model: Any, inputs: list[Any], gate: Any,
+                     baselines: dict[str, BaselineTiming], result: WorkerResult, compile_s: dict[str, float],
+                     now: str) -> list[Contender]:
+    """The baselines to time beside the candidate, each set up in its section of ``gate``
+    (:data:`SETUP_SECTION`), the gate left in the exclusive section for the timing. A reusable
+    figure goes straight to ``baselines``, and so does a baseline that could not be set up (a
+    compile over its limit also to ``result.measured_baselines``, not to be waited for again)."""
+    contenders = []
+    for name in config.baselines:
+        cached = reusable.get(name)
+        if cached is not None and cached.settled:
+            baselines[name] = cached.model_copy(update={"cached": True})
+            continue
+        if gate is not None:
+            gate.switch(SETUP_SECTION.get(name, "exclusive"))
+        try:
+            contenders.append(replace(baseline_contender(name, ref_model, inputs, config.compile_limit_s, compile_s),
+                                      optional=True))
+        except Exception as exc:
+            over = isinstance(exc, OverLimit)
+            baselines[name] = BaselineTiming(name=name, error=f"{type(exc).__name__}: {exc}"[:300], measured_at=now,
+                                             compile_s=compile_s.get(name) if over else None)
+            if over:  # remembered, so the next candidate of this task does not wait for it again
+                result.measured_baselines[name] = baselines[name]
+            set_tf32(False)
+    if gate is not None:
+        gate.switch("exclusive")
+    return contenders
 
 
 # inputs larger than this are not drawn again for the baselines' trials (a level-1 task's 6 GB input):
