@@ -51,6 +51,21 @@ class OverLimit(Exception):
     """A baseline's set-up (torch.compile's first call) ran past its limit."""
 
 
+def over_limit(exc: BaseException) -> bool:
+    """Whether ``exc`` is :class:`OverLimit` or wraps it: Inductor raises what stops its compile
+    again as its own ``InductorError`` (``inner_exception``, and the exception it was raised in)."""
+    pending, seen = [exc], set()
+    while pending:
+        e = pending.pop()
+        if e is None or id(e) in seen:
+            continue
+        if isinstance(e, OverLimit):
+            return True
+        seen.add(id(e))
+        pending += [e.__cause__, e.__context__, getattr(e, "inner_exception", None)]
+    return False
+
+
 def time_candidate(request: WorkerRequest, result: WorkerResult, reference: ModuleType, ref_model: Any,
                    new_model: Any, device: torch.device, gate: Any = None) -> None:
     """``result.timing``: the candidate, eager and the baselines, timed in interleaved rounds. Called
@@ -126,8 +141,10 @@ def set_up_baselines(config: Any, reusable: dict[str, BaselineTiming], ref_model
             contenders.append(replace(baseline_contender(name, ref_model, inputs, config.compile_limit_s, compile_s),
                                       optional=True))
         except Exception as exc:
-            over = isinstance(exc, OverLimit)
-            baselines[name] = BaselineTiming(name=name, error=f"{type(exc).__name__}: {exc}"[:300], measured_at=now,
+            over = over_limit(exc)
+            said = f"over its limit: still compiling after {config.compile_limit_s:g} s" if over else \
+                f"{type(exc).__name__}: {exc}"[:300]  # Inductor's wrapping adds a page of advice
+            baselines[name] = BaselineTiming(name=name, error=said, measured_at=now,
                                              compile_s=compile_s.get(name) if over else None)
             if over:  # remembered, so the next candidate of this task does not wait for it again
                 result.measured_baselines[name] = baselines[name]
