@@ -42,6 +42,57 @@ def test_the_default_mode_is_torch_compiles_own(monkeypatch):
     assert modes == [None] and contender.name == "torch_compile" and compile_s["torch_compile"] < 5
 
 
+class _Cell(torch.nn.Module):
+    """A cell that keeps its output as its state, as a user's stateful RNN cell does."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = torch.zeros(2)
+
+    def forward(self, x):
+        self.hidden = torch.tanh(x + self.hidden)
+        return self.hidden
+
+
+def test_max_autotune_whose_cuda_graphs_overwrite_the_models_state_runs_without_them(monkeypatch):
+    modes = []
+
+    def compile_like_inductor(model, mode=None):  # CUDA-graph trees replay from the third call
+        modes.append(mode)  # and a model that reads its last output back fails there
+        calls = []
+
+        def call(*inputs):
+            calls.append(1)
+            if mode == "max-autotune" and len(calls) >= 3 and hasattr(model, "hidden"):
+                raise RuntimeError("Error: accessing tensor output of CUDAGraphs that has been overwritten by a "
+                                   "subsequent run.")
+            return model(*inputs)
+        return call
+
+    monkeypatch.setattr(torch, "compile", compile_like_inductor)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    cell, compile_s = _Cell(), {}
+    contender = baseline_contender("torch_compile_max_autotune", cell, [torch.ones(2)], compile_s=compile_s)
+    assert modes == ["max-autotune", "max-autotune-no-cudagraphs"] and contender.mode == "max-autotune-no-cudagraphs"
+    assert contender.model is not cell and torch.equal(cell.hidden, torch.zeros(2))  # the reference's state untouched
+    for _ in range(5):
+        contender.call()
+    assert compile_s["torch_compile_max_autotune"] < 5
+    modes.clear()
+    plain = baseline_contender("torch_compile_max_autotune", torch.nn.Identity(), [torch.ones(2)])
+    assert modes == ["max-autotune"] and plain.mode is None  # a model CUDA graphs can serve keeps them
+
+
+def test_another_error_of_max_autotune_is_not_taken_for_the_cuda_graphs_one(monkeypatch):
+    def broken(model, mode=None):
+        return lambda *inputs: (_ for _ in ()).throw(RuntimeError("an Inductor lowering failed"))
+
+    monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    with pytest.raises(RuntimeError, match="lowering failed"):
+        baseline_contender("torch_compile_max_autotune", _Cell(), [torch.ones(2)])
+
+
 def test_the_limit_holds_only_in_the_main_thread_and_leaves_no_timer():
     done = []
 
@@ -142,3 +193,24 @@ def test_compiles_hold_no_timing_section_and_the_timing_gets_the_gpu_alone(monke
     assert gate.log == [None, "shared", "exclusive"]  # eager TF32 and the graph set up in the exclusive one
     assert found["torch_compile_max_autotune"].error == "over its limit: still compiling after 300 s"
     assert result.measured_baselines["torch_compile_max_autotune"].settled  # not waited for again
+
+
+@pytest.mark.gpu
+def test_a_stateful_cell_gets_a_max_autotune_figure_on_the_gpu():
+    """On the GPU, max-autotune's CUDA graphs overwrite the hidden state this cell feeds back (torch
+    raises on its third call); the baseline runs without them and gives the eager cell's values."""
+    from stitchcuda.task.inspect import import_source
+    from tests.conftest import CPU
+
+    module = import_source((CPU / "stateful_rnn.py").read_text(), "stateful_rnn")
+    torch.manual_seed(0)
+    eager = module.Model(*module.get_init_inputs()).cuda()
+    x = module.get_inputs()[0].cuda()
+    compile_s: dict[str, float] = {}
+    contender = baseline_contender("torch_compile_max_autotune", eager, [x], compile_s=compile_s)
+    assert contender.mode == "max-autotune-no-cudagraphs", compile_s
+    compiled_state = contender.model
+    compiled_state.hidden = eager.hidden.clone()
+    for _ in range(4):
+        want, got = eager(x), contender.call()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -111,7 +111,7 @@ def verdict_view(v: Verdict) -> Group:
         c = v.timing.candidate
         timing.add_row("candidate", f"{c.median_ms:.4f}", f"{c.spread_pct:.1f}", str(c.trials), "")
         for name, b in v.timing.baselines.items():
-            label = name + (" (cached)" if b.cached else "")
+            label = name + (f" as {b.mode}" if b.mode else "") + (" (cached)" if b.cached else "")
             if b.stats:
                 timing.add_row(label, f"{b.stats.median_ms:.4f}", f"{b.stats.spread_pct:.1f}", str(b.stats.trials),
                                f"{v.speedup.get(name, 0):.2f}x")

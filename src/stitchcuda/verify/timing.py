@@ -32,6 +32,7 @@ class Contender:
     optional: bool = False  # a baseline: an exception drops it from the rounds (with ``error``), not the timing
     model: object = None  # the module whose kept state the call reads, where it is not the reference itself
     error: str | None = None
+    mode: str | None = None  # a compiled baseline's torch.compile mode, where not the one its name says
 
 
 def summarize(samples_ms: list[float]) -> TimingStats:

@@ -183,6 +183,9 @@ class BaselineTiming(BaseModel):
     max_abs_error: float | None = Field(None, description="of this baseline's output against the fp32 reference")
     compile_s: float | None = Field(None, description="a torch.compile baseline's first call (its compile); "
                                                       "with an error, how long it ran before its limit stopped it")
+    mode: str | None = Field(None, description="the torch.compile mode it ran in, where not the one its name says: "
+                                               "max-autotune-no-cudagraphs where max-autotune's CUDA graphs overwrite "
+                                               "a state the model feeds back to itself")
 
     @property
     def settled(self) -> bool:
