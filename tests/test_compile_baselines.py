@@ -195,22 +195,33 @@ def test_compiles_hold_no_timing_section_and_the_timing_gets_the_gpu_alone(monke
     assert result.measured_baselines["torch_compile_max_autotune"].settled  # not waited for again
 
 
-@pytest.mark.gpu
-def test_a_stateful_cell_gets_a_max_autotune_figure_on_the_gpu():
-    """On the GPU, max-autotune's CUDA graphs overwrite the hidden state this cell feeds back (torch
-    raises on its third call); the baseline runs without them and gives the eager cell's values."""
-    from stitchcuda.task.inspect import import_source
-    from tests.conftest import CPU
+class _ZooCell(torch.nn.Module):
+    """The zoo's stateful cell: its state starts on the CPU and is moved to the input's device."""
 
-    module = import_source((CPU / "stateful_rnn.py").read_text(), "stateful_rnn")
+    def __init__(self, inputs=64, hidden=128, batch=8):
+        super().__init__()
+        self.i2h = torch.nn.Linear(inputs + hidden, hidden)
+        self.h2o = torch.nn.Linear(hidden, 32)
+        self.hidden = torch.randn(batch, hidden)
+
+    def forward(self, x):
+        self.hidden = torch.tanh(self.i2h(torch.cat((x, self.hidden.to(x.device)), dim=1)))
+        return self.h2o(self.hidden)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_on", ["cpu", "cuda"])  # fresh, or as the verifier's reference runs leave it
+def test_a_stateful_cell_gets_a_max_autotune_figure_on_the_gpu(state_on):
+    """On the GPU, max-autotune's CUDA graphs overwrite the hidden state this cell feeds back (torch
+    raises once they replay); the baseline runs without them and gives the eager cell's values."""
     torch.manual_seed(0)
-    eager = module.Model(*module.get_init_inputs()).cuda()
-    x = module.get_inputs()[0].cuda()
+    eager = _ZooCell().cuda()
+    eager.hidden = eager.hidden.to(state_on)
+    x = torch.randn(8, 64, device="cuda")
     compile_s: dict[str, float] = {}
     contender = baseline_contender("torch_compile_max_autotune", eager, [x], compile_s=compile_s)
     assert contender.mode == "max-autotune-no-cudagraphs", compile_s
-    compiled_state = contender.model
-    compiled_state.hidden = eager.hidden.clone()
+    contender.model.hidden = eager.hidden.clone()
     for _ in range(4):
         want, got = eager(x), contender.call()
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

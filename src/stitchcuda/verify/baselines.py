@@ -260,12 +260,14 @@ def _compiled(ref_model: Any, mode: str, inputs: list[Any], limit_s: float) -> t
 
 
 def _replays(compiled: Any, inputs: list[Any]) -> bool:
-    """Whether max-autotune's CUDA graphs can serve the model call after call: CUDA-graph trees record
-    on the second call and replay from the third, each replay overwriting the last one's outputs, so
-    a model that keeps an output as its state (a stateful cell's ``self.hidden``) reads overwritten
-    memory and torch raises. Such a model is compiled again without CUDA graphs, as a user would."""
+    """Whether max-autotune's CUDA graphs can serve the model call after call: CUDA-graph trees warm up
+    on a graph's first call, record on its second and replay from its third, each replay overwriting
+    the last one's outputs, so a model that keeps an output as its state (a stateful cell's
+    ``self.hidden``) reads overwritten memory and torch raises. Such a model is compiled again without
+    CUDA graphs, as a user would. Six calls: a state that starts on the CPU recompiles once on its
+    second call (its device changed), and that graph replays from the fifth."""
     try:
-        for _ in range(3):
+        for _ in range(6):
             compiled(*inputs)
         torch.cuda.synchronize()
     except RuntimeError as exc:
