@@ -124,6 +124,19 @@ def test_cpu_extension_builds_then_hits_the_cache(verifier, task):
 
 
 @pytest.mark.nvcc
+def test_nvcc_error_in_a_source_with_its_own_headers_has_file_and_line(verifier, task):
+    v = run(verifier, task, "cuda_compile_error_own_headers")
+    assert not v.compiled
+    errors = [m for m in v.build.extensions[0].messages if m.severity == "error"]
+    assert errors and errors[0].file.endswith("cuda.cu")
+    # the closing brace after the statement missing its ";": line 6 of CUDA_SRC and of cuda.cu (no
+    # preamble), line 12 of the .py
+    assert errors[0].line == 6 and errors[0].source_line == "}" and errors[0].candidate_line == 12
+    assert "cuda.cu:6 (candidate line 12)" in v.errors[0]
+
+
+@pytest.mark.nvcc
+@pytest.mark.full  # torch/extension.h and torch/types.h behind load_inline's preamble: over a minute of g++ and nvcc
 def test_nvcc_error_has_file_and_line(verifier, task):
     v = run(verifier, task, "cuda_compile_error")
     assert not v.compiled
