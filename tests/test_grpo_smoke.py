@@ -147,7 +147,7 @@ def test_grpo_smoke_run_with_verified_rewards(tmp_path, cache, session_builds, l
             "optimize", str(FIXTURES / "cpu" / "tiny_mlp.py"), "--model", "scripted", "--base-url",
             planner.base_url, "--coder-provider", "hf", "--coder-model", str(model_dir), "--adapter",
             summary["adapter"], "--device", "cpu", "--preset", "tiny-debug", "--max-steps", "1",
-            "--workspace", str(tmp_path / "ws-optimize"), "--json"])
+            "--workspace", str(tmp_path / "ws-optimize"), "-o", str(tmp_path / "taught.py"), "--json"])
     calls = RunStore(tmp_path / "ws-optimize").llm_calls(RunStore(tmp_path / "ws-optimize").resolve("last"))
     coder = [c for c in calls if c["role"] == "coder"]
     assert coder and coder[0]["model"] == f"{model_dir}+{summary['adapter']}" and coder[0]["answer"] is not None
