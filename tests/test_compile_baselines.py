@@ -237,6 +237,10 @@ class _ZooCell(torch.nn.Module):
 def test_a_stateful_cell_gets_a_max_autotune_figure_on_the_gpu(state_on):
     """On the GPU, max-autotune's CUDA graphs overwrite the hidden state this cell feeds back (torch
     raises once they replay); the baseline runs without them and gives the eager cell's values."""
+    from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+    torch._dynamo.reset()  # one process, as a worker: the other parameter's compile and graphs start fresh
+    reset_cudagraph_trees()
     torch.manual_seed(0)
     eager = _ZooCell().cuda()
     eager.hidden = eager.hidden.to(state_on)
