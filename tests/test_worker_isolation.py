@@ -149,6 +149,30 @@ def test_nvcc_error_has_file_and_line(verifier, task):
     assert "cuda.cu:9 (candidate line 11)" in v.errors[0]
 
 
+def test_every_gpu_worker_works_off_the_timing_cores_and_times_on_its_own(monkeypatch):
+    """A GPU worker's correctness trials, reference runs and torch.compile's compile workers run on
+    the build cores (worker.serve confines it); only its timing thread moves to its quiet core. The
+    bench's compile processes keep off the quiet cores too."""
+    from stitchcuda import machine
+
+    h200 = machine.Gpu(index=0, name="NVIDIA H200", compute_capability="9.0")
+    monkeypatch.setattr(machine, "gpus", lambda: (h200,))
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("STITCHCUDA_QUIET_CORES", raising=False)
+    verifier = Verifier(PRESETS["tiny-debug"].model_copy(update={"device": "cuda:0"}))
+    gpu, build = verifier._env(hide_gpu=False), verifier._env(hide_gpu=True)
+    assert gpu["STITCHCUDA_TIMING_CPU"] == "15" and gpu["STITCHCUDA_BUILD_CPUS"] == ",".join(map(str, range(15)))
+    assert "STITCHCUDA_TIMING_CPU" not in build and build["STITCHCUDA_BUILD_CPUS"] == gpu["STITCHCUDA_BUILD_CPUS"]
+    confined = []
+    monkeypatch.setattr(machine, "confine", confined.append)
+    machine.keep_off_timing_cores()
+    assert confined == [",".join(map(str, range(15)))]
+    monkeypatch.setenv("STITCHCUDA_QUIET_CORES", "0")
+    machine.keep_off_timing_cores()
+    assert len(confined) == 1  # no split: left where it is
+
+
 def test_quiet_cores_one_per_gpu(monkeypatch):
     from stitchcuda import machine
 

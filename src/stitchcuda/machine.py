@@ -88,6 +88,15 @@ def cpu_split() -> CpuSplit | None:
     return CpuSplit(builds=cores[: -len(found)], timing={g.index: quiet[-1 - i] for i, g in enumerate(found)})
 
 
+def keep_off_timing_cores() -> None:
+    """Bind this process, and those it starts from now on, to the cores :func:`cpu_split` leaves to
+    builds: work a bench runs beside the GPUs' timing (the offline Coder's captures) never lands on a
+    core a timing thread runs on. Nothing where there is no split."""
+    split = cpu_split()
+    if split is not None:
+        confine(",".join(map(str, split.builds)))
+
+
 def confine(cores: str | None) -> None:
     """Bind this thread, and the processes it starts from now on, to ``cores`` ("0,1,5")."""
     wanted = {int(c) for c in (cores or "").split(",") if c.strip().isdigit()}

@@ -51,6 +51,7 @@ def _start(pids: Any) -> None:
     # command's process is gone, so this one goes too)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
+    machine.keep_off_timing_cores()
     make_torchvision_importable()  # the zoo's tasks import torchvision, a CUDA build beside a CPU torch
 
 

@@ -87,7 +87,7 @@ def time_candidate(request: WorkerRequest, result: WorkerResult, reference: Modu
         contenders += set_up_baselines(config, reusable, ref_model, inputs, gate, baselines, result, compile_s, now)
     result.baselines_s = time.perf_counter() - setup_started
     named = os.environ.get("STITCHCUDA_TIMING_CPU", "")
-    core = int(named) if named.isdigit() and int(named) in os.sched_getaffinity(0) else None
+    core = int(named) if named.isdigit() else None  # outside the worker's own cores (worker.serve): pinned() says
     quiet = pinned(core)
     try:
         rounds = timer.run(contenders, config.warmup, config.min_timing_trials, config.max_timing_trials,

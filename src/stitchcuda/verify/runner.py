@@ -184,9 +184,12 @@ class Verifier:
         # A worker's CPU work (a model's random init, input draws) is serial; torch's default of a thread
         # per core in each of dozens of workers only has them contend with the builds.
         env.setdefault("OMP_NUM_THREADS", env["MAX_JOBS"])
-        if split is not None and hide_gpu:  # a build: off the cores the GPU workers time on
+        if split is not None:  # builds, and every GPU worker's other work, off the cores timing runs on
             env["STITCHCUDA_BUILD_CPUS"] = ",".join(map(str, split.builds))
-        elif split is not None and self.gpu is not None and self.gpu.index in split.timing:
+        if split is not None and not hide_gpu and self.gpu is not None and self.gpu.index in split.timing:
+            # the timing thread alone moves there for its rounds: other tasks' correctness trials,
+            # reference runs and torch.compile's compile workers on it had eager GPT-2 at 2.8-4.0 ms
+            # in a bench of six tasks, and every host-bound contender slower than its CUDA graph
             env["STITCHCUDA_TIMING_CPU"] = str(split.timing[self.gpu.index])
         return env
 
