@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -149,6 +150,36 @@ def test_nvcc_error_has_file_and_line(verifier, task):
     assert "cuda.cu:9 (candidate line 11)" in v.errors[0]
 
 
+def test_a_timing_cores_other_hardware_thread_builds_nothing(monkeypatch):
+    from stitchcuda import machine
+
+    h200 = machine.Gpu(index=0, name="NVIDIA H200", compute_capability="9.0")
+    monkeypatch.setattr(machine, "gpus", lambda: (h200,))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("STITCHCUDA_QUIET_CORES", raising=False)
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    # 8 cores of two threads each, as Linux numbers them: thread i and i + 8 share a core
+    monkeypatch.setattr(machine, "smt_siblings", lambda core: {(core + 8) % 16})
+    split = machine.cpu_split()
+    assert split is not None and split.timing == {0: 15} and split.builds == [c for c in range(15) if c != 7]
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(machine, "smt_siblings", lambda core: {0, 1, 2})
+    assert machine.cpu_split().builds == [0, 1, 2]  # too few left: builds keep the siblings
+
+
+def test_hardware_threads_are_read_from_linux_topology(monkeypatch, tmp_path):
+    from stitchcuda import machine
+
+    for core, text in ((3, "3,11\n"), (4, "4-5\n")):
+        folder = tmp_path / f"cpu{core}" / "topology"
+        folder.mkdir(parents=True)
+        (folder / "thread_siblings_list").write_text(text)
+    real = Path
+    monkeypatch.setattr(machine, "Path", lambda p: real(str(p).replace("/sys/devices/system/cpu", str(tmp_path))))
+    assert machine.smt_siblings(3) == {11} and machine.smt_siblings(4) == {5}
+    assert machine.smt_siblings(9) == set()  # no topology: no siblings
+
+
 def test_every_gpu_worker_works_off_the_timing_cores_and_times_on_its_own(monkeypatch):
     """A GPU worker's correctness trials, reference runs and torch.compile's compile workers run on
     the build cores (worker.serve confines it); only its timing thread moves to its quiet core. The
@@ -157,6 +188,7 @@ def test_every_gpu_worker_works_off_the_timing_cores_and_times_on_its_own(monkey
 
     h200 = machine.Gpu(index=0, name="NVIDIA H200", compute_capability="9.0")
     monkeypatch.setattr(machine, "gpus", lambda: (h200,))
+    monkeypatch.setattr(machine, "smt_siblings", lambda core: set())
     monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("STITCHCUDA_QUIET_CORES", raising=False)
@@ -177,6 +209,7 @@ def test_quiet_cores_one_per_gpu(monkeypatch):
     from stitchcuda import machine
 
     h200 = machine.Gpu(index=0, name="NVIDIA H200", compute_capability="9.0")
+    monkeypatch.setattr(machine, "smt_siblings", lambda core: set())  # one hardware thread a core
     monkeypatch.setattr(machine, "gpus", lambda: (h200, h200.model_copy(update={"index": 1})))
     monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     split = machine.cpu_split()

@@ -51,7 +51,7 @@ class CpuSplit(BaseModel):
     Eager PyTorch launches its kernels from Python, so when the GPU waits on the host its time
     grows with every nvcc that shares the core: with nine tasks building beside it, eager
     gru_decoder timed anywhere from 12 to 20 ms, and its speedup with it. A GPU worker times on
-    its own core; builds run on the rest.
+    its own core (and that core's other hardware threads build nothing); builds run on the rest.
     """
 
     builds: list[int]
@@ -85,7 +85,26 @@ def cpu_split() -> CpuSplit | None:
     if not found or len(cores) < 4 * len(found):
         return None
     quiet = cores[-len(found):]
-    return CpuSplit(builds=cores[: -len(found)], timing={g.index: quiet[-1 - i] for i, g in enumerate(found)})
+    # a hardware thread beside a timing core shares its execution units: a build there slows the
+    # timing thread as surely as one on the core itself, so it builds nothing (where enough are left)
+    shared = set().union(*(smt_siblings(q) for q in quiet))
+    builds = [c for c in cores[: -len(found)] if c not in shared]
+    return CpuSplit(builds=builds if len(builds) >= 2 else cores[: -len(found)],
+                    timing={g.index: quiet[-1 - i] for i, g in enumerate(found)})
+
+
+def smt_siblings(core: int) -> set[int]:
+    """The other hardware threads of ``core``'s physical core (Linux's CPU topology; none elsewhere)."""
+    try:
+        text = Path(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list").read_text()
+    except OSError:
+        return set()
+    found: set[int] = set()
+    for part in text.strip().split(","):  # "3,11" or "2-3"
+        low, _, high = part.strip().partition("-")
+        if low.isdigit() and (not high or high.isdigit()):
+            found.update(range(int(low), int(high or low) + 1))
+    return found - {core}
 
 
 def keep_off_timing_cores() -> None:
