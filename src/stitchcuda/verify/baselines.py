@@ -87,7 +87,9 @@ def time_candidate(request: WorkerRequest, result: WorkerResult, reference: Modu
         contenders += set_up_baselines(config, reusable, ref_model, inputs, gate, baselines, result, compile_s, now)
     result.baselines_s = time.perf_counter() - setup_started
     named = os.environ.get("STITCHCUDA_TIMING_CPU", "")
-    core = int(named) if named.isdigit() else None  # outside the worker's own cores (worker.serve): pinned() says
+    # a core outside the worker's own (worker.serve keeps it off the timing cores): pinned() moves
+    # this thread there for the rounds, or yields None where it cannot
+    core = int(named) if named.isdigit() else None
     quiet = pinned(core)
     try:
         rounds = timer.run(contenders, config.warmup, config.min_timing_trials, config.max_timing_trials,
