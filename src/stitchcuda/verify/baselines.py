@@ -90,10 +90,16 @@ def time_candidate(request: WorkerRequest, result: WorkerResult, reference: Modu
     # a core outside the worker's own (worker.serve keeps it off the timing cores): pinned() moves
     # this thread there for the rounds, or yields None where it cannot
     core = int(named) if named.isdigit() else None
-    quiet = pinned(core)
+    timed_on: list[int | None] = []
+
+    @contextlib.contextmanager
+    def quiet():
+        with pinned(core) as where:
+            timed_on.append(where)
+            yield
     try:
         rounds = timer.run(contenders, config.warmup, config.min_timing_trials, config.max_timing_trials,
-                           config.timing_budget_s, measuring=quiet)
+                           config.timing_budget_s, measuring=quiet())
     except BaseException as exc:
         fail(result, exc, "timing")
     checked = time.perf_counter()
@@ -117,7 +123,8 @@ def time_candidate(request: WorkerRequest, result: WorkerResult, reference: Modu
     result.timing = TimingReport(
         method=("cuda events + device synchronize, L2 flushed, interleaved rounds" if timer.cuda
                 else "wall clock (CPU device): not comparable to GPU timings")
-        + (f"; timed from CPU core {core}, kept free of builds" if core is not None else ""),
+        + (f"; timed from CPU core {timed_on[0]}, kept free of builds" if timed_on and timed_on[0] is not None
+           else ""),
         candidate=summarize(contenders[0].samples),
         baselines=dict(sorted(baselines.items())),
         l2_flush_bytes=timer.flush_bytes,

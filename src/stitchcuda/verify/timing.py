@@ -133,7 +133,11 @@ def pinned(core: int | None) -> Iterator[int | None]:
     before = os.sched_getaffinity(0)
     try:
         os.sched_setaffinity(0, {core})
-    except OSError:
+        moved = os.sched_getaffinity(0) == {core}  # a core past the machine's may be taken without a word
+    except (OSError, ValueError, OverflowError):
+        moved = False
+    if not moved:
+        os.sched_setaffinity(0, before)
         yield None
         return
     try:
