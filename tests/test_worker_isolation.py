@@ -180,29 +180,20 @@ def test_hardware_threads_are_read_from_linux_topology(monkeypatch, tmp_path):
     assert machine.smt_siblings(9) == set()  # no topology: no siblings
 
 
-def test_every_gpu_worker_works_off_the_timing_cores_and_times_on_its_own(monkeypatch):
-    """A GPU worker's correctness trials, reference runs and torch.compile's compile workers run on
-    the build cores (worker.serve confines it); only its timing thread moves to its quiet core. The
-    bench's compile processes keep off the quiet cores too."""
+def test_a_benchs_compile_processes_keep_off_the_timing_cores(monkeypatch):
+    """The offline Coder's captures in the bench's compile pool (agents/compiling.py) never run on a
+    core timing runs on; without a split they stay where they are."""
     from stitchcuda import machine
 
-    h200 = machine.Gpu(index=0, name="NVIDIA H200", compute_capability="9.0")
-    monkeypatch.setattr(machine, "gpus", lambda: (h200,))
-    monkeypatch.setattr(machine, "smt_siblings", lambda core: set())
-    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("STITCHCUDA_QUIET_CORES", raising=False)
-    verifier = Verifier(PRESETS["tiny-debug"].model_copy(update={"device": "cuda:0"}))
-    gpu, build = verifier._env(hide_gpu=False), verifier._env(hide_gpu=True)
-    assert gpu["STITCHCUDA_TIMING_CPU"] == "15" and gpu["STITCHCUDA_BUILD_CPUS"] == ",".join(map(str, range(15)))
-    assert "STITCHCUDA_TIMING_CPU" not in build and build["STITCHCUDA_BUILD_CPUS"] == gpu["STITCHCUDA_BUILD_CPUS"]
+    split = machine.CpuSplit(builds=list(range(15)), timing={0: 15})
+    monkeypatch.setattr(machine, "cpu_split", lambda: split)
     confined = []
     monkeypatch.setattr(machine, "confine", confined.append)
     machine.keep_off_timing_cores()
     assert confined == [",".join(map(str, range(15)))]
-    monkeypatch.setenv("STITCHCUDA_QUIET_CORES", "0")
+    monkeypatch.setattr(machine, "cpu_split", lambda: None)
     machine.keep_off_timing_cores()
-    assert len(confined) == 1  # no split: left where it is
+    assert len(confined) == 1
 
 
 def test_quiet_cores_one_per_gpu(monkeypatch):
@@ -230,14 +221,14 @@ def test_quiet_cores_one_per_gpu(monkeypatch):
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to tell them apart")
 def test_timing_runs_pinned_after_the_warm_up():
-    from stitchcuda.verify.timing import Contender, Timer, pinned
+    from stitchcuda.verify.timing import Contender, Pinned, Timer
 
     everywhere = os.sched_getaffinity(0)
     core = max(everywhere)
     seen: list[set[int]] = []
     contender = Contender("c", lambda: seen.append(os.sched_getaffinity(0)))
     Timer(torch.device("cpu")).run([contender], warmup=2, min_rounds=3, max_rounds=3, budget_s=0.01,
-                                                 measuring=pinned(core))
+                                                 measuring=Pinned(core))
     assert seen[:3] == [everywhere] * 3  # the warm-up (which may compile) on every core
     assert seen[3:] == [{core}] * 3 and len(contender.samples) == 3
     assert os.sched_getaffinity(0) == everywhere  # put back
@@ -270,8 +261,8 @@ def test_gpu_workers_are_told_their_quiet_core(monkeypatch):
     verifier.gpu = machine.Gpu(index=1, name="NVIDIA H200", compute_capability="9.0")  # as on cuda:1
     gpu_env, build_env = verifier._env(hide_gpu=False), verifier._env(hide_gpu=True)
     # a GPU worker works off every timing core too; only its timing thread moves to its own
-    assert gpu_env["STITCHCUDA_TIMING_CPU"] == "14" and gpu_env["STITCHCUDA_BUILD_CPUS"] == ",".join(map(str, range(14)))
-    assert build_env["STITCHCUDA_BUILD_CPUS"] == ",".join(map(str, range(14))) and "STITCHCUDA_TIMING_CPU" not in build_env
+    assert gpu_env["STITCHCUDA_TIMING_CPU"] == "14" and gpu_env["STITCHCUDA_WORK_CPUS"] == ",".join(map(str, range(14)))
+    assert build_env["STITCHCUDA_WORK_CPUS"] == ",".join(map(str, range(14))) and "STITCHCUDA_TIMING_CPU" not in build_env
 
 
 def test_the_verdict_names_the_core_it_timed_on(verifier, task, monkeypatch):
@@ -279,7 +270,7 @@ def test_the_verdict_names_the_core_it_timed_on(verifier, task, monkeypatch):
     core = max(os.sched_getaffinity(0))
     monkeypatch.setenv("STITCHCUDA_TIMING_CPU", str(core))
     v = run(verifier, task, "pure_torch")
-    assert v.timing is not None and v.timing.method.endswith(f"timed from CPU core {core}, kept free of builds")
+    assert v.timing is not None and v.timing.method.endswith(f"timed from CPU core {core}, kept free of other work")
     monkeypatch.setenv("STITCHCUDA_TIMING_CPU", "4096")  # not a core of this machine: timed where it runs
     v = run(verifier, task, "pure_torch")
     assert v.timing is not None and "core" not in v.timing.method

@@ -54,7 +54,7 @@ class CpuSplit(BaseModel):
     its own core (and that core's other hardware threads build nothing); builds run on the rest.
     """
 
-    builds: list[int]
+    builds: list[int]  # builds, and every other work of a bench but timing
     timing: dict[int, int]  # GPU index -> the core its worker times on
 
 

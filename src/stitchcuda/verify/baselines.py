@@ -34,7 +34,7 @@ from stitchcuda.verify.correctness import compare_outputs, detached, make_trial_
 from stitchcuda.verify.crash import fail
 from stitchcuda.verify.model_state import ModelState
 from stitchcuda.verify.protocol import WorkerRequest, WorkerResult
-from stitchcuda.verify.timing import Contender, Timer, cuda_graph_call, pinned, summarize
+from stitchcuda.verify.timing import Contender, Pinned, Timer, cuda_graph_call, summarize
 from stitchcuda.verify.torch_state import set_tf32
 from stitchcuda.verify.verdict import BaselineTiming, TimingReport
 
@@ -87,19 +87,12 @@ def time_candidate(request: WorkerRequest, result: WorkerResult, reference: Modu
         contenders += set_up_baselines(config, reusable, ref_model, inputs, gate, baselines, result, compile_s, now)
     result.baselines_s = time.perf_counter() - setup_started
     named = os.environ.get("STITCHCUDA_TIMING_CPU", "")
-    # a core outside the worker's own (worker.serve keeps it off the timing cores): pinned() moves
-    # this thread there for the rounds, or yields None where it cannot
-    core = int(named) if named.isdigit() else None
-    timed_on: list[int | None] = []
-
-    @contextlib.contextmanager
-    def quiet():
-        with pinned(core) as where:
-            timed_on.append(where)
-            yield
+    # a core outside the worker's own (worker.serve keeps it off the timing cores): the timing
+    # thread moves there for its rounds
+    quiet = Pinned(int(named) if named.isdigit() else None)
     try:
         rounds = timer.run(contenders, config.warmup, config.min_timing_trials, config.max_timing_trials,
-                           config.timing_budget_s, measuring=quiet())
+                           config.timing_budget_s, measuring=quiet)
     except BaseException as exc:
         fail(result, exc, "timing")
     checked = time.perf_counter()
@@ -123,8 +116,7 @@ def time_candidate(request: WorkerRequest, result: WorkerResult, reference: Modu
     result.timing = TimingReport(
         method=("cuda events + device synchronize, L2 flushed, interleaved rounds" if timer.cuda
                 else "wall clock (CPU device): not comparable to GPU timings")
-        + (f"; timed from CPU core {timed_on[0]}, kept free of builds" if timed_on and timed_on[0] is not None
-           else ""),
+        + (f"; timed from CPU core {quiet.core}, kept free of other work" if quiet.core is not None else ""),
         candidate=summarize(contenders[0].samples),
         baselines=dict(sorted(baselines.items())),
         l2_flush_bytes=timer.flush_bytes,

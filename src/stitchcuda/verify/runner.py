@@ -185,11 +185,11 @@ class Verifier:
         # per core in each of dozens of workers only has them contend with the builds.
         env.setdefault("OMP_NUM_THREADS", env["MAX_JOBS"])
         if split is not None:  # builds, and every GPU worker's other work, off the cores timing runs on
-            env["STITCHCUDA_BUILD_CPUS"] = ",".join(map(str, split.builds))
+            env["STITCHCUDA_WORK_CPUS"] = ",".join(map(str, split.builds))
         if split is not None and not hide_gpu and self.gpu is not None and self.gpu.index in split.timing:
-            # the timing thread alone moves there for its rounds: other tasks' correctness trials,
-            # reference runs and torch.compile's compile workers on it had eager GPT-2 at 2.8-4.0 ms
-            # in a bench of six tasks, and every host-bound contender slower than its CUDA graph
+            # the timing thread alone moves there for its rounds: another task's correctness trials,
+            # reference runs or torch.compile workers on that core would slow host-bound contenders
+            # (eager above all) and not a CUDA graph's replay
             env["STITCHCUDA_TIMING_CPU"] = str(split.timing[self.gpu.index])
         return env
 

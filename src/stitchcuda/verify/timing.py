@@ -123,27 +123,33 @@ class Timer:
             c.after()
 
 
-@contextmanager
-def pinned(core: int | None) -> Iterator[int | None]:
-    """Run this thread on ``core`` (kept free of builds: see ``machine.cpu_split``), then put
-    it back; yields the core it runs on, None where it could not pin."""
-    if core is None or not hasattr(os, "sched_setaffinity"):
-        yield None
-        return
-    before = os.sched_getaffinity(0)
-    try:
-        os.sched_setaffinity(0, {core})
-        moved = os.sched_getaffinity(0) == {core}  # a core past the machine's may be taken without a word
-    except (OSError, ValueError, OverflowError):
-        moved = False
-    if not moved:
-        os.sched_setaffinity(0, before)
-        yield None
-        return
-    try:
-        yield core
-    finally:
-        os.sched_setaffinity(0, before)
+class Pinned:
+    """While entered, this thread runs on ``core`` (a timing core, kept free of other work: see
+    ``machine.cpu_split``); put back on exit. ``core`` after entering: where it ran, None where it
+    could not move there."""
+
+    def __init__(self, core: int | None):
+        self.wanted, self.core = core, None
+        self._before: set[int] | None = None
+
+    def __enter__(self) -> Pinned:
+        if self.wanted is None or not hasattr(os, "sched_setaffinity"):
+            return self
+        self._before = os.sched_getaffinity(0)
+        try:
+            os.sched_setaffinity(0, {self.wanted})
+            moved = os.sched_getaffinity(0) == {self.wanted}  # a core past the machine's may be taken silently
+        except (OSError, ValueError, OverflowError):
+            moved = False
+        if moved:
+            self.core = self.wanted
+        else:
+            os.sched_setaffinity(0, self._before)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.core is not None and self._before is not None:
+            os.sched_setaffinity(0, self._before)
 
 
 def cuda_graph_call(model: torch.nn.Module, inputs: list[object], warmup: int = 3) -> Call:

@@ -111,7 +111,7 @@ def serve(request_path: str, last: bool = True) -> bool:
     faulthandler.enable()  # a segfault still prints the Python stack to our log
     request = WorkerRequest.model_validate_json(Path(request_path).read_text())
     # off the timing cores before ninja or Inductor's compile workers start: they inherit it
-    machine.confine(os.environ.get("STITCHCUDA_BUILD_CPUS"))
+    machine.confine(os.environ.get("STITCHCUDA_WORK_CPUS"))
     result = WorkerResult(started_at=time.time())
     progress = Progress(request.phase_path, result, request.result_path + ".partial", request.gate_path,
                         request.gate_alone)
