@@ -333,3 +333,24 @@ def test_a_bench_compiles_its_tasks_in_processes_of_their_own():
     with pytest.raises(CaptureError, match="crashed the process"):
         compile_apart(dying, "strict")
     assert compile_apart(task, "strict").program(CodegenOptions()) == apart.program(CodegenOptions())
+
+
+def test_bench_says_why_ray_cannot_start(tmp_path, monkeypatch):
+    """Ray's own start-up failure (a binary it cannot run) is a clear message and exit 2, not an internal error."""
+    import sys
+    import types
+
+    class FakeRay(types.ModuleType):
+        def is_initialized(self):
+            return False
+
+        def init(self, **_):
+            raise PermissionError("[Errno 13] Permission denied: '/site/ray/core/src/ray/gcs/gcs_server'")
+
+    monkeypatch.setitem(sys.modules, "ray", FakeRay("ray"))
+    shutil.copyfile(REFERENCE, tmp_path / "t.py")
+    result = bench(str(tmp_path / "t.py"), "--ray", "local", "--preset", "tiny-debug", "--max-steps", "1",
+                   "--workspace", str(tmp_path / "ws"))
+    assert result.exit_code == 2, result.output
+    assert "Ray could not start its local cluster: PermissionError" in result.output
+    assert "gcs_server" in result.output and "internal error" not in result.output

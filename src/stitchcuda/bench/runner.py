@@ -42,7 +42,7 @@ from stitchcuda.task import TaskError, load_candidate
 from stitchcuda.task.record import Task
 from stitchcuda.verify import Verifier
 from stitchcuda.verify.failure import Failure, failure, failure_of
-from stitchcuda.verify.pool import GatedVerifier, GpuGate
+from stitchcuda.verify.pool import GatedVerifier, GpuGate, RayStartError, start_ray
 from stitchcuda.verify.second_opinion import for_verifier
 from stitchcuda.verify.stages import task_stages
 from stitchcuda.verify.verdict import BuildReport, Verdict
@@ -355,12 +355,10 @@ def _local(jobs: list[Job], config: BenchConfig, on_done: Callable[[TaskResult],
 def _ray(jobs: list[Job], config: BenchConfig, on_done: Callable[[TaskResult], None]) -> None:
     """Ray tasks with a share of one GPU each; ``max_retries=0``: a crash is a verdict, not a retry."""
     try:
-        import ray
-    except ImportError:
-        raise BenchError("--ray needs Ray: pip install 'stitchcuda[ray]'") from None
-    if not ray.is_initialized():
-        address = None if config.ray == "local" else config.ray
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        start_ray(config.ray)
+    except RayStartError as exc:
+        raise BenchError(str(exc)) from None
+    import ray
     share = 1.0 / config.runs_per_gpu
     remote = ray.remote(num_gpus=share, num_cpus=1, max_retries=0)(_ray_job)
     # --evaluate: each candidate is built by a CPU task first; its GPU task waits for that build

@@ -31,7 +31,8 @@ from stitchcuda.verify.judge import judge
 from stitchcuda.verify.runner import Verifier
 from stitchcuda.verify.verdict import Verdict
 
-__all__ = ["GatedVerifier", "GateStats", "GpuGate", "VerifierPool", "busy_seconds", "default_gpus"]
+__all__ = ["GatedVerifier", "GateStats", "GpuGate", "RayStartError", "VerifierPool", "busy_seconds", "default_gpus",
+           "start_ray"]
 
 
 def default_gpus() -> list[str]:
@@ -39,6 +40,26 @@ def default_gpus() -> list[str]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     count = len([v for v in visible.split(",") if v.strip()]) if visible is not None else len(machine.gpus())
     return [f"cuda:{i}" for i in range(count)]
+
+
+class RayStartError(ValueError):
+    """Ray could not start its local cluster or join the one named: the machine's setting, not a bug."""
+
+
+def start_ray(address: str) -> None:
+    """Start Ray's local cluster (``address`` "local") or join the cluster at ``address``, once per
+    process; :class:`RayStartError` with Ray's own reason where it cannot."""
+    try:
+        import ray  # optional (stitchcuda[ray]): only work asked to run on Ray needs it
+    except ImportError:
+        raise RayStartError("--ray needs Ray: pip install 'stitchcuda[ray]'") from None
+    if ray.is_initialized():
+        return
+    where = "start its local cluster" if address == "local" else f"join the cluster at {address}"
+    try:
+        ray.init(address=None if address == "local" else address, ignore_reinit_error=True, log_to_driver=False)
+    except Exception as exc:  # a binary it cannot run, a port in use, an address nobody answers at
+        raise RayStartError(f"Ray could not {where}: {type(exc).__name__}: {str(exc)[:400]}") from None
 
 
 class GateStats(BaseModel):
@@ -169,10 +190,9 @@ class VerifierPool:
         return list(self.executor.map(one, range(len(pairs))))
 
     def _on_ray(self, pairs: list[tuple[Task, Candidate]]) -> list[Verdict]:
-        import ray  # optional (stitchcuda[ray]): only a pool asked to run on Ray needs it
+        import ray
 
-        if not ray.is_initialized():
-            ray.init(address=None if self.ray == "local" else self.ray, log_to_driver=False)
+        start_ray(self.ray)
         remote = ray.remote(num_gpus=1.0 / self.runs_per_gpu, num_cpus=1, max_retries=0)(_ray_verify)
         config = self.base.model_copy(update={"device": self.ray_device}).model_dump_json()
         refs = [remote.remote(t.model_dump_json(), c.model_dump_json(), config, str(self.workspace)) for t, c in pairs]
