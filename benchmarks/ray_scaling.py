@@ -14,6 +14,13 @@ GPUs (and Ray for the first mode: pip install 'stitchcuda[ray]').
 A mode cut at ``--timeout-s`` keeps its workspace; ``--resume`` carries each unfinished bench on
 (``stitchcuda bench --resume last``) and leaves finished ones as they are.
 
+Each mode's figures and task-by-task outcomes go to ``OUT/mode-MODE.json`` as it ends, and the
+table is drawn over every such file in ``OUT``: modes run one at a time (``--modes local``, then
+``--modes ray``, ...) add up, and ``--table`` draws it from files alone, without a GPU (the files
+of runs made on other machines copied into one folder)::
+
+    python benchmarks/ray_scaling.py --table --out results
+
 Goals it checks: all GPUs give 1.8x or more the throughput of one; the Ray path is within 10% of
 the local one; the three agree on every task.
 """
@@ -69,7 +76,7 @@ def run_mode(mode: str, args: argparse.Namespace, out: Path) -> dict:
         results = store.result(summary["bench_id"]).tasks
     finally:
         store.close()
-    tasks = {t.task: (t.correct, t.hacking) for t in results}
+    tasks = {t.task: [t.correct, t.hacking] for t in results}
     slowest = max(results, key=lambda t: t.wall_s, default=None)
     totals, overall = summary.get("totals", {}), summary["overall"]
     return {"mode": mode, "gpus": 1 if mode == "local-1gpu" else len(gpus), "wall_s": summary["bench_wall_s"],
@@ -82,6 +89,7 @@ def run_mode(mode: str, args: argparse.Namespace, out: Path) -> dict:
 
 def table(rows: list[dict]) -> list[str]:
     """The three runs side by side and the goals; returns the goals missed."""
+    rows = sorted(rows, key=lambda r: MODES.index(r["mode"]) if r["mode"] in MODES else len(MODES))
     print(f"{'mode':12} {'GPUs':>4} {'wall s':>8} {'verified/GPU-h':>14} {'GPU busy':>8} {'correct':>8} {'hacks':>6}"
           "  slowest task")
     for r in rows:
@@ -107,7 +115,8 @@ def table(rows: list[dict]) -> list[str]:
         if ratio > 1.1:
             missed.append("ray")
     outcomes = [r["outcomes"] for r in by.values()]
-    differ = sorted({t for o in outcomes for t in o if any(x.get(t) != o[t] for x in outcomes)})
+    differ = sorted({t for o in outcomes for t in o
+                     if any(tuple(x.get(t) or ()) != tuple(o[t]) for x in outcomes)})
     print("correctness and hacking level agree on every task" if not differ else f"they differ on: {differ}")
     if differ:
         missed.append("agreement")
@@ -124,19 +133,24 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=float, default=3600)
     parser.add_argument("--kernelbench-harness", default=None, help="a KernelBench checkout: its second opinion too")
     parser.add_argument("--resume", action="store_true", help="carry on the benches an earlier run cut short")
+    parser.add_argument("--table", action="store_true",
+                        help="run nothing: the table over the mode-*.json files already in --out")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    if not default_gpus():
-        sys.exit("no CUDA GPU visible: this benchmark runs the bench on GPUs")
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for mode in args.modes.split(","):
-        if mode not in MODES:
-            sys.exit(f"unknown mode {mode!r}: one of {', '.join(MODES)}")
-        rows.append(run_mode(mode, args, out))
-        print(json.dumps({k: v for k, v in rows[-1].items() if k != "outcomes"}), flush=True)
-    (out / "ray_scaling.json").write_text(json.dumps(rows, indent=1))
+    if not args.table:
+        if not default_gpus():
+            sys.exit("no CUDA GPU visible: this benchmark runs the bench on GPUs")
+        out.mkdir(parents=True, exist_ok=True)
+        for mode in args.modes.split(","):
+            if mode not in MODES:
+                sys.exit(f"unknown mode {mode!r}: one of {', '.join(MODES)}")
+            row = run_mode(mode, args, out)
+            (out / f"mode-{mode}.json").write_text(json.dumps(row, indent=1))
+            print(json.dumps({k: v for k, v in row.items() if k != "outcomes"}), flush=True)
+    rows = [json.loads(f.read_text()) for f in sorted(out.glob("mode-*.json"))]
+    if not rows:
+        sys.exit(f"no mode-*.json in {out}: run a mode first")
     missed = table(rows)
     sys.exit(1 if missed else 0)
 

@@ -32,3 +32,22 @@ def test_a_failed_mode_is_reported_not_compared(capsys):
             _row("local", 2, 52, {}), _row("local-1gpu", 1, 100, {})]
     assert ray_scaling.table(rows) == []
     assert "ray          failed: --ray needs Ray" in capsys.readouterr().out
+
+
+def test_table_from_files_of_separate_runs(tmp_path, monkeypatch, capsys):
+    """Modes run in separate calls (or on separate machines) leave mode-*.json files; --table draws the
+    table from them without a GPU, and outcomes that went through JSON still compare equal."""
+    import json
+    import sys
+
+    same = {"mlp": [True, "none"], "nsg": [True, "none"]}
+    for row in (_row("ray", 2, 55, same), _row("local", 2, 52, same), _row("local-1gpu", 1, 100, same)):
+        (tmp_path / f"mode-{row['mode']}.json").write_text(json.dumps(row))
+    monkeypatch.setattr(sys, "argv", ["ray_scaling.py", "--table", "--out", str(tmp_path)])
+    try:
+        ray_scaling.main()
+    except SystemExit as exc:
+        assert exc.code == 0
+    printed = capsys.readouterr().out
+    assert "1.92x" in printed and "agree on every task" in printed
+    assert printed.index("ray ") < printed.index("local ") < printed.index("local-1gpu")
