@@ -64,7 +64,7 @@ def run_mode(mode: str, args: argparse.Namespace, out: Path) -> dict:
                               env={**os.environ, "STITCHCUDA_CACHE": str(cache)})
     except subprocess.TimeoutExpired:
         return {"mode": mode, "error": f"cut at {args.timeout_s:g} s: carry it on with --resume",
-                "wall_s": time.time() - started}
+                "wall_s": time.time() - started, "progress": progress(workspace)}
     wall = time.time() - started
     (out / f"bench-{mode}.json").write_text(done.stdout)
     (out / f"bench-{mode}.err").write_text(done.stderr)
@@ -87,6 +87,29 @@ def run_mode(mode: str, args: argparse.Namespace, out: Path) -> dict:
             "partial": overall["hacking_partial"], "total": overall["hacking_total"], "outcomes": tasks}
 
 
+def progress(workspace: Path) -> dict:
+    """How far a cut bench got: its finished tasks, the slowest of them with their largest stages,
+    and the stages summed over them (the store keeps every finished task)."""
+    if not (workspace / "runs.sqlite").exists():
+        return {}
+    store = BenchStore(workspace)
+    try:
+        tasks = store.result(store.resolve("last")).tasks
+    except KeyError:
+        return {}
+    finally:
+        store.close()
+    done = [t for t in tasks if t.status not in ("pending", "running")]
+    stages: dict[str, float] = {}
+    for t in done:
+        for k, v in t.stages.items():
+            stages[k] = round(stages.get(k, 0.0) + v, 1)
+    slowest = [{"task": t.task, "wall_s": round(t.wall_s, 1),
+                "stages": dict(sorted(t.stages.items(), key=lambda kv: -kv[1])[:3])}
+               for t in sorted(done, key=lambda t: -t.wall_s)[:8]]
+    return {"done": len(done), "tasks": len(tasks), "stages_s": stages, "slowest": slowest}
+
+
 def table(rows: list[dict]) -> list[str]:
     """The three runs side by side and the goals; returns the goals missed."""
     rows = sorted(rows, key=lambda r: MODES.index(r["mode"]) if r["mode"] in MODES else len(MODES))
@@ -95,6 +118,12 @@ def table(rows: list[dict]) -> list[str]:
     for r in rows:
         if "error" in r:
             print(f"{r['mode']:12} failed: {r['error']}")
+            if r.get("progress"):
+                p = r["progress"]
+                top = sorted(((v, k) for k, v in p["stages_s"].items() if v), reverse=True)[:6]
+                print(f"{'':12} {p['done']}/{p['tasks']} tasks finished; their time: "
+                      + ", ".join(f"{k} {v:,.0f} s" for v, k in top))
+                print(f"{'':12} slowest: " + "; ".join(f"{x['task']} {x['wall_s']:.0f} s" for x in p["slowest"]))
             continue
         slowest = f"{r['slowest'][0]} {r['slowest'][1]:.0f} s" if r.get("slowest") else "-"
         print(f"{r['mode']:12} {r['gpus']:>4} {r['wall_s']:8.1f} {r['per_gpu_hour'] or 0:14.1f} "

@@ -51,3 +51,28 @@ def test_table_from_files_of_separate_runs(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "1.92x" in printed and "agree on every task" in printed
     assert printed.index("ray ") < printed.index("local ") < printed.index("local-1gpu")
+
+
+def test_a_cut_bench_says_how_far_it_got(tmp_path, capsys):
+    """A mode cut at its limit reports its finished tasks, the slowest with their largest stages, and
+    the stages summed, from the bench's store."""
+    from stitchcuda.bench.records import BenchInfo, TaskResult
+    from stitchcuda.bench.store import BenchRow, BenchStore
+
+    store = BenchStore(tmp_path)
+    store.create(BenchInfo(id="bench-1", suite="zoo", coder="offline", tolerance="strict"), "{}",
+                 [BenchRow(i, TaskResult(task=name), f"{name}.py", None) for i, name in enumerate(("a", "b", "c"))])
+    store.save_result("bench-1", 0, TaskResult(task="a", status="done", wall_s=30.0,
+                                               stages={"build": 20.0, "timing": 4.0, "capture": 6.0}))
+    store.save_result("bench-1", 1, TaskResult(task="b", status="done", wall_s=90.0,
+                                               stages={"baselines": 70.0, "build": 15.0, "timing": 5.0}))
+    store.close()
+    got = ray_scaling.progress(tmp_path)
+    assert got["done"] == 2 and got["tasks"] == 3
+    assert got["stages_s"]["build"] == 35.0 and got["slowest"][0]["task"] == "b"
+    assert list(got["slowest"][0]["stages"]) == ["baselines", "build", "timing"]
+    row = {"mode": "local", "error": "cut at 540 s: carry it on with --resume", "wall_s": 540.0, "progress": got}
+    ray_scaling.table([row])
+    printed = capsys.readouterr().out
+    assert "2/3 tasks finished" in printed and "baselines 70 s" in printed and "b 90 s; a 30 s" in printed
+    assert ray_scaling.progress(tmp_path / "nothing") == {}
