@@ -35,7 +35,9 @@ def conv_members(c: Conv) -> list[str]:
             f"cudnnFilterDescriptor_t dnn_w{i} = nullptr;",
             f"cudnnConvolutionDescriptor_t dnn_c{i} = nullptr;",
             f"{'cudnnConvolutionBwdDataAlgo_t' if c.transposed else 'cudnnConvolutionFwdAlgo_t'} dnn_algo{i}{{}};",
-            f"size_t dnn_bytes{i} = 0;"]
+            f"size_t dnn_bytes{i} = 0;",
+            *([f"std::shared_ptr<ScDnnPlan> dnn_plan{i};  // cuDNN's graph API, where it beat the algorithm"]
+              if c.graph_api else [])]
 
 
 
@@ -97,11 +99,34 @@ def conv_setup(c: Conv, math: str) -> list[str]:
     return [
         *descriptors,
         f"SC_CUDNN_CHECK(cudnnSetConvolutionGroupCount({m}dnn_c{i}, {c.groups}));",
+
         (f"{m}dnn_algo{i} = {pick}({m}dnn, {m}dnn_w{i}, {m}dnn_x{i}, {m}dnn_c{i}, {m}dnn_y{i}, {math}, "
          f"&{m}dnn_bytes{i});" if c.transposed else
          f"{m}dnn_algo{i} = {pick}({m}dnn, {m}dnn_x{i}, {m}dnn_w{i}, {m}dnn_c{i}, {m}dnn_y{i}, {math}, "
          f"&{m}dnn_bytes{i});"),
         f"dnn_bytes = std::max(dnn_bytes, {m}dnn_bytes{i});",
+        *_plan_setup(c, x_dims, w_dims, y_dims, math),
+    ]
+
+
+def _plan_setup(c: Conv, x_dims: tuple[int, ...], w_dims: tuple[int, ...], y_dims: tuple[int, ...],
+                math: str) -> list[str]:
+    """The graph API's plan for a forward convolution, timed against the algorithm just picked
+    (dnn_graph.cuh); none where the algorithm is as fast."""
+    if not c.graph_api:
+        return []
+    i, m, nd = c.index, "made->", len(x_dims)
+
+    def arr(v: Any) -> str:
+        return "{" + ", ".join(map(str, v)) + "}"
+
+    return [
+        f"{{ const int64_t xd[{nd}] = {arr(x_dims)}, wd[{nd}] = {arr(w_dims)}, yd[{nd}] = {arr(y_dims)};",
+        f"  const int64_t pad[{nd - 2}] = {arr(c.pad)}, stride[{nd - 2}] = {arr(c.stride)}, "
+        f"dilation[{nd - 2}] = {arr(c.dilation)};",
+        f"  {m}dnn_plan{i} = sc_pick_plan({m}dnn, {m}dnn_plan_cache, {nd}, xd, wd, yd, pad, stride, dilation, {math}, "
+        f"{m}dnn_x{i}, {m}dnn_w{i}, {m}dnn_c{i}, {m}dnn_y{i}, {m}dnn_algo{i}, {m}dnn_bytes{i}, kDnnWorkspaceLimit);",
+        f"  if ({m}dnn_plan{i}) dnn_bytes = std::max(dnn_bytes, static_cast<size_t>({m}dnn_plan{i}->workspace)); }}",
     ]
 
 
@@ -124,6 +149,10 @@ def conv_launch(c: Conv) -> str:
     else:
         call = (f"SC_CUDNN_CHECK(cudnnConvolutionForward(P.dnn, &kOne, P.dnn_x{i}, {x}, P.dnn_w{i}, {weight}, "
                 f"P.dnn_c{i}, P.dnn_algo{i}, P.dnn_workspace_ptr, P.dnn_bytes{i}, &kZero, P.dnn_y{i}, {out}));")
+        if c.graph_api:  # the plan where setup kept one and the pointers have the alignment it was made for
+            call = (f"if (P.dnn_plan{i} && sc_dnn_aligned({x}, {weight}, {out}))\n"
+                    f"  SC_CUDNN_CHECK(sc_dnn_execute(P.dnn, P.dnn_plan{i}->plan, {x}, {weight}, {out}, "
+                    f"P.dnn_workspace_ptr));\nelse\n  {call}")
     if c.split is not None:
         return "\n".join([*c.split.split_launches(), call, c.split.to_nchw(c.out)])
     return call if c.chunks == 1 else f"for (long long b = 0; b < {c.chunks}; ++b) {{\n  {call}\n}}"

@@ -240,6 +240,9 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
                             ).hexdigest()[:12]
     prefix = f"sc{digest}"
     emitter = Emitter(low, options, prefix)
+    for c in low.convs:  # fp32 forward convolutions, one call each: also through cuDNN's graph API
+        c.graph_api = options.dnn_graph and not c.transposed and c.split is None and c.chunks == 1 \
+            and c.cutlass is None
     split = any(g.fast_tf32 for g in low.lt_gemms) or any(isinstance(c.split, ConvSplit) for c in low.convs)
     bf16 = any(g.bf16 for g in low.lt_gemms) or any(isinstance(c.split, ConvBf16) for c in low.convs)
     # the split's and bf16's transposing conversions share one tile loop, written once
@@ -293,7 +296,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     cuda_src = emitter.env.get_template("program.cu.j2").render(
         ns=prefix, task=task.name, options=options.model_dump(), blas=low.uses_blas, bf16=bf16,
         blas_math="CUBLAS_TF32_TENSOR_OP_MATH" if options.tf32 else "CUBLAS_DEFAULT_MATH", kernels=kernels,
-        dnn=bool(low.convs) or low.uses_dnn, dnn_math=dnn_math, ctypes=low.ctypes, dnn_members=[m for c in low.convs for m in conv_members(c)],
+        dnn=bool(low.convs) or low.uses_dnn, dnn_math=dnn_math, dnn_plans=[c.index for c in low.convs if c.graph_api], ctypes=low.ctypes, dnn_members=[m for c in low.convs for m in conv_members(c)],
         lt=bool(low.lt_gemms), lt_members=[m for g in low.lt_gemms for m in lt_members(g)],
         lt_setup=[line for g in low.lt_gemms for line in lt_setup(
             g, "CUBLAS_COMPUTE_32F_FAST_TF32" if options.tf32 else "CUBLAS_COMPUTE_32F")],

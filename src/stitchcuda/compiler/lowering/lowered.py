@@ -49,6 +49,9 @@ class CodegenOptions(BaseModel):
                                      "or the STITCHCUDA_GPU variable")
     vector_width: int = Field(4, description="elements per thread in pointwise kernels: 1 or 4 (float4)")
     block: int = Field(256, description="threads per block (a multiple of 32, at most 1024)")
+    dnn_graph: bool = Field(False, description="forward fp32 convolutions also planned through cuDNN's graph API "
+                                               "at setup (engines the legacy algorithms do not reach), each "
+                                               "kept only where it beats the legacy algorithm on the same buffers")
 
 
 @dataclass
@@ -126,6 +129,7 @@ class Conv:
     bias: str = ""  # the bias CUTLASS's path adds (+ offset)
     split: Any = None  # its channels-last copies: ConvSplit (3xTF32 by split channels, split_tf32.py) or ConvBf16
     estimate: Any = None  # the cost model's cost.Estimate of its paths
+    graph_api: bool = False  # also planned through cuDNN's graph API at setup, the faster kept (dnn_graph.cuh)
 
     # the 2-d names of the last two spatial dims: input H x W, output P x Q, filter R x S
     @property
