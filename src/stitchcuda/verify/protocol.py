@@ -60,6 +60,7 @@ class WorkerResult(BaseModel):
     output_dtypes: list[str] = []
     flags_changed: list[str] = []
     reference_s: float = 0.0
+    construct_s: float = 0.0  # ModelNew's construction: its random init on the CPU, .to(device), its state
     correctness_s: float = 0.0
     timing_s: float = 0.0
     weights_trial_s: float = 0.0  # the trial with new weights (inside correctness_s)

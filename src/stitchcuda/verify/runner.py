@@ -406,6 +406,7 @@ class Verifier:
                 wall.baselines_s = result.baselines_s
                 wall.build_s = _build_seconds(phases, outcome.ended_at)
                 wall.reference_s = result.reference_s
+                wall.construct_s = result.construct_s
                 wall.correctness_s = result.correctness_s
                 wall.timing_s = result.timing_s
                 wall.profile_s = result.profile_s

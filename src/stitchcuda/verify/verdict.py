@@ -370,6 +370,8 @@ class WallTimes(BaseModel):
     cuda_init_s: float = Field(0.0, description="the CUDA context and the profiler's first session")
     warm_start: bool = Field(False, description="the worker was started ahead, in standby, and was ready")
     reference_s: float = 0.0
+    construct_s: float = Field(0.0, description="ModelNew's construction: its random init on the CPU (the "
+                                                "reference's seed), moving it to the device, its state")
     correctness_s: float = 0.0
     baselines_s: float = Field(0.0, description="setting up the baselines (CUDA graph capture, torch.compile) and "
                                                 "checking their accuracy; their timed rounds are in timing_s")
@@ -392,7 +394,8 @@ class WallTimes(BaseModel):
         own_trials = max(self.correctness_s - self.weights_trial_s - self.fp64_s, 0.0)
         kb = sum(v for k, v in self.second_opinion.items() if k != "gpu_wait")
         return {"spawn": self.spawn_s, "cuda_init": self.cuda_init_s, "build": self.build_s,
-                "gpu_wait": self.gpu_wait_s, "reference": self.reference_s, "correctness": own_trials,
+                "gpu_wait": self.gpu_wait_s, "reference": self.reference_s, "construct": self.construct_s,
+                "correctness": own_trials,
                 "weights_trial": self.weights_trial_s, "fp64": self.fp64_s, "profile": self.profile_s,
                 "baselines": self.baselines_s, "timing": self.timing_s, "ncu": self.ncu_s, "second_opinion": kb}
 

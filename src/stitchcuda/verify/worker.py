@@ -353,6 +353,7 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
         ))
 
     progress("construct")
+    started = time.perf_counter()
     try:
         check_module(module, "ModelNew", needs_inputs=False)
     except TaskError as exc:
@@ -371,6 +372,7 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
     except BaseException as exc:
         fail(result, exc, progress.phase)
     audit_state("in __init__")
+    result.construct_s = time.perf_counter() - started
     result.correctness = CorrectnessReport(weights=weights, state=state, random_draws=seeds)
 
     progress("correctness")
