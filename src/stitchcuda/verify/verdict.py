@@ -372,10 +372,11 @@ class WallTimes(BaseModel):
     reference_s: float = 0.0
     construct_s: float = Field(0.0, description="ModelNew's construction: its random init on the CPU (the "
                                                 "reference's seed), moving it to the device, its state")
-    correctness_s: float = 0.0
+    correctness_s: float = Field(0.0, description="the trials, the new-weights trial and the one after the timing")
     baselines_s: float = Field(0.0, description="setting up the baselines (CUDA graph capture, torch.compile) and "
                                                 "checking their accuracy; their timed rounds are in timing_s")
-    timing_s: float = Field(0.0, description="the interleaved timed rounds of the candidate and the baselines")
+    timing_s: float = Field(0.0, description="the interleaved timed rounds of the candidate and the baselines, "
+                                             "and the probe for work escaping them before")
     profile_s: float = 0.0
     ncu_s: float = 0.0
     weights_trial_s: float = Field(0.0, description="the trial with new weights (part of correctness_s)")

@@ -430,17 +430,18 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
         result.profile_s = time.perf_counter() - started
 
     progress("timing")
+    started = time.perf_counter()  # the escape probe is timing's: it runs the candidate as the rounds do
     with torch.no_grad(), kept(new_model):
         try:  # work left running beyond the caller's stream escapes event-based timers (verify/escape.py)
             result.findings.extend(escaped_work(new_model, reference.get_inputs, config.seed, device))
         except BaseException as exc:
             fail(result, exc, "escape probe")
-    started = time.perf_counter()
     with torch.no_grad(), kept(ref_model, new_model):  # the post-timing trial goes on from the trials' state
         time_candidate(request, result, reference, ref_model, new_model, device, progress.gate)
     audit_state("during timing", threads=False)  # torch.compile's baseline starts worker threads
     result.timing_s = time.perf_counter() - started - result.baselines_s
     progress.gate.switch("shared")  # a trial again: nothing more is timed
+    started = time.perf_counter()
     with torch.no_grad():
         try:  # outputs gone stale after the timed calls, or cached on the inputs' identity (verify/caching.py)
             result.findings.extend(stale_outputs(new_model, ref_model, reference.get_inputs, config, device,
@@ -448,6 +449,7 @@ def _verify(request: WorkerRequest, result: WorkerResult, progress: Progress) ->
         except BaseException as exc:
             fail(result, exc, "post-timing trial")
     audit_state("in the post-timing trial", threads=False)
+    result.correctness_s += time.perf_counter() - started  # a correctness trial, made after the timing
     check_speed_of_light(result)
 
 
