@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # GPU sessions of checks, as run on the lent H100/H200 (the issue notes carry the figures):
 #   bash benchmarks/gpu_session.sh MODE...     MODE: tests | bench | ncu | agents | corpus | suite | throughput | reward | grpo
+#                                              | zoo | dnn
+# zoo: the whole zoo (written here by benchmarks/zoo.py) through benchmarks/ray_scaling.py: ZOO_MODES
+# (local, ray, local-1gpu; comma-separated, default local), ZOO_PRESET (quick), ZOO_RUNS (6 per GPU),
+# ZOO_HARNESS (a KernelBench checkout: its second opinion too), ZOO_TIMEOUT_S (540 a mode); a mode
+# cut at its limit carries on in the next call on a warm machine; each mode's figures come back as
+# mode-MODE.json, and `python benchmarks/ray_scaling.py --table --out DIR` compares them anywhere.
+# dnn: cuDNN's graph-API convolution plans against float64, timed beside the legacy algorithms.
 # suite: SUITE_TOLERANCES (strict paper), SUITE_STEPS (3), SUITE_RUNS (tasks per GPU, 8), SUITE_TASKS
 # (suite, or names separated by commas), SUITE_PRESET (default: with the torch.compile baseline),
 # SUITE_FRESH=1 (a new bench, not a resume of the last one on a warm machine: e.g. the second half
@@ -17,6 +24,13 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl 2>/dev/null
   export PYTHONPATH=/tmp/site:$PWD/src:$PWD
 fi
+# a package already unpacked and pruned to what it needs, where its wheel is too large to bring
+# (Ray's 80 MB: its Java jars and RLlib, Serve, Train and Tune left out); a tar archive keeps the
+# executable bits of its binaries (Ray's GCS server), which a wheel unpacked by zipfile loses
+for archive in .whl/*.tar.xz; do
+  [[ -f $archive ]] || continue
+  mkdir -p /tmp/site && tar -xJf "$archive" -C /tmp/site && export PYTHONPATH=/tmp/site:$PWD/src:$PWD
+done
 export STITCHCUDA_CACHE=${STITCHCUDA_CACHE:-$PWD/.stitchcuda/cache}
 export MAX_JOBS=${MAX_JOBS:-16}
 ONLY=${CORPUS_ONLY:-}
@@ -75,6 +89,20 @@ for mode in "$@"; do
     grpo)
       timeout ${GRPO_S:-500} python3 benchmarks/grpo_gpu.py > "$OUT/grpo.txt" 2>&1
       echo "grpo rc=$?"; tail -n 30 "$OUT/grpo.txt"
+      ;;
+    zoo)
+      [[ -d /tmp/zoo ]] || python3 benchmarks/zoo.py write /tmp/zoo > "$OUT/zoo_write.txt" 2>&1
+      zout=.stitchcuda/zoo-scaling  # ignored: a cut mode's workspace stays on a warm machine for the next call
+      resume=(); compgen -G "$zout/ws-*/runs.sqlite" > /dev/null && resume=(--resume)
+      timeout $(( ${ZOO_TIMEOUT_S:-540} * 3 + 60 )) python3 benchmarks/ray_scaling.py --tasks /tmp/zoo \
+        --modes "${ZOO_MODES:-local}" --preset "${ZOO_PRESET:-quick}" --runs-per-gpu ${ZOO_RUNS:-6} \
+        --timeout-s ${ZOO_TIMEOUT_S:-540} ${ZOO_HARNESS:+--kernelbench-harness "$ZOO_HARNESS"} --out "$zout" \
+        "${resume[@]}" > "$OUT/zoo.txt" 2>&1
+      echo "zoo rc=$?"; cp "$zout"/mode-*.json "$OUT/" 2>/dev/null; tail -n 25 "$OUT/zoo.txt"
+      ;;
+    dnn)
+      timeout ${DNN_S:-300} python3 -m pytest -m gpu -s -rA tests/test_dnn_graph.py > "$OUT/dnn.txt" 2>&1
+      echo "dnn rc=$?"; grep -E "convolutions:|passed|failed|Error" "$OUT/dnn.txt" | tail -n 12
       ;;
     throughput)
       timeout ${THROUGHPUT_S:-500} python3 benchmarks/bench_throughput.py > "$OUT/throughput.txt" 2>&1
