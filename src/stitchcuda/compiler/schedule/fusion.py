@@ -71,6 +71,12 @@ from stitchcuda.compiler.schedule.roles import row_lowerable as row_lowerable
 LIBRARY_ACTIVATIONS = frozenset({"aten.relu", "aten.gelu", "aten.silu", "aten.sigmoid"})
 
 
+def _constant_scale(n: Any) -> bool:
+    """``x * c`` or ``x / c`` for a nonzero number ``c``: what the attention kernel folds into its GEMM's alpha."""
+    return n.op in ("aten.mul", "aten.div") and len(n.args) == 2 and isinstance(n.args[1], (int, float)) \
+        and not isinstance(n.args[1], bool) and n.args[1] != 0
+
+
 # the group kind of a node lowered on its own, by its role
 _ALONE: dict[str, GroupKind] = {"gemm": "gemm", "conv": "conv", "recurrent": "recurrent", "attention": "attention",
                                 "reduce": "row_reduce", "elementwise": "elementwise", "view": "data_movement",
@@ -169,11 +175,15 @@ class _Fuser(Grouping):
                     group.roles["scale"] = c
                 elif op in ("aten.masked_fill", "aten.where", "aten.add") and "mask" not in group.roles:
                     group.roles["mask"] = c
-            self.absorb_producers(gid, lambda p: self.role[p] == "elementwise")
+            # the operands' own work (a rotary embedding of Q and K) stays out: the kernel reads the
+            # products' operands through views and constant scales only (lower_attention.py)
+            apart = self._operand_work(gid, qk, pv)
+            self.absorb_producers(gid, lambda p, apart=apart: self.role[p] == "elementwise" and p not in apart)
             for p in (qk, pv):  # a scaled query or key: the scale moves into the kernel
                 for v in self.reads[p]:
                     q = self.producer.get(v)
-                    if q and self.free(q) and self.role[q] == "elementwise" and self.users(q) == [p]:
+                    if q and self.free(q) and self.role[q] == "elementwise" and self.users(q) == [p] \
+                            and q not in apart:
                         self.add(gid, [q])
                     if q and self.owner.get(q) == gid and self.node[q].op in ("aten.mul", "aten.div"):
                         group.roles.setdefault("scale", q)
@@ -196,6 +206,23 @@ class _Fuser(Grouping):
                                + "softmax -> ·V as one flash-attention style kernel: the "
                                f"{self.out_shape(s.name)} scores never reach memory")
 
+
+    def _operand_work(self, gid: int, qk: str, pv: str) -> set[str]:
+        """The elementwise nodes on the products' operand paths (through views and constant scales)
+        that are more than a constant scale: the attention kernel cannot take them."""
+        apart: set[str] = set()
+        seen: set[str] = set()
+        pending = [v for p in (qk, pv) for v in self.reads[p]]
+        while pending:
+            q = self.producer.get(pending.pop())
+            if q is None or q in seen or self.owner.get(q) == gid:
+                continue
+            seen.add(q)
+            if self.role[q] == "view" or _constant_scale(self.node[q]):
+                pending.extend(self.reads[q])
+            elif self.role[q] == "elementwise":
+                apart.add(q)
+        return apart
 
     # -- phase 2: recurrent cells
 

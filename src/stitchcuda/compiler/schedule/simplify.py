@@ -11,6 +11,8 @@ launch a kernel for.
   once with torch on the CPU and become lifted constants, which the program recreates once at
   construction (``MAX_CONSTANT`` elements at most): kernels no call needs to run again. It is
   constant folding (what torch.compile's freezing does); nothing that depends on data is folded.
+- ``split_shared_views`` (shared_views.py): a view several elementwise kernels read becomes one
+  view per reader, so none is laid out by a copy of its own.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from stitchcuda.compiler.capture.graph import MAX_CONSTANT, Node, OpGraph, Place
 from stitchcuda.compiler.ir.op_table import tagged
 from stitchcuda.compiler.ir.ops import C_TYPES, RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, VIEW_OPS
 from stitchcuda.compiler.schedule.horizontal import merge_shared_linears
+from stitchcuda.compiler.schedule.shared_views import split_shared_views
 
 # Operators folded: those whose result is the same bits on the CPU as on the GPU (views, fills,
 # index math, comparisons, casts, correctly rounded arithmetic). Transcendentals (log, exp, ...) and
@@ -43,7 +46,7 @@ _INTEGER_REDUCTIONS = {"aten.any", "aten.all", "aten.sum", "aten.amax", "aten.am
 
 
 def simplify(graph: OpGraph) -> OpGraph:
-    return merge_shared_linears(fold_constants(drop_identity_clones(graph)))
+    return split_shared_views(merge_shared_linears(fold_constants(drop_identity_clones(graph))))
 
 
 def _rename(value: Any, alias: dict[str, str]) -> Any:
