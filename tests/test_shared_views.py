@@ -95,3 +95,22 @@ def test_the_program_computes_the_reference(compiled):
     for g, e in zip(got, expected, strict=True):
         e = e if hasattr(e, "shape") else e[0]
         assert ((g - e).abs().max() / e.abs().max()).item() < 1e-5
+
+
+PARTIAL = ROTARY.replace(
+    "        q = q * cos + rotate_half(q) * sin\n        k = k * cos + rotate_half(k) * sin\n",
+    "        rot = self.dim // 2  # GPT-NeoX's partial rotary: a split into the turned part and the rest\n"
+    "        (q, q_pass), (k, k_pass) = q.split([rot, self.dim - rot], -1), k.split([rot, self.dim - rot], -1)\n"
+    "        cos, sin = cos[..., :rot], sin[..., :rot]\n"
+    "        q = torch.cat((q * cos + rotate_half(q) * sin, q_pass), dim=-1)\n"
+    "        k = torch.cat((k * cos + rotate_half(k) * sin, k_pass), dim=-1)\n")
+
+
+def test_a_split_is_slices_so_its_pieces_go_wherever_they_are_read():
+    from stitchcuda.compiler.ir.ops import SPLITS
+
+    assert PARTIAL != ROTARY
+    compiled = compile_task(task_from("partial_rotary", PARTIAL))
+    assert not [n for n in compiled.graph.nodes if n.op in SPLITS] and not compiled.isolated
+    got, expected = simulate(compiled.task, compiled.graph, compiled.groups, CodegenOptions())
+    assert ((got[0] - expected[0]).abs().max() / expected[0].abs().max()).item() < 1e-5

@@ -11,6 +11,8 @@ launch a kernel for.
   once with torch on the CPU and become lifted constants, which the program recreates once at
   construction (``MAX_CONSTANT`` elements at most): kernels no call needs to run again. It is
   constant folding (what torch.compile's freezing does); nothing that depends on data is folded.
+- every split, chunk and unbind becomes one slice (select) per piece (rewrite.py): plain views,
+  which a group reads through strides wherever its pieces go;
 - ``split_shared_views`` (shared_views.py): a view several elementwise kernels read becomes one
   view per reader, so none is laid out by a copy of its own.
 """
@@ -22,8 +24,9 @@ from typing import Any
 from stitchcuda.compiler.capture.evaluate import evaluate_node
 from stitchcuda.compiler.capture.graph import MAX_CONSTANT, Node, OpGraph, Placeholder
 from stitchcuda.compiler.ir.op_table import tagged
-from stitchcuda.compiler.ir.ops import C_TYPES, RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, VIEW_OPS
+from stitchcuda.compiler.ir.ops import C_TYPES, RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, SPLITS, VIEW_OPS
 from stitchcuda.compiler.schedule.horizontal import merge_shared_linears
+from stitchcuda.compiler.schedule.rewrite import split_into_slices
 from stitchcuda.compiler.schedule.shared_views import split_shared_views
 
 # Operators folded: those whose result is the same bits on the CPU as on the GPU (views, fills,
@@ -46,7 +49,8 @@ _INTEGER_REDUCTIONS = {"aten.any", "aten.all", "aten.sum", "aten.amax", "aten.am
 
 
 def simplify(graph: OpGraph) -> OpGraph:
-    return split_shared_views(merge_shared_linears(fold_constants(drop_identity_clones(graph))))
+    graph = merge_shared_linears(fold_constants(drop_identity_clones(graph)))
+    return split_shared_views(split_into_slices(graph, {n.name for n in graph.nodes if n.op in SPLITS}))
 
 
 def _rename(value: Any, alias: dict[str, str]) -> Any:
