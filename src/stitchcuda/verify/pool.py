@@ -190,9 +190,8 @@ class VerifierPool:
         return list(self.executor.map(one, range(len(pairs))))
 
     def _on_ray(self, pairs: list[tuple[Task, Candidate]]) -> list[Verdict]:
+        start_ray(self.ray)  # Ray missing or unable to start: a clear message, before anything runs
         import ray
-
-        start_ray(self.ray)
         remote = ray.remote(num_gpus=1.0 / self.runs_per_gpu, num_cpus=1, max_retries=0)(_ray_verify)
         config = self.base.model_copy(update={"device": self.ray_device}).model_dump_json()
         refs = [remote.remote(t.model_dump_json(), c.model_dump_json(), config, str(self.workspace)) for t, c in pairs]

@@ -5,8 +5,8 @@ A task's stages, in the order they happen: ``compile_wait`` for a compile proces
 its tasks in a pool of them), the offline Coder's ``capture`` (torch.export and the IR), ``lower`` (fusion and lowering) and ``emit`` (the program's source); the Planner's ``profile``
 of the reference; ``build`` (nvcc, in the build worker and the verification's own import); the
 ``gpu_wait`` at the GPU gate; each verification stage (``spawn``, ``cuda_init``, ``reference``,
-``construct`` (ModelNew's random init on the CPU and its move to the GPU), ``correctness``, ``weights_trial``, ``fp64``, ``program_profile``, ``baselines``, ``timing``,
-``ncu``); KernelBench's second opinion (``kb_start``, ``kb_build``, ``kb_correctness``,
+``construct`` (ModelNew's random init on the CPU and its move to the GPU), ``correctness``,
+``weights_trial``, ``fp64``, ``program_profile``, ``baselines``, ``timing``, ``ncu``); KernelBench's second opinion (``kb_start``, ``kb_build``, ``kb_correctness``,
 ``kb_timing``); and ``other``, the wall time none of these account for (threads waiting on each
 other, the run store, the bench's own bookkeeping). The stages of several verifications of one task
 add up; ``gpu_wait`` and the GPU stages can overlap another task's, never this task's own.
@@ -23,8 +23,8 @@ from typing import Any
 from stitchcuda.verify.gate import busy_seconds
 
 STAGES = ("compile_wait", "capture", "lower", "emit", "profile", "build", "gpu_wait", "spawn", "cuda_init", "reference",
-          "construct", "correctness", "weights_trial", "fp64", "program_profile", "baselines", "timing", "ncu", "kb_start",
-          "kb_build", "kb_correctness", "kb_timing", "other")
+          "construct", "correctness", "weights_trial", "fp64", "program_profile", "baselines", "timing", "ncu",
+          "kb_start", "kb_build", "kb_correctness", "kb_timing", "other")
 LABELS = {"compile_wait": "waiting for a compile process", "capture": "capture", "lower": "lowering", "emit": "emit", "profile": "reference profile",
           "build": "build (nvcc)", "gpu_wait": "waiting for the GPU", "spawn": "worker start",
           "cuda_init": "CUDA init", "reference": "reference", "construct": "ModelNew's construction",
@@ -35,7 +35,8 @@ LABELS = {"compile_wait": "waiting for a compile process", "capture": "capture",
           "kb_timing": "KernelBench: timing", "other": "other"}
 # verification phases (WallTimes.split) under their stage names
 _PHASES = {"spawn": "spawn", "cuda_init": "cuda_init", "build": "build", "gpu_wait": "gpu_wait",
-           "reference": "reference", "construct": "construct", "correctness": "correctness", "weights_trial": "weights_trial", "fp64": "fp64",
+           "reference": "reference", "construct": "construct", "correctness": "correctness",
+           "weights_trial": "weights_trial", "fp64": "fp64",
            "profile": "program_profile", "baselines": "baselines", "timing": "timing", "ncu": "ncu"}
 
 

@@ -99,7 +99,6 @@ def conv_setup(c: Conv, math: str) -> list[str]:
     return [
         *descriptors,
         f"SC_CUDNN_CHECK(cudnnSetConvolutionGroupCount({m}dnn_c{i}, {c.groups}));",
-
         (f"{m}dnn_algo{i} = {pick}({m}dnn, {m}dnn_w{i}, {m}dnn_x{i}, {m}dnn_c{i}, {m}dnn_y{i}, {math}, "
          f"&{m}dnn_bytes{i});" if c.transposed else
          f"{m}dnn_algo{i} = {pick}({m}dnn, {m}dnn_x{i}, {m}dnn_w{i}, {m}dnn_c{i}, {m}dnn_y{i}, {math}, "

@@ -62,6 +62,7 @@ def split_shared_views(graph: OpGraph) -> OpGraph:
             k += 1
         taken.add(f"{base}__r{k}")
         return f"{base}__r{k}"
+
     for _ in range(_MAX_PASSES):
         readers: dict[str, list[Node]] = {}
         for n in nodes:
