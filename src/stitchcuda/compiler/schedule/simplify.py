@@ -11,6 +11,8 @@ launch a kernel for.
   once with torch on the CPU and become lifted constants, which the program recreates once at
   construction (``MAX_CONSTANT`` elements at most): kernels no call needs to run again. It is
   constant folding (what torch.compile's freezing does); nothing that depends on data is folded.
+- ``commute_row_permutes`` (row_permutes.py): a linear over a permute of its rows reads the rows
+  in their own order, and the permute moves to its output (no copy before the product);
 - every split, chunk and unbind becomes one slice (select) per piece (rewrite.py): plain views,
   which a group reads through strides wherever its pieces go;
 - ``split_shared_views`` (shared_views.py): a view several elementwise kernels read becomes one
@@ -27,6 +29,7 @@ from stitchcuda.compiler.ir.op_table import tagged
 from stitchcuda.compiler.ir.ops import C_TYPES, RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, SPLITS, VIEW_OPS
 from stitchcuda.compiler.schedule.horizontal import merge_shared_linears
 from stitchcuda.compiler.schedule.rewrite import split_into_slices
+from stitchcuda.compiler.schedule.row_permutes import commute_row_permutes
 from stitchcuda.compiler.schedule.shared_views import split_shared_views
 
 # Operators folded: those whose result is the same bits on the CPU as on the GPU (views, fills,
@@ -49,7 +52,7 @@ _INTEGER_REDUCTIONS = {"aten.any", "aten.all", "aten.sum", "aten.amax", "aten.am
 
 
 def simplify(graph: OpGraph) -> OpGraph:
-    graph = merge_shared_linears(fold_constants(drop_identity_clones(graph)))
+    graph = commute_row_permutes(merge_shared_linears(fold_constants(drop_identity_clones(graph))))
     return split_shared_views(split_into_slices(graph, {n.name for n in graph.nodes if n.op in SPLITS}))
 
 
