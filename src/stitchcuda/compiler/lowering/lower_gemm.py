@@ -58,7 +58,11 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
         bias = arg(a[2]) if len(a) > 2 and a[2] is not None else None
         if len(w.shape) != 2:
             raise Unsupported(f"{where}: weight of shape {list(w.shape)}")
-        wt = Leaf(w.leaf.value, (w.shape[1], w.shape[0]), (w.leaf.strides[1], w.leaf.strides[0]))  # type: ignore[union-attr]
+        if w.op != "leaf" or not w.leaf.plain:  # type: ignore[union-attr]
+            raise Unsupported(f"{where}: the weight is computed, gathered or concatenated inside the group")
+        # W^T, read where W is: a piece of a split weight (a packed Q/K/V projection) starts at its offset
+        wt = Leaf(w.leaf.value, (w.shape[1], w.shape[0]), (w.leaf.strides[1], w.leaf.strides[0]),  # type: ignore[union-attr]
+                  offset=w.leaf.offset)  # type: ignore[union-attr]
         lhs, rhs = x, Expr("leaf", leaf=wt, shape=wt.shape)
     elif anchor.op == "aten.addmm":
         beta, alpha = anchor.kwargs.get("beta", 1), anchor.kwargs.get("alpha", 1)

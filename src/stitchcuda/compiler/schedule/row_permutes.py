@@ -66,14 +66,13 @@ def commute_row_permutes(graph: OpGraph) -> OpGraph:
     value itself, its output named ``<linear>__rows`` and the linear's own name now the permute of it."""
     produced = {n.name: n for n in graph.nodes}
     pinned = set(graph.outputs) | set(graph.mutations) | set(graph.mutations.values())
-    params = {p.name for p in graph.placeholders if p.kind != "input"}  # a weight and bias as they are held
     nodes: list[Node] = []
     changed = False
     for n in graph.nodes:
         source = n.args[0][1:] if n.op == "aten.linear" and n.args and isinstance(n.args[0], str) else None
         permute = produced.get(source) if source else None
         if permute is None or permute.op not in _ROW_PERMUTES or n.name in pinned or len(n.out) != 1 \
-                or not isinstance(permute.args[0], str) or any(a not in params for a in n.inputs()[1:]):
+                or not isinstance(permute.args[0], str):
             nodes.append(n)
             continue
         x = permute.args[0][1:]
