@@ -73,6 +73,19 @@ class Node(BaseModel):
         walk(list(self.kwargs.values()))
         return found
 
+    def reading(self, alias: dict[str, str]) -> Node:
+        """This node reading value ``alias[v]`` wherever it read ``v``."""
+
+        def rename(value: Any) -> Any:
+            if isinstance(value, str) and value.startswith("%") and value[1:] in alias:
+                return "%" + alias[value[1:]]
+            if isinstance(value, (list, tuple)):
+                return [rename(v) for v in value]
+            return value
+
+        return self.model_copy(update={"args": rename(self.args),
+                                       "kwargs": {k: rename(v) for k, v in self.kwargs.items()}})
+
 
 class Draw(BaseModel):
     """A tensor the forward draws from torch's generator (an initial state, a dropout mask's

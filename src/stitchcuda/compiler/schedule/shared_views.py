@@ -19,30 +19,10 @@ from stitchcuda.compiler.schedule.roles import op_role
 _MAX_PASSES = 64  # view chains are short; each pass copies one level of every chain
 
 
-def _refs(value: object) -> set[str]:
-    if isinstance(value, str) and value.startswith("%"):
-        return {value[1:]}
-    if isinstance(value, (list, tuple)):
-        return set().union(*(_refs(v) for v in value)) if value else set()
-    if isinstance(value, dict):
-        return _refs(list(value.values()))
-    return set()
-
-
-def _renamed(value: object, old: str, new: str) -> object:
-    if value == "%" + old:
-        return "%" + new
-    if isinstance(value, list):
-        return [_renamed(v, old, new) for v in value]
-    if isinstance(value, dict):
-        return {k: _renamed(v, old, new) for k, v in value.items()}
-    return value
-
-
 def _shared(n: Node, readers: list[Node], pinned: set[str]) -> bool:
     """Whether view ``n`` is read by more than one node, each an elementwise kernel or a view (a
     view of a split's piece stays one: the split's pieces are laid out together)."""
-    if n.op not in VIEW_OPS or len(n.out) != 1 or n.name in pinned or len(readers) < 2 or _refs(n.args) & pinned:
+    if n.op not in VIEW_OPS or len(n.out) != 1 or n.name in pinned or len(readers) < 2 or set(n.inputs()) & pinned:
         return False
     return all(r.op in VIEW_OPS or op_role(r) == "elementwise" for r in readers)
 
@@ -54,7 +34,6 @@ def split_shared_views(graph: OpGraph) -> OpGraph:
     pinned |= {src for src, _ in graph.getitems.values()} | set(graph.getitems)
     nodes = list(graph.nodes)
     taken = {n.name for n in nodes} | {p.name for p in graph.placeholders} | set(graph.getitems)
-    changed = False
 
     def fresh(base: str) -> str:
         k = 1
@@ -66,24 +45,23 @@ def split_shared_views(graph: OpGraph) -> OpGraph:
     for _ in range(_MAX_PASSES):
         readers: dict[str, list[Node]] = {}
         for n in nodes:
-            for name in _refs(n.args) | _refs(n.kwargs):
+            for name in set(n.inputs()):
                 readers.setdefault(name, []).append(n)
         out: list[Node] = []
-        rename: dict[str, list[tuple[str, str]]] = {}  # a reader -> (a view it reads, the copy it reads now)
+        rename: dict[str, dict[str, str]] = {}  # a reader -> {a view it reads: the copy it reads now}
         for n in nodes:
-            for old, new in rename.get(n.name, []):
-                n = n.model_copy(update={"args": _renamed(n.args, old, new), "kwargs": _renamed(n.kwargs, old, new)})
+            n = n.reading(rename[n.name]) if n.name in rename else n
             out.append(n)
             if not _shared(n, readers.get(n.name, []), pinned):
                 continue
             for reader in readers[n.name][1:]:
                 copy = n.model_copy(update={"name": fresh(n.name.split("__r")[0])})
                 out.append(copy)
-                rename.setdefault(reader.name, []).append((n.name, copy.name))
+                rename.setdefault(reader.name, {})[n.name] = copy.name
         if len(out) == len(nodes):
             break
-        nodes, changed = out, True
-    if not changed:
+        nodes = out
+    if len(nodes) == len(graph.nodes):
         return graph
     result = graph.model_copy()
     result.nodes = nodes

@@ -56,14 +56,6 @@ def simplify(graph: OpGraph) -> OpGraph:
     return split_shared_views(split_into_slices(graph, {n.name for n in graph.nodes if n.op in SPLITS}))
 
 
-def _rename(value: Any, alias: dict[str, str]) -> Any:
-    if isinstance(value, str) and value.startswith("%") and value[1:] in alias:
-        return "%" + alias[value[1:]]
-    if isinstance(value, list):
-        return [_rename(v, alias) for v in value]
-    return value
-
-
 # views that are their input when they keep its shape
 _SAME_SHAPE_VIEWS = tagged("same_shape")
 # views that keep a dense value dense, element order unchanged (expand only to its own shape)
@@ -123,9 +115,7 @@ def drop_identity_clones(graph: OpGraph) -> OpGraph:
     if not alias:
         return graph
     out = graph.model_copy(deep=True)
-    out.nodes = [n.model_copy(update={"args": _rename(n.args, alias),
-                                      "kwargs": {k: _rename(v, alias) for k, v in n.kwargs.items()}})
-                 for n in out.nodes if n.name not in alias]
+    out.nodes = [n.reading(alias) for n in out.nodes if n.name not in alias]
     return out
 
 

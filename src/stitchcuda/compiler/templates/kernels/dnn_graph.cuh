@@ -155,7 +155,8 @@ float sc_dnn_time(cudnnHandle_t h, Run run) {
   return best;
 }
 
-// The plans of one convolution, fastest first, each with its time.
+// The fastest plan cuDNN's heuristics offer for one convolution under `math`, timed on x, w, y, into
+// *best where it beats *best_ms (the legacy algorithm's time); false where no plan could be made.
 inline bool sc_dnn_rank(cudnnHandle_t h, int nd, const int64_t* xd, const int64_t* wd, const int64_t* yd,
                         const int64_t* pad, const int64_t* stride, const int64_t* dilation, cudnnMathType_t math,
                         const void* x, const void* w, void* y, void* workspace, int64_t workspace_limit,
