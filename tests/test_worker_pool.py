@@ -38,6 +38,7 @@ def test_callers_asking_at_once_wait_for_one_start_each_side_by_side(tmp_path):
     pool = _pool(tmp_path)
     got: list[tuple[object, bool]] = []
     pool.warm_up(1)
+    spare = pool._idle[0]
     started = time.time()
     threads = [threading.Thread(target=lambda: got.append(pool.take())) for _ in range(4)]
     try:
@@ -49,7 +50,10 @@ def test_callers_asking_at_once_wait_for_one_start_each_side_by_side(tmp_path):
             time.sleep(0.02)
         elapsed = time.time() - started
         assert len(got) == 4 and len({id(w) for w, _ in got}) == 4 and pool.started == 4
-        assert sum(warm for _, warm in got) == 1  # the spare; the other three started for a request
+        # the spare was started ahead of every request; a worker started for one caller may be
+        # older than a later caller's request (threads start apart on a loaded machine), so only
+        # the spare's flag is certain
+        assert (spare, True) in [(w, warm) for w, warm in got]
         assert elapsed < 1.8 * START_S, elapsed  # one start, not the spare's and then their own
     finally:
         for w, _ in got:
