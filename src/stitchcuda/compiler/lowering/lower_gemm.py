@@ -71,8 +71,13 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
         bias, lhs, rhs = arg(a[0]), arg(a[1]), arg(a[2])
     else:
         lhs, rhs = arg(a[0]), arg(a[1])
-    gemm = gemm_shape(cx, anchor, lhs, rhs)
     epilogue = nodes[nodes.index(anchor) + 1:]
+    try:
+        gemm = gemm_shape(cx, anchor, lhs, rhs)
+    except Unsupported:
+        if anchor.op not in ("aten.matmul", "aten.bmm", "aten.linear"):
+            raise
+        return _strided_product(cx, g, anchor, lhs, rhs, epilogue, bias, env)
     value = anchor
     gemm.estimate = gemm_path(cx, gemm, anchor.name)
     split = gemm.estimate.path in ("split", "bf16")
@@ -100,6 +105,42 @@ def lower_gemm(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowered:
     low.describe = describe_gemm(anchor, gemm) + low.describe  # after the split or split-K: it names them
     low.describe += gemm.estimate.note(cx.out.machine.table.label)
     return low
+
+
+def _strided_product(cx: LowerContext, g: FusionGroup, anchor: Node, lhs: Expr, rhs: Expr, epilogue: list[Node],
+                     bias: Expr | None, env: dict[str, Expr]) -> Lowered:
+    """A product the dense shapes refuse, its left operand a strided view (a window attention's
+    query read straight out of its QKV product; a linear over a sequence-first transpose of a
+    batch-first value), or of two batch dims: one strided-batched product into a contiguous
+    output, its bias and epilogue one pointwise kernel after."""
+    where = f"{anchor.name} ({anchor.op})"
+    low, out = library_call(cx, g, "gemm", anchor, epilogue, bias, env, "")
+    shape = cx.shape(anchor.name)
+    try:
+        gemm = strided_gemm(cx, where, lhs, rhs, out, shape, contiguous_strides(shape))
+    except Unsupported:
+        moved, out_shape, out_strides = _rows_by_stride(where, lhs, shape)
+        gemm = strided_gemm(cx, where, moved, rhs, out, out_shape, out_strides)
+    place_product(cx, gemm)
+    low.gemm = gemm
+    low.describe = describe_gemm(anchor, gemm) + low.describe + gemm.estimate.note(cx.out.machine.table.label)
+    return low
+
+
+def _rows_by_stride(where: str, lhs: Expr, shape: tuple[int, ...]) -> tuple[Expr, tuple[int, ...], tuple[int, ...]]:
+    """(the left operand, the output's shape, its contiguous strides) with the leading dims
+    reordered alike so that the left operand's densest one gives the rows and the others the
+    batch: ``[S, B, K]`` read from a ``[B, S, K]`` buffer is B products of S rows."""
+    lead = len(shape) - 2
+    if lhs.op != "leaf" or lead < 1 or len(lhs.shape) != len(shape):
+        raise Unsupported(f"{where}: left operand of shape {list(lhs.shape)} for an output of {list(shape)}")
+    lf: Leaf = lhs.leaf  # type: ignore[assignment]
+    rows = min(range(lead + 1), key=lambda d: (shape[d] == 1, lf.strides[d]))
+    order = [d for d in range(lead + 1) if d != rows] + [rows, lead + 1]
+    strides = contiguous_strides(shape)
+    read = replace(lf, shape=tuple(lf.shape[d] for d in order), strides=tuple(lf.strides[d] for d in order))
+    return (Expr("leaf", leaf=read, shape=read.shape), tuple(shape[d] for d in order),
+            tuple(strides[d] for d in order))
 
 
 def gemm_path(cx: LowerContext, gemm: Gemm, value: str | None = None) -> Estimate:

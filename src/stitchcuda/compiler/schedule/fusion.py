@@ -148,11 +148,15 @@ class _Fuser(Grouping):
                 continue
             chain: list[str] = []
             cur = self.producer.get(self.reads[s.name][0])
-            while cur is not None and self.free(cur) and self.role[cur] == "elementwise" \
+            # scale and mask, and the reshapes a shifted-window mask is added through
+            while cur is not None and self.free(cur) and (self.role[cur] == "elementwise" or self._reshape(cur)) \
                     and len(self.users(cur)) == 1 and not self.returned_from(cur):
                 chain.insert(0, cur)
-                main = [v for v in self.reads[cur] if self.shape(v) == self.out_shape(cur)]
+                main = self.reads[cur][:1] if self._reshape(cur) else \
+                    [v for v in self.reads[cur] if self.shape(v) == self.out_shape(cur)]
                 cur = self.producer.get(main[0]) if main else None
+            if chain and self._reshape(chain[0]):
+                continue  # the kernel writes Q.K^T's own shape
             if cur is None or self.node[cur].op not in ("aten.matmul", "aten.bmm") or not self.free(cur) \
                     or len(self.users(cur)) != 1 or self.returned_from(cur):
                 continue
@@ -206,6 +210,10 @@ class _Fuser(Grouping):
                                + "softmax -> ·V as one flash-attention style kernel: the "
                                f"{self.out_shape(s.name)} scores never reach memory")
 
+
+    def _reshape(self, name: str) -> bool:
+        """A view that only regroups dims (a row kernel over a contiguous buffer reads it as is)."""
+        return self.role[name] == "view" and self.node[name].op in ("aten.view", "aten.reshape", "aten._unsafe_view")
 
     def _operand_work(self, gid: int, qk: str, pv: str) -> set[str]:
         """The elementwise nodes on the products' operand paths (through views and constant scales)
