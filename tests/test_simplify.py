@@ -106,3 +106,45 @@ def test_values_of_no_input_are_folded_up_to_the_constant_size_and_rendered_as_p
     assert _tensor_source([[1.0, 1.0], [1.0, 1.0]], [2, 2], "float32") == "torch.full([2, 2], 1.0, dtype=torch.float32)"
     assert _tensor_source([float("-inf"), 0.0], [2], "float32") == \
         "torch.tensor([float('-inf'), 0.0], dtype=torch.float32)"
+
+
+INDEX_RANGES = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fused = nn.Linear(16, 6 * 8)
+
+    def forward(self, x):  # multi-query heads picked out of a fused projection, as Falcon does
+        b, s, _ = x.shape
+        heads = self.fused(x).view(b, s, 6, 8)
+        q = heads[:, :, :-2]
+        k = heads[:, :, torch.tensor([-2])]
+        v = heads[:, :, torch.tensor([0, 2, 4])]  # every other head: a slice with a step
+        shuffled = heads[:, :, torch.tensor([3, 1])]  # not a run: stays a gather
+        return torch.tanh(q @ k.transpose(-1, -2)) @ v[:, :, :1] + shuffled.sum(-2, keepdim=True)
+
+
+def get_inputs():
+    return [torch.randn(2, 5, 16)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_an_index_by_a_constant_run_of_positions_is_a_slice():
+    from stitchcuda.compiler import compile_task
+
+    task = task_from("index_ranges", INDEX_RANGES)
+    assert _ops(capture(task)).count("aten.index") == 3
+    compiled = compile_task(task)
+    assert _ops(compiled.graph).count("aten.index") == 1  # the shuffle
+    steps = [n.args[2:] for n in compiled.graph.nodes if n.op == "aten.slice" and n.args[1] == 2]
+    assert [4, 5, 1] in steps and [0, 5, 2] in steps
+    got, expected = simulate(task, compiled.graph, compiled.groups)
+    torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)

@@ -11,6 +11,9 @@ launch a kernel for.
   once with torch on the CPU and become lifted constants, which the program recreates once at
   construction (``MAX_CONSTANT`` elements at most): kernels no call needs to run again. It is
   constant folding (what torch.compile's freezing does); nothing that depends on data is folded.
+- ``index_ranges_as_slices``: advanced indexing along one dim by a constant run of positions
+  (``x[:, :, [4, 5]]``: Falcon's multi-query heads picked out of the fused QKV product) is a slice,
+  a view its readers read through strides, not a gather kernel;
 - ``commute_row_permutes`` (row_permutes.py): a linear over a permute of its rows reads the rows
   in their own order, and the permute moves to its output (no copy before the product);
 - every split, chunk and unbind becomes one slice (select) per piece (rewrite.py): plain views,
@@ -52,7 +55,8 @@ _INTEGER_REDUCTIONS = {"aten.any", "aten.all", "aten.sum", "aten.amax", "aten.am
 
 
 def simplify(graph: OpGraph) -> OpGraph:
-    graph = commute_row_permutes(merge_shared_linears(fold_constants(drop_identity_clones(graph))))
+    graph = commute_row_permutes(merge_shared_linears(index_ranges_as_slices(
+        fold_constants(drop_identity_clones(graph)))))
     return split_shared_views(split_into_slices(graph, {n.name for n in graph.nodes if n.op in SPLITS}))
 
 
@@ -169,3 +173,45 @@ def fold_constants(graph: OpGraph) -> OpGraph:
         out.constants[target] = values[name].tolist()
     out.nodes = [n for n in out.nodes if n.name not in dropped]
     return out
+
+
+def index_ranges_as_slices(graph: OpGraph) -> OpGraph:
+    """``graph`` where each ``aten.index`` by one constant 1-D index of evenly spaced ascending
+    positions along one dim (the other dims taken whole) is that ``aten.slice``: the same values in
+    the same place, as a view."""
+    constants = {p.name: graph.constants[p.target] for p in graph.placeholders
+                 if p.kind == "constant" and p.target in graph.constants and p.meta is not None
+                 and p.meta.dtype in ("int64", "int32") and len(p.meta.shape) == 1}
+    nodes, changed = [], False
+    for n in graph.nodes:
+        piece = _index_range(graph, n, constants)
+        if piece is None:
+            nodes.append(n)
+            continue
+        dim, start, stop, step = piece
+        nodes.append(Node(name=n.name, op="aten.slice", overload="Tensor", args=[n.args[0], dim, start, stop, step],
+                          out=n.out, module=n.module))
+        changed = True
+    if not changed:
+        return graph
+    out = graph.model_copy()
+    out.nodes = nodes
+    return out
+
+
+def _index_range(graph: OpGraph, n: Node, constants: dict[str, list[int]]) -> tuple[int, int, int, int] | None:
+    """(dim, start, stop, step) of the slice ``n`` is, where it is an index by a constant range."""
+    if n.op != "aten.index" or len(n.args) != 2 or not isinstance(n.args[0], str) or not isinstance(n.args[1], list):
+        return None
+    picks = [(d, a) for d, a in enumerate(n.args[1]) if a is not None]
+    x = graph.meta(n.args[0][1:])
+    if len(picks) != 1 or x is None or not isinstance(picks[0][1], str) or picks[0][1][1:] not in constants:
+        return None
+    dim, size = picks[0][0], x.shape[picks[0][0]]
+    positions = [p + size if p < 0 else p for p in constants[picks[0][1][1:]]]
+    if not positions or any(not 0 <= p < size for p in positions):
+        return None
+    step = positions[1] - positions[0] if len(positions) > 1 else 1
+    if step < 1 or positions != list(range(positions[0], positions[0] + step * len(positions), step)):
+        return None
+    return dim, positions[0], positions[-1] + 1, step
