@@ -3,7 +3,8 @@ QKV product, a relative position bias and a shifted-window mask added through a 
 scores ([B*W, H, N, N] -> [B, W, H, N, N] and back), softmax, P.V. The row kernel between the two
 products runs over the finer of the two shapes; a lone product of strided 4-D operands is one
 strided-batched call, not a decomposition into bmm, and so is a linear over a sequence-first view
-of a batch-first value; a norm over a transposed view rows as its input
+of a batch-first value; a relative position bias gathered from a computed table is viewed in the
+gathering kernel; a reshape of a copy's permute is the copy's own kernel; a norm over a transposed view rows as its input
 does (the patch embedding of HF's Swin)."""
 
 from __future__ import annotations
@@ -96,6 +97,59 @@ def get_init_inputs():
     return []
 '''
 
+BIAS_FROM_A_TABLE = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, heads=3, window=4):
+        super().__init__()
+        self.heads, self.tokens = heads, window * window
+        span = torch.arange(-(window - 1), window).float()
+        self.register_buffer("coords", torch.stack(torch.meshgrid(span, span, indexing="ij"), -1).view(-1, 2))
+        pos = torch.stack(torch.meshgrid(torch.arange(window), torch.arange(window), indexing="ij")).flatten(1)
+        rel = (pos[:, :, None] - pos[:, None, :]).permute(1, 2, 0) + (window - 1)
+        self.register_buffer("index", (rel[..., 0] * (2 * window - 1) + rel[..., 1]).flatten())
+        self.mlp = nn.Sequential(nn.Linear(2, 32), nn.ReLU(), nn.Linear(32, heads))
+
+    def forward(self, scores):  # SwinV2's continuous position bias: an MLP's table, gathered per call
+        table = self.mlp(self.coords)
+        bias = table[self.index].view(self.tokens, self.tokens, self.heads).permute(2, 0, 1).contiguous()
+        return scores + 16 * torch.sigmoid(bias).unsqueeze(0)
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 16, 16)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+BLOCK_PARTITION = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):  # MaxViT's block partition: a copy's permute, then a reshape of the copy
+        b, c, h, w = x.shape
+        p = 4
+        x = torch.relu(x)
+        blocks = x.view(b, c, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1).contiguous()
+        tokens = blocks.view(b, (h // p) * (w // p), p * p, c)
+        return torch.layer_norm(tokens, (c,)) + tokens
+
+
+def get_inputs():
+    return [torch.randn(2, 8, 16, 12)]
+
+
+def get_init_inputs():
+    return []
+'''
+
 PATCH_NORM = '''
 import torch
 import torch.nn as nn
@@ -156,6 +210,33 @@ def test_a_linear_over_a_sequence_first_view_is_one_call_a_batch():
     compiled = compile_task(task_from("sequence_first", SEQUENCE_FIRST))
     assert not compiled.isolated
     _close(compiled)
+
+
+def test_a_view_of_a_gathered_table_is_read_in_the_gathering_kernel():
+    compiled = compile_task(task_from("bias_from_a_table", BIAS_FROM_A_TABLE))
+    assert not compiled.isolated
+    (gather,) = [g for g in compiled.groups if any(n.startswith("index") for n in g.nodes)]
+    ops = {n.op for n in compiled.graph.nodes if n.name in set(gather.nodes)}
+    assert {"aten.index", "aten.view", "aten.permute"} <= ops
+    _close(compiled)
+
+
+def test_a_reshape_of_a_copy_lowers_in_the_copy_kernel():
+    """Where fusion puts the reshape of a copy in the copy's group (MaxViT's partition, read by its
+    norm and its residual), the copy kernel runs over the permuted shape and stores the reshape."""
+    from stitchcuda.compiler.capture.graph import capture
+    from stitchcuda.compiler.schedule.fusion import fuse
+    from stitchcuda.compiler.schedule.simplify import simplify
+
+    task = task_from("block_partition", BLOCK_PARTITION)
+    graph = simplify(capture(task))
+    groups = fuse(graph)
+    (copy,) = [g for g in groups if "clone" in g.nodes]
+    (reader,) = [g for g in groups if "view_1" in g.nodes]
+    reader.nodes.remove("view_1")
+    copy.nodes.append("view_1")
+    got, expected = simulate(task, graph, groups, CodegenOptions())
+    assert ((got[0] - expected[0]).abs().max() / expected[0].abs().max()).item() < 1e-5
 
 
 def test_a_norm_over_a_transposed_view_rows_as_its_input():

@@ -97,6 +97,7 @@ def evaluate(program: Program, buffers: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for value_name, st_name in program.outputs.items():
         target = program.output_shapes.get(value_name, shape)
-        out[value_name] = env[st_name].expand(target if program.kind == "pointwise" else env[st_name].shape) \
+        # stored in row-major order: a target that regroups the program's shape reads the same elements
+        out[value_name] = env[st_name].expand(shape if program.kind == "pointwise" else env[st_name].shape) \
             .reshape(target).contiguous()
     return out

@@ -349,6 +349,8 @@ def view_expr(node: Any, x: Expr) -> Expr:
     if x.op != "leaf":
         raise Unsupported(f"{where}: a view of a computed value inside a fused group")
     lf: Leaf = x.leaf  # type: ignore[assignment]
+    if lf.gathers and lf.guard is None and not lf.window:
+        return _view_of_gather(node, lf)
     if not lf.plain:
         raise Unsupported(f"{where}: a view of a gathered or concatenated value inside a fused group")
     shape, strides = list(lf.shape), list(lf.strides)
@@ -399,6 +401,19 @@ def view_expr(node: Any, x: Expr) -> Expr:
         strides[dim] *= step
         return leaf(lf.value, shape, strides, offset)
     raise Unsupported(f"{where} is not a supported view")
+
+
+def _view_of_gather(node: Any, lf: Leaf) -> Expr:
+    """A view of a gathered read (a relative position bias: ``table[index].view(N, N, H).permute(2,
+    0, 1)``): the same view of the read with its gathered dims at stride 0, and of each index read
+    spread over the read's shape, so every element still adds ``index * stride`` from its own
+    coordinates."""
+    plain = view_expr(node, leaf(lf.value, lf.shape, lf.strides, lf.offset)).leaf
+    gathers = []
+    for g in lf.gathers:
+        spread = leaf(g.index.value, lf.shape, g.index.effective_strides(lf.shape), g.index.offset)
+        gathers.append(replace(g, index=view_expr(node, spread).leaf))
+    return Expr("leaf", leaf=replace(plain, gathers=tuple(gathers)), shape=plain.shape)  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- data movement

@@ -16,14 +16,16 @@ from stitchcuda.compiler.ir.expr import (
     Unsupported,
     broadcast,
     leaf,
+    numel,
     ref,
     view_expr,
 )
 from stitchcuda.compiler.ir.formulas import pointwise_expr
 from stitchcuda.compiler.ir.group import FusionGroup
-from stitchcuda.compiler.ir.ops import SPLITS
+from stitchcuda.compiler.ir.ops import RESHAPES, SPLITS
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lowered import Lowered, to_ident
+from stitchcuda.compiler.lowering.regroup import onto, refined
 from stitchcuda.compiler.lowering.registry import group_lowering
 
 
@@ -37,7 +39,19 @@ def lower_pointwise(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: di
         if n.op in SPLITS:
             cx.split(n, env)
         elif n.op in VIEWS:
-            env[n.name] = view_expr(n, arg(n.args[0]))
+            x = arg(n.args[0])
+            try:
+                env[n.name] = view_expr(n, x)
+            except Unsupported:
+                if n.op not in RESHAPES or x.op not in ("leaf", "ref") or numel(x.shape) != numel(cx.shape(n.name)):
+                    raise
+                # a reshape of what the kernel computes, or of a read it cannot view (a copy's
+                # permute): the value at the same element, the kernel running over the finer shape
+                if x.op == "leaf":
+                    name = to_ident(n.args[0][1:]) + "__copy"
+                    steps.append(Step(name, "full", x))
+                    x = ref(name, x.shape)
+                env[n.name] = ref(x.ref, cx.shape(n.name))
         else:
             e = cx.data_expr(n, arg) if n.op in DATA_OPS else pointwise_expr(n, arg)
             if e.op in ("leaf", "ref", "const"):
@@ -52,6 +66,10 @@ def lower_pointwise(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: di
     if len(shapes) != 1:
         raise Unsupported(f"outputs of different shapes {sorted(map(list, shapes))}")
     shape = shapes.pop()
+    if steps and program is None:
+        shape = refined(shape, [tuple(s.expr.shape) for s in steps])
+        for s in steps:
+            s.expr = onto(s.expr, shape)
     if program is None and len(outs) == 1 and not steps:
         e = env[outs[0]]
         if e.op == "leaf" and e.leaf.contiguous and outs[0] not in cx.graph.outputs:  # type: ignore[union-attr]
@@ -62,7 +80,7 @@ def lower_pointwise(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: di
     for v in outs:
         e = env[v]
         if e.op != "ref":
-            steps.append(Step(to_ident(v) + "__out", "full", e))
+            steps.append(Step(to_ident(v) + "__out", "full", onto(e, shape)))
             e = ref(to_ident(v) + "__out", cx.shape(v))
         prog.outputs[v] = e.ref
         prog.output_shapes[v] = cx.shape(v)

@@ -36,6 +36,7 @@ from stitchcuda.compiler.ir.ops import MAX_ROW, RESHAPES, SPLITS
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lowered import Lowered, to_ident
 from stitchcuda.compiler.lowering.registry import group_lowering
+from stitchcuda.compiler.lowering.regroup import onto, refined, regrouped
 
 
 @group_lowering("row", 70, lambda g, nodes: any(n.op in ROW_OPS for n in nodes))
@@ -49,7 +50,7 @@ def lower_row(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: dict[str
                 key=numel)
     if not shape:
         raise Unsupported("a row reduction over a 0-d value")
-    shape = _refined(shape, [cx.shape(n.name) for n in nodes])
+    shape = refined(shape, [cx.shape(n.name) for n in nodes])
     n_col = shape[-1]
     if n_col > MAX_ROW:
         raise Unsupported(f"rows of {n_col} elements (at most {MAX_ROW})")
@@ -78,7 +79,7 @@ def lower_row(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: dict[str
             if x.op == "ref" and kinds.get(x.ref) == "scalar" and n.op in RESHAPES and numel(out) == rows:
                 env[n.name] = ref(x.ref, out)  # one value per row either way: a reshape of nothing
                 squeezed[x.ref] = squeezed.get(x.ref, False) or out[-1:] not in ((1,), ())
-            elif x.op == "ref" and kinds.get(x.ref) == "full" and n.op in RESHAPES and _regrouped(out, shape):
+            elif x.op == "ref" and kinds.get(x.ref) == "full" and n.op in RESHAPES and regrouped(out, shape):
                 env[n.name] = ref(x.ref, out)  # the same element of the same row: a reshape of nothing
             else:
                 env[n.name] = view_expr(n, x)
@@ -92,7 +93,7 @@ def lower_row(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: dict[str
             env[n.name] = ref(steps[-1].name, out)
             continue
         if n.op in ROW_OPS:
-            steps = row_steps(n, lambda v, arg=arg: _onto(arg(v), shape), shape)
+            steps = row_steps(n, lambda v, arg=arg: onto(arg(v), shape), shape)
             for s in steps:
                 s.name = to_ident(s.name)
                 kinds[s.name] = "scalar" if s.kind in ("scalar", "reduce") else "full"
@@ -103,7 +104,7 @@ def lower_row(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: dict[str
         if e.op in ("leaf", "ref", "const"):
             env[n.name] = e
             continue
-        e = _onto(e, shape)
+        e = onto(e, shape)
         kind = kind_of(e)
         if kind == "scalar" and out[-1:] not in ((1,), ()) and n_col > 1 and numel(out) != rows:
             raise Unsupported(f"{n.name}: shape {list(out)} neither a row nor a per-row value")
@@ -120,12 +121,12 @@ def lower_row(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: dict[str
         e = env[v]
         if e.op != "ref":
             name = to_ident(v) + "__out"
-            e = _onto(e, shape)
+            e = onto(e, shape)
             kinds[name] = kind_of(e)
             prog.steps.append(Step(name, kinds[name], e))  # type: ignore[arg-type]
             e = ref(name, cx.shape(v))
         vs = cx.shape(v)
-        if kinds[e.ref] == "full" and not _regrouped(vs, shape):  # stored row by row either way
+        if kinds[e.ref] == "full" and not regrouped(vs, shape):  # stored row by row either way
             raise Unsupported(f"output {v} of shape {list(vs)} is not the row shape {list(shape)}")
         if kinds[e.ref] == "scalar" and numel(vs) != numel(shape) // n_col:
             raise Unsupported(f"output {v} of shape {list(vs)} is not one value per row")
@@ -136,59 +137,6 @@ def lower_row(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: dict[str
         for lf in s.expr.leaves():
             lf.effective_strides(shape)
     return Lowered(g, "row", program=prog, describe=f"row kernel over {numel(shape) // n_col} rows of {n_col}")
-
-
-def _regrouped(shape: tuple[int, ...], rows: tuple[int, ...]) -> bool:
-    """Whether ``shape`` holds the elements of the row shape ``rows`` in the same order and the
-    same rows: a reshape of the leading dims only."""
-    return shape == rows or (numel(shape) == numel(rows) and bool(shape) and shape[-1] == rows[-1])
-
-
-def _refined(shape: tuple[int, ...], shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
-    """The row shape whose leading dims split every regrouping of ``shape`` among ``shapes``
-    (a shifted-window mask added through ``[B*W, H, N, N] -> [B, W, H, N, N]`` and back), so
-    that each operand reads through strides of it; ``shape`` itself where there is none or no
-    such split."""
-    regroupings = [s for s in shapes if s != shape and _regrouped(s, shape)]
-    if not regroupings:
-        return shape
-    cuts: set[int] = set()
-    for s in [shape, *regroupings]:
-        size = 1
-        for d in reversed(s):
-            size *= d
-            cuts.add(size)
-    dims, below = [], 1
-    for cut in sorted(cuts):
-        if cut % below:
-            return shape
-        dims.append(cut // below)
-        below = cut
-    refined = tuple(reversed(dims))
-    return shape if [d for d in refined if d != 1] == [d for d in shape if d != 1] else refined
-
-
-def _onto(e: Expr, shape: tuple[int, ...]) -> Expr:
-    """``e``, an expression over a regrouping of the row shape ``shape``, over ``shape`` itself:
-    each read through the strides of the finer dims (every regrouping splits into them)."""
-    frm = tuple(e.shape)
-    if frm == shape or not _regrouped(frm, shape):
-        return e
-
-    def over(x: Expr) -> Expr:
-        if x.op == "leaf":
-            lf: Leaf = x.leaf  # type: ignore[assignment]
-            new = reshape_strides(frm, lf.effective_strides(frm), shape) if lf.plain else None
-            if new is None:
-                raise Unsupported(f"{lf.value} of shape {list(lf.shape)} cannot be read over the rows {list(shape)}")
-            return leaf(lf.value, shape, new, lf.offset)
-        if x.op == "ref":  # a whole-row value or a per-row one: the same element either way
-            return ref(x.ref, shape if numel(x.shape) == numel(shape) else shape[:-1] + (1,))
-        if x.op == "const":
-            return x
-        return op(x.op, *(over(a) for a in x.args))
-
-    return over(e)
 
 
 def _merge_trailing(cx: LowerContext, nodes: list[Node], env: dict[str, Expr]) -> tuple[list[Node], dict[str, tuple]]:
