@@ -25,8 +25,8 @@ from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import RESHAPES, SPLITS
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lowered import Lowered, to_ident
-from stitchcuda.compiler.lowering.regroup import onto, refined
 from stitchcuda.compiler.lowering.registry import group_lowering
+from stitchcuda.compiler.lowering.regroup import onto, refined
 
 
 @group_lowering("pointwise", 90, lambda g, nodes: True)  # last: any group nothing else takes
