@@ -119,6 +119,9 @@ def _run_family_node(graph: OpGraph, low, lg, flat: dict) -> None:
             if name not in low.storage:  # a view the kernel reads through strides: made from its source
                 view = graph.node(name)
                 return getattr(getattr(torch.ops.aten, view.op.split(".", 1)[1]), view.overload)(*value(view.args))
+            if name in low.layouts:  # a part of another value's buffer (a growing concatenation)
+                strides, offset = low.layouts[name]
+                return torch.as_strided(flat[low.storage[name]], graph.meta(name).shape, strides, offset)
             return flat[low.storage[name]].reshape(graph.meta(name).shape)
         if isinstance(a, list):
             return [value(x) for x in a]
@@ -324,16 +327,18 @@ def simulate_cutlass(g, text: str, flat: dict[str, torch.Tensor]) -> None:
             torch.as_strided(d, (m, n), (ldd, 1), od + i * sd).copy_(act(out).float())
 
 
-def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None):
+def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None,
+             train: bool = False):
     """Run the lowered program on the CPU: GEMMs through an emulation of the emitted cuBLAS
-    calls, kernels through the IR evaluator; returns (outputs, reference outputs)."""
+    calls, kernels through the IR evaluator; returns (outputs, reference outputs). The reference
+    runs in eval mode unless ``train`` (a graph captured in training mode: batch statistics)."""
     from stitchcuda.compiler.emit.emit import Emitter
 
     low = lower(graph, groups, options)
     emitter = Emitter(low, options or CodegenOptions(), "t")
     ref_mod = reference_module(task)
     torch.manual_seed(0)
-    model = ref_mod.Model(*ref_mod.get_init_inputs()).eval()
+    model = ref_mod.Model(*ref_mod.get_init_inputs()).train(train)
     inputs = ref_mod.get_inputs()
     state = {**dict(model.named_buffers()), **model.state_dict()}  # non-persistent buffers too
     flat: dict[str, torch.Tensor] = {}
@@ -357,7 +362,8 @@ def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
             _run_recurrence(lg.recurrence, flat)
             continue
         if lg.kind == "kernel":
-            _run_family_node(graph, low, lg, flat)
+            if lg.group.nodes:  # not the write-back of the module's buffers, which no output reads
+                _run_family_node(graph, low, lg, flat)
             continue
         if lg.gemm is not None and lg.gemm.lt is not None:
             simulate_lt(lg.gemm, flat)
@@ -371,7 +377,11 @@ def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         if lg.program is not None and lg.program.steps:
             by_value = {v: flat[s] for v, s in low.storage.items() if s in flat}
             for v, t in evaluate(lg.program, by_value).items():
-                flat[low.storage[v]].copy_(t.reshape(-1))
+                if v in lg.program.write_strides:  # stored through strides into a slice of its buffer
+                    strides, offset = lg.program.write_strides[v]
+                    torch.as_strided(flat[low.storage[v]], t.shape, strides, offset).copy_(t)
+                else:
+                    flat[low.storage[v]].copy_(t.reshape(-1))
     with torch.no_grad():
         expected = model(*inputs)
     expected = expected if isinstance(expected, (tuple, list)) else [expected]

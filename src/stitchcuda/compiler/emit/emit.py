@@ -263,7 +263,10 @@ class Emitter:
                   lf.plain and moved[lf].offset == 0 and lf.effective_strides(shape) == contiguous_strides(shape)
                   and low.storage[lf.value] not in low.ctypes, quad(lf)) for lf in leaves if lf not in pieces.reads]
         steps = [(refs[s.name], _code(s.expr, leaf_vars, refs, pieces)) for s in prog.steps]
-        stores = [(_written(low.storage[v], prog, low), refs[s]) for v, s in prog.outputs.items()]
+        # an output stored through strides (a slice of a growing concatenation) at its element's offset
+        stores = [(_written(low.storage[v], prog, low), refs[s],
+                   _offset(prog.write_strides[v][0], shape, "i", prog.write_strides[v][1]) if v in prog.write_strides
+                   else "i") for v, s in prog.outputs.items()]
         # A stencil (a depthwise convolution's or a pooling's taps: one buffer read at three or more
         # offsets) runs one element a thread unless its rows are a multiple of 4 (its per-channel
         # reads then load once per float4 step): a thread's four elements put its scalar tap reads
@@ -272,7 +275,7 @@ class Emitter:
         # thread, 112- and 512-wide rows with a batch norm 3% slower.
         values = [lf.value for lf in leaves]
         stencil = any(values.count(v) >= 3 for v in set(values))
-        vec = self.options.vector_width == 4 and total % 4 == 0 and total >= 4 and not any(
+        vec = self.options.vector_width == 4 and total % 4 == 0 and total >= 4 and not prog.write_strides and not any(
             b in low.ctypes for b in writes) and (
             not stencil or (inner is not None and shape[inner] % 4 == 0))
         name = f"{self.prefix}_g{gid}_pointwise"

@@ -298,6 +298,8 @@ class Program:
     outputs: dict[str, str] = field(default_factory=dict)  # graph value -> step name
     output_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     write_offsets: dict[str, int] = field(default_factory=dict)  # graph value -> where in its buffer it starts
+    # graph value -> (strides, offset): a pointwise output stored through strides (a slice of a buffer)
+    write_strides: dict[str, tuple[tuple[int, ...], int]] = field(default_factory=dict)
 
     def step(self, name: str) -> Step:
         for s in self.steps:

@@ -15,6 +15,8 @@ from stitchcuda.compiler.ir.expr import (
     POOL_OPS,
     VIEWS,
     Expr,
+    Program,
+    Step,
     Unsupported,
     contiguous_strides,
     pool_fusable,
@@ -32,6 +34,7 @@ from stitchcuda.compiler.lowering import (  # noqa: F401  (importing registers)
     lower_pointwise,
     lower_rows,
 )
+from stitchcuda.compiler.lowering.concat_plan import ConcatWrite, plan_concats
 from stitchcuda.compiler.lowering.families.state import BufferUpdate, write_backs
 from stitchcuda.compiler.lowering.gemm_calls import BATCH_PTRS, tiny, uses_batch_ptrs
 from stitchcuda.compiler.lowering.hoist import hoist, static_values
@@ -97,6 +100,7 @@ class _Lowerer:
         self.order, self.owner = _group_order(graph, groups)
         self.counters = self._counters()
         self._check_placeholders()
+        self.concats = plan_concats(self.cx, groups, self.owner)
 
     def _check_placeholders(self) -> None:
         """Entry arguments are the placeholders some node reads (an unread buffer such as BatchNorm's
@@ -219,6 +223,8 @@ class _Lowerer:
             return Lowered(g, "alias", describe=f"{family.name}: {buffer} += {step}, in the state update at the end")
         if family is not None:
             return self._lower_family(g, nodes, family)
+        if len(nodes) == 1 and nodes[0].name in self.concats:
+            return self._lower_concat(g, nodes[0], self.concats[nodes[0].name])
         if all(n.op in VIEWS | SPLITS | IDENTITY for n in nodes) and any(
                 cx.graph.meta(v).dtype != "float32" for v in cx.outputs_of(g)):  # type: ignore[union-attr]
             return self._materialise_typed(g, nodes)
@@ -233,6 +239,25 @@ class _Lowerer:
                 raise
             cx.out.undo(mark)  # the fused attempt's buffers go with it
             return self._lower_family(g, nodes, nodes[0])  # one operator: its own lowering takes any instance
+
+    def _lower_concat(self, g: FusionGroup, node: Node, write: ConcatWrite) -> Lowered:
+        """A planned concatenation: one copy of its new pieces into their slice of the shared buffer."""
+        cx = self.cx
+        arg = cx.arg({}, f"{node.name} ({node.op})")
+        if len(write.pieces) == 1:
+            e = arg("%" + write.pieces[0])
+        else:
+            meta = cx.graph.meta(node.name).model_copy(update={"shape": list(write.shape)})  # type: ignore[union-attr]
+            e = cx.data_expr(node.model_copy(update={"args": [["%" + p for p in write.pieces], write.dim],
+                                                     "out": [meta]}), arg)
+        ident = to_ident(node.name) + "__new"
+        prog = Program("pointwise", write.shape, steps=[Step(ident, "full", e)])
+        prog.outputs[node.name] = ident
+        prog.output_shapes[node.name] = write.shape
+        prog.write_strides[node.name] = (contiguous_strides(cx.shape(node.name)) if node.name not in cx.out.layouts
+                                         else cx.out.layouts[node.name][0], write.offset)
+        return Lowered(g, "pointwise", program=prog,
+                       describe=f"{', '.join(write.pieces)} into {node.name}'s slice of a growing buffer")
 
     def _lower_fused(self, g: FusionGroup, nodes: list[Node]) -> Lowered:
         return group_lowering_for(g, nodes).lower(self.cx, g, nodes)

@@ -134,6 +134,9 @@ class LowerContext:
                     return env[name]
                 if name not in self.out.storage:
                     raise Unsupported(f"{where}: {name} is read before it is computed")
+                if name in self.out.layouts:  # a part of another value's buffer
+                    strides, offset = self.out.layouts[name]
+                    return leaf(name, self.shape(name), strides, offset)
                 return leaf(name, self.shape(name))
             if isinstance(a, bool) or not isinstance(a, (int, float)):
                 raise Unsupported(f"{where}: unsupported operand {a!r}")

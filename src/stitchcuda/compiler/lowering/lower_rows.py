@@ -149,7 +149,7 @@ def _merge_trailing(cx: LowerContext, nodes: list[Node], env: dict[str, Expr]) -
         x_name = a[0][1:] if a and isinstance(a[0], str) and a[0].startswith("%") else None
         dims = a[1] if len(a) > 1 else None
         if (n.op in ("aten.mean", "aten.sum", "aten.amax") and x_name and isinstance(dims, list) and len(dims) > 1
-                and x_name not in env and x_name in cx.out.storage):
+                and x_name not in env and x_name in cx.out.storage and x_name not in cx.out.layouts):
             x_shape = cx.shape(x_name)
             rank, k = len(x_shape), len(dims)
             if sorted(d % rank for d in dims) == list(range(rank - k, rank)):

@@ -185,6 +185,8 @@ class Lowering:
     intermediates: list[tuple[str, list[int]]] = field(default_factory=list)  # (identifier, shape)
     outputs: list[tuple[str, str, list[int]]] = field(default_factory=list)  # (value, identifier, shape)
     storage: dict[str, str] = field(default_factory=dict)  # graph value -> buffer identifier
+    # values stored as a strided part of another value's buffer (concat_plan.py): value -> (strides, offset)
+    layouts: dict[str, tuple[tuple[int, ...], int]] = field(default_factory=dict)
     groups: list[Lowered] = field(default_factory=list)
     uses_blas: bool = False
     uses_dnn: bool = False  # a family lowering calls cuDNN
