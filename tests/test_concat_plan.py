@@ -89,3 +89,47 @@ def test_a_concatenation_a_library_call_reads_stays_a_buffer_of_its_own():
 @pytest.mark.nvcc
 def test_the_growing_buffer_program_compiles(dense, tmp_path):
     assert_program_compiles(dense.program(), tmp_path)
+
+
+BRANCHES = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):  # Inception's block: branches whose last activations are concatenated
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(6, 4, 1)
+        self.b = nn.Conv2d(6, 5, 3, padding=1)
+        self.norm = nn.BatchNorm2d(5)
+        self.head = nn.Conv2d(4 + 5 + 6, 3, 1)
+
+    def forward(self, x):
+        pooled = torch.max_pool2d(x, 3, 1, 1)
+        joined = torch.cat([torch.tanh(self.a(x)) * 2.0, torch.relu(self.norm(self.b(x))), pooled], 1)
+        return self.head(joined)
+
+
+def get_inputs():
+    return [torch.randn(2, 6, 9, 7)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_branch_activation_is_written_into_its_slice():
+    compiled = compile_task(task_from("branches", BRANCHES))
+    low = lower(compiled.graph, compiled.groups, CodegenOptions())
+    written = {v: prog.write_strides[v] for g in low.groups for x in g.launches() if (prog := x.program) is not None
+               for v in prog.write_strides}
+    cat = next(n.name for n in compiled.graph.nodes if n.op == "aten.cat")
+    pieces = [a[1:] for a in compiled.graph.node(cat).args[0]]
+    per_image = 15 * 9 * 7
+    assert written[pieces[1]] == ((per_image, 63, 7, 1), 4 * 63)  # the norm's ReLU, after the 4 channels before it
+    (copies,) = [g for g in low.groups if "growing buffer" in g.describe]
+    # copied: the product's epilogue (a library call's) and the pooling's (a family kernel's)
+    assert [x.program.output_shapes[cat][1] for x in copies.launches()] == [4, 6]
+    got, expected = simulate(compiled.task, compiled.graph, compiled.groups, CodegenOptions(), train=True)
+    assert ((got[0] - expected[0]).abs().max() / expected[0].abs().max()).item() < 1e-5

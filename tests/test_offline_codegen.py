@@ -379,7 +379,8 @@ def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
             for v, t in evaluate(lg.program, by_value).items():
                 if v in lg.program.write_strides:  # stored through strides into a slice of its buffer
                     strides, offset = lg.program.write_strides[v]
-                    torch.as_strided(flat[low.storage[v]], t.shape, strides, offset).copy_(t)
+                    shape = tuple(lg.program.shape)  # the strides are over the kernel's shape
+                    torch.as_strided(flat[low.storage[v]], shape, strides, offset).copy_(t.reshape(shape))
                 else:
                     flat[low.storage[v]].copy_(t.reshape(-1))
     with torch.no_grad():

@@ -235,29 +235,36 @@ class _Lowerer:
         try:
             return self._lower_fused(g, nodes)
         except Unsupported:
-            if len(nodes) != 1 or nodes[0].op not in OPERATORS:
-                raise
+            if len(nodes) != 1 or nodes[0].op not in OPERATORS or nodes[0].name in cx.out.layouts:
+                raise  # (a family kernel writes a buffer of its own, not a slice of another)
             cx.out.undo(mark)  # the fused attempt's buffers go with it
             return self._lower_family(g, nodes, nodes[0])  # one operator: its own lowering takes any instance
 
-    def _lower_concat(self, g: FusionGroup, node: Node, write: ConcatWrite) -> Lowered:
-        """A planned concatenation: one copy of its new pieces into their slice of the shared buffer."""
+    def _lower_concat(self, g: FusionGroup, node: Node, runs: list[ConcatWrite]) -> Lowered:
+        """A planned concatenation: one copy of each run of its new pieces into its slice of the
+        shared buffer; an alias of the buffer where its producers wrote every piece in place."""
         cx = self.cx
+        if not runs:
+            return Lowered(g, "alias", describe=f"{node.name}: its pieces were written into its buffer by their kernels")
         arg = cx.arg({}, f"{node.name} ({node.op})")
-        if len(write.pieces) == 1:
-            e = arg("%" + write.pieces[0])
-        else:
-            meta = cx.graph.meta(node.name).model_copy(update={"shape": list(write.shape)})  # type: ignore[union-attr]
-            e = cx.data_expr(node.model_copy(update={"args": [["%" + p for p in write.pieces], write.dim],
-                                                     "out": [meta]}), arg)
-        ident = to_ident(node.name) + "__new"
-        prog = Program("pointwise", write.shape, steps=[Step(ident, "full", e)])
-        prog.outputs[node.name] = ident
-        prog.output_shapes[node.name] = write.shape
-        prog.write_strides[node.name] = (contiguous_strides(cx.shape(node.name)) if node.name not in cx.out.layouts
-                                         else cx.out.layouts[node.name][0], write.offset)
-        return Lowered(g, "pointwise", program=prog,
-                       describe=f"{', '.join(write.pieces)} into {node.name}'s slice of a growing buffer")
+        strides = cx.out.layouts[node.name][0] if node.name in cx.out.layouts else contiguous_strides(cx.shape(node.name))
+        parts = []
+        for k, run in enumerate(runs):
+            if len(run.pieces) == 1:
+                e = arg("%" + run.pieces[0])
+            else:
+                meta = cx.graph.meta(node.name).model_copy(update={"shape": list(run.shape)})  # type: ignore[union-attr]
+                e = cx.data_expr(node.model_copy(update={"args": [["%" + p for p in run.pieces], run.dim],
+                                                         "out": [meta]}), arg)
+            ident = f"{to_ident(node.name)}__new{k}"
+            prog = Program("pointwise", run.shape, steps=[Step(ident, "full", e)])
+            prog.outputs[node.name] = ident
+            prog.output_shapes[node.name] = run.shape
+            prog.write_strides[node.name] = (strides, run.offset)
+            parts.append(Lowered(g, "pointwise", program=prog,
+                                 describe=f"{', '.join(run.pieces)} into {node.name}'s slice of a growing buffer"))
+        return parts[0] if len(parts) == 1 else Lowered(g, "sequence", parts=parts,
+                                                        describe=" -> ".join(p.describe for p in parts))
 
     def _lower_fused(self, g: FusionGroup, nodes: list[Node]) -> Lowered:
         return group_lowering_for(g, nodes).lower(self.cx, g, nodes)

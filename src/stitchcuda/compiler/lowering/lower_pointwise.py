@@ -18,6 +18,7 @@ from stitchcuda.compiler.ir.expr import (
     leaf,
     numel,
     ref,
+    reshape_strides,
     view_expr,
 )
 from stitchcuda.compiler.ir.formulas import pointwise_expr
@@ -70,7 +71,7 @@ def lower_pointwise(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: di
         shape = refined(shape, [tuple(s.expr.shape) for s in steps])
         for s in steps:
             s.expr = onto(s.expr, shape)
-    if program is None and len(outs) == 1 and not steps:
+    if program is None and len(outs) == 1 and not steps and outs[0] not in cx.out.layouts:
         e = env[outs[0]]
         if e.op == "leaf" and e.leaf.contiguous and outs[0] not in cx.graph.outputs:  # type: ignore[union-attr]
             cx.out.storage[outs[0]] = cx.out.storage[e.leaf.value]  # type: ignore[union-attr]
@@ -84,6 +85,12 @@ def lower_pointwise(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: di
             e = ref(to_ident(v) + "__out", cx.shape(v))
         prog.outputs[v] = e.ref
         prog.output_shapes[v] = cx.shape(v)
+        if v in cx.out.layouts:  # a piece of a concatenation, written into its slice (concat_plan.py)
+            strides, offset = cx.out.layouts[v]
+            over = reshape_strides(cx.shape(v), strides, prog.shape)  # the kernel may run over a finer shape
+            if over is None:
+                raise Unsupported(f"{v}: its slice of {list(strides)} strides cannot be written over {list(prog.shape)}")
+            prog.write_strides[v] = (tuple(over), offset)
         cx.buffer(v)
     for s in prog.steps:
         broadcast(s.expr.shape, shape)
