@@ -69,8 +69,8 @@ def plan_concats(cx: LowerContext, groups: list[FusionGroup], owner: dict[str, i
         if len({len(m[1]) for m in chain}) != len(chain) or \
                 not all(_views_only_read_through_strides(cx, m[0], by_id, owner) for m in chain[:-1]):
             chain = [members[-1]]
-        in_place = {p for p in pieces if _made_for(cx, p, last.name, by_id, owner)} if pieces.count(pieces[0]) == 1 \
-            and len(set(pieces)) == len(pieces) else set()
+        in_place = {p for p in pieces if _made_for(cx, p, last.name, by_id, owner)} \
+            if len(set(pieces)) == len(pieces) else set()
         if len(chain) < 2 and not in_place:
             continue
         buffer = cx.buffer(last.name)

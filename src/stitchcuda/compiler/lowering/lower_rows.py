@@ -149,13 +149,14 @@ def _merge_trailing(cx: LowerContext, nodes: list[Node], env: dict[str, Expr]) -
         x_name = a[0][1:] if a and isinstance(a[0], str) and a[0].startswith("%") else None
         dims = a[1] if len(a) > 1 else None
         if (n.op in ("aten.mean", "aten.sum", "aten.amax") and x_name and isinstance(dims, list) and len(dims) > 1
-                and x_name not in env and x_name in cx.out.storage and x_name not in cx.out.layouts):
-            x_shape = cx.shape(x_name)
-            rank, k = len(x_shape), len(dims)
-            if sorted(d % rank for d in dims) == list(range(rank - k, rank)):
-                new_shape = tuple(x_shape[:rank - k]) + (numel(x_shape[rank - k:]),)
+                and x_name not in env and x_name in cx.out.storage):
+            x = cx.arg(env, n.name)(a[0]).leaf  # the buffer, or a strided part of another's
+            rank, k = len(x.shape), len(dims)
+            new_shape = tuple(x.shape[:rank - k]) + (numel(x.shape[rank - k:]),)
+            strides = reshape_strides(x.shape, x.strides, new_shape)
+            if sorted(d % rank for d in dims) == list(range(rank - k, rank)) and strides is not None:
                 tmp = f"{n.name}__rows"
-                env[tmp] = leaf(x_name, new_shape)  # the buffer is contiguous: any reshape is a view
+                env[tmp] = leaf(x_name, new_shape, strides, x.offset)
                 merged[tmp] = new_shape
                 n = n.model_copy(update={"args": ["%" + tmp, [-1], *a[2:]]})
         out.append(n)
