@@ -113,3 +113,14 @@ def test_a_split_is_slices_so_its_pieces_go_wherever_they_are_read():
     assert not [n for n in compiled.graph.nodes if n.op in SPLITS] and not compiled.isolated
     got, expected = simulate(compiled.task, compiled.graph, compiled.groups, CodegenOptions())
     assert ((got[0] - expected[0]).abs().max() / expected[0].abs().max()).item() < 1e-5
+
+
+def test_each_rotary_embedding_is_one_kernel(compiled):
+    """rotate_half's ``cat(-x2, x1)`` is ``cat(x2, x1)`` times a constant of -1 and 1, read piece
+    by piece by the kernel that applies the rotation: Q's rotation one kernel, K's another."""
+    ops = {n.name: n.op for n in compiled.graph.nodes}
+    assert "aten.neg" not in ops.values()
+    signs = [p for p in compiled.graph.placeholders if p.name.startswith("_signs_")]
+    assert len(signs) == 2 and all(compiled.graph.constants[p.target] == [-1.0] * 8 + [1.0] * 8 for p in signs)
+    rotations = [g for g in compiled.groups if any(n.endswith("__unsigned") for n in g.nodes)]
+    assert len(rotations) == 2 and all(g.kind == "elementwise" for g in rotations)

@@ -148,3 +148,38 @@ def test_an_index_by_a_constant_run_of_positions_is_a_slice():
     assert [4, 5, 1] in steps and [0, 5, 2] in steps
     got, expected = simulate(task, compiled.graph, compiled.groups)
     torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
+
+
+NEGATED_PIECES = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x, y):
+        turned = torch.cat([-x[:, 2:], x[:, :2], -y], 1)  # along a middle dim, two pieces negated
+        kept = -y  # a negation read elsewhere too stays
+        return torch.sin(turned) * 2.0, torch.cat([kept, x[:, :1]], 1) + kept.sum()
+
+
+def get_inputs():
+    return [torch.randn(2, 5, 3), torch.randn(2, 1, 3)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_negated_pieces_of_a_concatenation_are_a_constant_sign():
+    from stitchcuda.compiler import compile_task
+
+    task = task_from("negated_pieces", NEGATED_PIECES)
+    compiled = compile_task(task)
+    signs = [p for p in compiled.graph.placeholders if p.name.startswith("_signs_")]
+    assert len(signs) == 1 and signs[0].meta.shape == [6, 1]
+    assert compiled.graph.constants[signs[0].target] == [[-1.0]] * 3 + [[1.0]] * 2 + [[-1.0]]
+    assert _ops(compiled.graph).count("aten.neg") == 1  # the one read twice
+    got, expected = simulate(task, compiled.graph, compiled.groups)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-6, rtol=1e-6)

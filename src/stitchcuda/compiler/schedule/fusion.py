@@ -394,11 +394,18 @@ class _Fuser(Grouping):
             if gid is None:
                 continue
             shape = self.out_shape(n.name)
-            self.absorb_producers(gid, lambda p: self.role[p] == "elementwise")
+            self.absorb_producers(gid, lambda p: self.role[p] == "elementwise" or self._read_in_place(p))
             self.grow(gid, lambda c, s=shape: self.role[c] == "elementwise" and self.out_shape(c) == s)
-            self.absorb_producers(gid, lambda p: self.role[p] == "elementwise")
+            self.absorb_producers(gid, lambda p: self.role[p] == "elementwise" or self._read_in_place(p))
             self.groups[gid].notes.append(f"{len(self.groups[gid].members)} elementwise op(s) in one pass over "
                                           f"{numel(shape)} elements")
+
+    def _read_in_place(self, name: str) -> bool:
+        """A float concatenation the elementwise kernel reading it can read piece by piece (a rotary
+        embedding's ``rotate_half``): none of its pieces is elementwise work (a piece is a read)."""
+        node = self.node[name]
+        return node.op == "aten.cat" and len(node.out) == 1 and node.out[0].dtype == "float32" and \
+            all(self.role.get(self.producer.get(v, ""), "") != "elementwise" for v in self.reads[name])
 
     # -- phase 6: free views and constants join their one reader
 

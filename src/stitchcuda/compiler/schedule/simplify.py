@@ -14,6 +14,10 @@ launch a kernel for.
 - ``index_ranges_as_slices``: advanced indexing along one dim by a constant run of positions
   (``x[:, :, [4, 5]]``: Falcon's multi-query heads picked out of the fused QKV product) is a slice,
   a view its readers read through strides, not a gather kernel;
+- ``negated_pieces_as_signs``: a concatenation of negated pieces and plain ones (a rotary
+  embedding's ``rotate_half``: ``cat(-x2, x1)``) is the concatenation of the plain pieces times a
+  constant vector of -1 and 1 (exact), so the consuming kernel reads the pieces where they are
+  instead of three kernels laying out the negation and the concatenation;
 - ``commute_row_permutes`` (row_permutes.py): a linear over a permute of its rows reads the rows
   in their own order, and the permute moves to its output (no copy before the product);
 - every split, chunk and unbind becomes one slice (select) per piece (rewrite.py): plain views,
@@ -27,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from stitchcuda.compiler.capture.evaluate import evaluate_node
-from stitchcuda.compiler.capture.graph import MAX_CONSTANT, Node, OpGraph, Placeholder
+from stitchcuda.compiler.capture.graph import MAX_CONSTANT, Node, OpGraph, Placeholder, TensorMeta
 from stitchcuda.compiler.ir.op_table import tagged
 from stitchcuda.compiler.ir.ops import C_TYPES, RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, SPLITS, VIEW_OPS
 from stitchcuda.compiler.schedule.horizontal import merge_shared_linears
@@ -55,8 +59,8 @@ _INTEGER_REDUCTIONS = {"aten.any", "aten.all", "aten.sum", "aten.amax", "aten.am
 
 
 def simplify(graph: OpGraph) -> OpGraph:
-    graph = commute_row_permutes(merge_shared_linears(index_ranges_as_slices(
-        fold_constants(drop_identity_clones(graph)))))
+    graph = commute_row_permutes(merge_shared_linears(negated_pieces_as_signs(index_ranges_as_slices(
+        fold_constants(drop_identity_clones(graph))))))
     return split_shared_views(split_into_slices(graph, {n.name for n in graph.nodes if n.op in SPLITS}))
 
 
@@ -215,3 +219,55 @@ def _index_range(graph: OpGraph, n: Node, constants: dict[str, list[int]]) -> tu
     if step < 1 or positions != list(range(positions[0], positions[0] + step * len(positions), step)):
         return None
     return dim, positions[0], positions[-1] + 1, step
+
+
+def negated_pieces_as_signs(graph: OpGraph) -> OpGraph:
+    """``graph`` where each float ``cat`` with a piece that is ``neg(y)`` read by the cat alone reads
+    ``y`` there, its result multiplied by a constant of -1 over that piece's span of the
+    concatenated dim and 1 elsewhere (named as the cat was, so its readers read the product)."""
+    import torch
+
+    users = graph.users()
+    produced = {n.name: n for n in graph.nodes}
+    pinned = set(graph.outputs) | set(graph.mutations.values())
+    plans: dict[str, tuple[list[str], list[float], int]] = {}
+    for n in graph.nodes:
+        if n.op != "aten.cat" or len(n.out) != 1 or n.out[0].dtype != "float32" or not isinstance(n.args[0], list):
+            continue
+        rank = len(n.out[0].shape)
+        dim = (n.args[1] if len(n.args) > 1 else 0) % max(rank, 1)
+        pieces, signs, negated = [], [], False
+        for a in n.args[0]:
+            src = produced.get(a[1:]) if isinstance(a, str) else None
+            meta = graph.meta(a[1:]) if isinstance(a, str) else None
+            if meta is None or len(meta.shape) != rank:
+                break
+            flip = src is not None and src.op == "aten.neg" and users.get(src.name) == [n.name] \
+                and src.name not in pinned and isinstance(src.args[0], str)
+            pieces.append(src.args[0] if flip else a)  # type: ignore[union-attr]
+            signs += [-1.0 if flip else 1.0] * meta.shape[dim]
+            negated |= flip
+        else:
+            if negated and len(signs) == n.out[0].shape[dim] <= MAX_CONSTANT:
+                plans[n.name] = (pieces, signs, dim)
+    if not plans:
+        return graph
+    out = graph.model_copy(deep=True)
+    nodes = []
+    for n in out.nodes:
+        if n.name not in plans:
+            nodes.append(n)
+            continue
+        pieces, signs, dim = plans[n.name]
+        rank = len(n.out[0].shape)
+        sign_shape = [len(signs)] + [1] * (rank - 1 - dim)
+        name = f"_signs_{n.name}"
+        out.placeholders.append(Placeholder(name=name, kind="constant", target=name,
+                                            meta=TensorMeta(shape=sign_shape, dtype="float32")))
+        out.constants[name] = torch.tensor(signs).view(sign_shape).tolist()
+        unsigned = n.model_copy(update={"name": f"{n.name}__unsigned", "args": [pieces, *n.args[1:]]})
+        nodes += [unsigned, Node(name=n.name, op="aten.mul", overload="Tensor", args=["%" + unsigned.name, "%" + name],
+                                 out=n.out, module=n.module)]
+    read = {a for n in nodes for a in n.inputs()} | pinned | set(graph.mutations)
+    out.nodes = [n for n in nodes if n.op != "aten.neg" or n.name in read]  # the negations the cats read alone
+    return out
