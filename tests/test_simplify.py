@@ -183,3 +183,44 @@ def test_negated_pieces_of_a_concatenation_are_a_constant_sign():
     got, expected = simulate(task, compiled.graph, compiled.groups)
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e, atol=1e-6, rtol=1e-6)
+
+
+GELU_WRITTEN_OUT = '''
+import math
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.out = nn.Linear(16, 64), nn.Linear(64, 16)
+
+    def forward(self, x):
+        h = self.fc(x)
+        h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+        y = self.out(h)  # the other order of every product and sum
+        return (torch.tanh((0.044715 * torch.pow(y, 3.0) + y) * math.sqrt(2.0 / math.pi)) + 1.0) * (y * 0.5)
+
+
+def get_inputs():
+    return [torch.randn(3, 7, 16)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_gelus_tanh_formula_is_the_operator_a_products_epilogue_takes():
+    from stitchcuda.compiler import compile_task
+
+    task = task_from("gelu_written_out", GELU_WRITTEN_OUT)
+    compiled = compile_task(task)
+    gelus = [n for n in compiled.graph.nodes if n.op == "aten.gelu"]
+    assert len(gelus) == 2 and all(n.kwargs == {"approximate": "tanh"} for n in gelus)
+    assert not {"aten.tanh", "aten.pow"} & set(_ops(compiled.graph))
+    assert all(g.kind == "gemm" for g in compiled.groups if any(n in g.nodes for n in (x.name for x in gelus)))
+    got, expected = simulate(task, compiled.graph, compiled.groups)
+    torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)

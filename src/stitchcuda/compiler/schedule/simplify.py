@@ -18,6 +18,9 @@ launch a kernel for.
   embedding's ``rotate_half``: ``cat(-x2, x1)``) is the concatenation of the plain pieces times a
   constant vector of -1 and 1 (exact), so the consuming kernel reads the pieces where they are
   instead of three kernels laying out the negation and the concatenation;
+- ``tanh_gelu_formulas``: GELU's tanh approximation written out (HF's ``gelu_new``:
+  ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))``) is ``gelu(x, approximate="tanh")``,
+  the one operator a GEMM's epilogue takes (GPT-2's MLP: its product, bias and activation in one call);
 - ``commute_row_permutes`` (row_permutes.py): a linear over a permute of its rows reads the rows
   in their own order, and the permute moves to its output (no copy before the product);
 - every split, chunk and unbind becomes one slice (select) per piece (rewrite.py): plain views,
@@ -59,8 +62,8 @@ _INTEGER_REDUCTIONS = {"aten.any", "aten.all", "aten.sum", "aten.amax", "aten.am
 
 
 def simplify(graph: OpGraph) -> OpGraph:
-    graph = commute_row_permutes(merge_shared_linears(negated_pieces_as_signs(index_ranges_as_slices(
-        fold_constants(drop_identity_clones(graph))))))
+    graph = commute_row_permutes(merge_shared_linears(tanh_gelu_formulas(negated_pieces_as_signs(
+        index_ranges_as_slices(fold_constants(drop_identity_clones(graph)))))))
     return split_shared_views(split_into_slices(graph, {n.name for n in graph.nodes if n.op in SPLITS}))
 
 
@@ -271,3 +274,69 @@ def negated_pieces_as_signs(graph: OpGraph) -> OpGraph:
     read = {a for n in nodes for a in n.inputs()} | pinned | set(graph.mutations)
     out.nodes = [n for n in nodes if n.op != "aten.neg" or n.name in read]  # the negations the cats read alone
     return out
+
+
+_SQRT_2_OVER_PI = 0.7978845608028654
+
+
+def tanh_gelu_formulas(graph: OpGraph) -> OpGraph:
+    """``graph`` where ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))``, in any order of
+    its products' and sums' operands, is ``aten.gelu(x, approximate="tanh")`` named as its last product."""
+    produced = {n.name: n for n in graph.nodes}
+    pinned = set(graph.outputs) | set(graph.mutations.values())
+    found = {n.name: x for n in graph.nodes if (x := _gelu_tanh_of(n, produced)) is not None}
+    if not found:
+        return graph
+    nodes = [n.model_copy(update={"op": "aten.gelu", "overload": "default", "args": ["%" + found[n.name]],
+                                  "kwargs": {"approximate": "tanh"}}) if n.name in found else n for n in graph.nodes]
+    while True:  # the formula's inner nodes nothing else reads
+        read = {a for n in nodes for a in n.inputs()} | pinned | set(graph.mutations)
+        kept = [n for n in nodes if n.name in read or n.name in found or not _formula_op(n)]
+        if len(kept) == len(nodes):
+            break
+        nodes = kept
+    out = graph.model_copy()
+    out.nodes = nodes
+    return out
+
+
+def _formula_op(n: Node) -> bool:
+    return n.op in ("aten.mul", "aten.add", "aten.pow", "aten.tanh") and len(n.out) == 1
+
+
+def _gelu_tanh_of(n: Node, produced: dict[str, Node]) -> str | None:
+    """The ``x`` whose tanh-approximated GELU ``n`` computes, else None."""
+    def node(a: Any, op: str) -> Node | None:
+        m = produced.get(a[1:]) if isinstance(a, str) and a.startswith("%") else None
+        return m if m is not None and m.op == op and not m.kwargs and len(m.args) == 2 else None
+
+    def scaled(a: Any, factor: float) -> str | None:  # a = v * factor (either order): v
+        m = node(a, "aten.mul")
+        if m is None:
+            return None
+        for v, c in (m.args, m.args[::-1]):
+            if isinstance(v, str) and isinstance(c, (int, float)) and abs(c - factor) <= 1e-6 * abs(factor):
+                return v
+        return None
+
+    def plus(a: Any) -> tuple[Any, Any] | None:  # a = p + q
+        m = node(a, "aten.add")
+        return (m.args[0], m.args[1]) if m is not None else None
+
+    if n.op != "aten.mul" or n.kwargs or len(n.args) != 2 or n.out[0].dtype != "float32":
+        return None
+    for half, rest in (n.args, n.args[::-1]):
+        x = scaled(half, 0.5)
+        terms = plus(rest)
+        if x is None or terms is None:
+            continue
+        for t, one in (terms, terms[::-1]):
+            tanh = produced.get(t[1:]) if isinstance(t, str) else None
+            if one != 1 or tanh is None or tanh.op != "aten.tanh":
+                continue
+            inner = plus(scaled(tanh.args[0], _SQRT_2_OVER_PI))
+            for lin, cubic in (inner, inner[::-1]) if inner is not None else ():
+                p = node(scaled(cubic, 0.044715), "aten.pow")
+                if lin == x and p is not None and p.args[0] == x and p.args[1] == 3:
+                    return x[1:]
+    return None
