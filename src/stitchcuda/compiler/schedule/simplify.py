@@ -183,21 +183,37 @@ def fold_constants(graph: OpGraph) -> OpGraph:
 
 
 def index_ranges_as_slices(graph: OpGraph) -> OpGraph:
-    """``graph`` where each ``aten.index`` by one constant 1-D index of evenly spaced ascending
-    positions along one dim (the other dims taken whole) is that ``aten.slice``: the same values in
-    the same place, as a view."""
-    constants = {p.name: graph.constants[p.target] for p in graph.placeholders
+    """``graph`` where each ``aten.index`` by constant runs of evenly spaced ascending positions is
+    a chain of ``aten.slice`` (and a view where the indices' broadcast adds size-1 dims): one index
+    along one dim, or several on adjacent dims, each varying along its own axis of their broadcast
+    (``mask[arange(B)[:, None], arange(S)[None, :]]``, the whole mask, in HF's mask making): the
+    same values in the same place, as views."""
+    import torch
+
+    constants = {p.name: torch.tensor(graph.constants[p.target]) for p in graph.placeholders
                  if p.kind == "constant" and p.target in graph.constants and p.meta is not None
-                 and p.meta.dtype in ("int64", "int32") and len(p.meta.shape) == 1}
+                 and p.meta.dtype in ("int64", "int32")}
     nodes, changed = [], False
     for n in graph.nodes:
-        piece = _index_range(graph, n, constants)
-        if piece is None:
+        pieces = _index_ranges(graph, n, constants)
+        if pieces is None:
             nodes.append(n)
             continue
-        dim, start, stop, step = piece
-        nodes.append(Node(name=n.name, op="aten.slice", overload="Tensor", args=[n.args[0], dim, start, stop, step],
-                          out=n.out, module=n.module))
+        source, shape = n.args[0], list(graph.meta(n.args[0][1:]).shape)  # type: ignore[union-attr]
+        steps: list[tuple[str, list]] = [("aten.slice", [dim, start, stop, step]) for dim, start, stop, step in pieces]
+        sliced = [len(range(*next(p[1:] for p in pieces if p[0] == d))) if d in {p[0] for p in pieces} else size
+                  for d, size in enumerate(shape)]
+        if sliced != n.out[0].shape:  # the broadcast's size-1 dims
+            steps.append(("aten.view", [n.out[0].shape]))
+        for k, (op, args) in enumerate(steps):
+            last = k == len(steps) - 1
+            if op == "aten.slice":
+                shape[args[0]] = len(range(*args[1:]))
+            piece = Node(name=n.name if last else f"{n.name}__s{k}", op=op, overload="Tensor" if op == "aten.slice"
+                         else "default", args=[source, *args], module=n.module,
+                         out=n.out if last else [TensorMeta(shape=list(shape), dtype=n.out[0].dtype)])
+            nodes.append(piece)
+            source = "%" + piece.name
         changed = True
     if not changed:
         return graph
@@ -206,22 +222,34 @@ def index_ranges_as_slices(graph: OpGraph) -> OpGraph:
     return out
 
 
-def _index_range(graph: OpGraph, n: Node, constants: dict[str, list[int]]) -> tuple[int, int, int, int] | None:
-    """(dim, start, stop, step) of the slice ``n`` is, where it is an index by a constant range."""
+def _index_ranges(graph: OpGraph, n: Node, constants: dict[str, Any]) -> list[tuple[int, int, int, int]] | None:
+    """The (dim, start, stop, step) of each slice ``n`` is, where it is an index by constant runs on
+    adjacent dims whose broadcast puts each along an axis of its own, in order."""
     if n.op != "aten.index" or len(n.args) != 2 or not isinstance(n.args[0], str) or not isinstance(n.args[1], list):
         return None
     picks = [(d, a) for d, a in enumerate(n.args[1]) if a is not None]
     x = graph.meta(n.args[0][1:])
-    if len(picks) != 1 or x is None or not isinstance(picks[0][1], str) or picks[0][1][1:] not in constants:
+    if not picks or x is None or [d for d, _ in picks] != list(range(picks[0][0], picks[0][0] + len(picks))) or \
+            not all(isinstance(a, str) and a[1:] in constants for _, a in picks):
         return None
-    dim, size = picks[0][0], x.shape[picks[0][0]]
-    positions = [p + size if p < 0 else p for p in constants[picks[0][1][1:]]]
-    if not positions or any(not 0 <= p < size for p in positions):
-        return None
-    step = positions[1] - positions[0] if len(positions) > 1 else 1
-    if step < 1 or positions != list(range(positions[0], positions[0] + step * len(positions), step)):
-        return None
-    return dim, positions[0], positions[-1] + 1, step
+    indices = [constants[a[1:]] for _, a in picks]
+    rank = max(i.dim() for i in indices)
+    found, last_axis = [], -1
+    for (dim, _), index in zip(picks, indices, strict=True):
+        padded = [1] * (rank - index.dim()) + list(index.shape)
+        varying = [d for d, size in enumerate(padded) if size != 1]
+        if len(varying) > 1 or (varying and varying[0] <= last_axis) or (len(picks) > 1 and not varying):
+            return None
+        last_axis = varying[0] if varying else last_axis
+        size = x.shape[dim]
+        positions = [p + size if p < 0 else p for p in index.reshape(-1).tolist()]
+        if not positions or any(not 0 <= p < size for p in positions):
+            return None
+        step = positions[1] - positions[0] if len(positions) > 1 else 1
+        if step < 1 or positions != list(range(positions[0], positions[0] + step * len(positions), step)):
+            return None
+        found.append((dim, positions[0], positions[-1] + 1, step))
+    return found
 
 
 def negated_pieces_as_signs(graph: OpGraph) -> OpGraph:
