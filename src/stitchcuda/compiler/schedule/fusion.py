@@ -344,10 +344,18 @@ class _Fuser(Grouping):
             gid = self.new("row_reduce", n.name, [n.name])
             if gid is None:
                 continue
-            self.absorb_producers(gid, lambda p: self.role[p] == "elementwise", full=full, expose=True)
+            # elementwise producers of full rows, and embedding lookups (BERT's sum of embeddings
+            # before its first norm: the row kernel reads the tables through the token ids)
+            self.absorb_producers(gid, lambda p: self.role[p] == "elementwise" or self._lookup(p), full=full, expose=True)
             stats = stat_shapes(geo)
             self.grow(gid, lambda c, i=gid, g=geo, f=full, st=stats: self._row_ok(c, i, g, f, st))
             self.groups[gid].notes.append(self._row_note(gid, geo))
+
+    def _lookup(self, name: str) -> bool:
+        """An ``embedding`` of a float table read by one group: a gather the reading kernel makes."""
+        node = self.node[name]
+        return node.op == "aten.embedding" and len(node.out) == 1 and node.out[0].dtype == "float32" and \
+            len(self.users(name)) == 1 and not self.returned_from(name)
 
     def _row_ok(self, c: str, gid: int, geo: Any, full: list[int], stats: list[list[int]]) -> bool:
         role, shape = self.role[c], self.out_shape(c)
