@@ -183,6 +183,9 @@ class _Fuser(Grouping):
             # products' operands through views and constant scales only (lower_attention.py)
             apart = self._operand_work(gid, qk, pv)
             self.absorb_producers(gid, lambda p, apart=apart: self.role[p] == "elementwise" and p not in apart)
+            for path in self._operand_copies(qk, pv):  # each with the views between it and the group
+                if all(self.free(n) or self.owner.get(n) == gid for n in path):
+                    self.add(gid, path)
             for p in (qk, pv):  # a scaled query or key: the scale moves into the kernel
                 for v in self.reads[p]:
                     q = self.producer.get(v)
@@ -214,6 +217,24 @@ class _Fuser(Grouping):
     def _reshape(self, name: str) -> bool:
         """A view that only regroups dims (a row kernel over a contiguous buffer reads it as is)."""
         return self.role[name] == "view" and self.node[name].op in ("aten.view", "aten.reshape", "aten._unsafe_view")
+
+    def _operand_copies(self, qk: str, pv: str) -> list[list[str]]:
+        """The ``contiguous()`` copies on the products' operand paths (Whisper's heads split with
+        ``.transpose(1, 2).contiguous()``) that only strides separate from the product, each with the
+        nodes between it and the product: the kernel's batched GEMMs read the strided view itself.
+        Not past a reshape, which the copy may be for."""
+        found: list[list[str]] = []
+        pending = [(v, []) for p in (qk, pv) for v in self.reads[p]]
+        while pending:
+            value, path = pending.pop()
+            q = self.producer.get(value)
+            if q is None or len(self.users(q)) != 1 or self.returned_from(q):
+                continue
+            if self.node[q].op == "aten.clone" and self.role[q] == "copy":
+                found.append([q, *path])
+            elif (self.role[q] == "view" and not self._reshape(q)) or _constant_scale(self.node[q]):
+                pending.extend((v, [q, *path]) for v in self.reads[q][:1])
+        return found
 
     def _operand_work(self, gid: int, qk: str, pv: str) -> set[str]:
         """The elementwise nodes on the products' operand paths (through views and constant scales)
