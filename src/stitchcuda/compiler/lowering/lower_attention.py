@@ -8,18 +8,22 @@ from stitchcuda.compiler.ir.expr import (
     IDENTITY,
     VIEWS,
     Expr,
+    Leaf,
+    Program,
+    Step,
     Unsupported,
     contiguous_strides,
     leaf,
     view_expr,
 )
 from stitchcuda.compiler.ir.group import FusionGroup
-from stitchcuda.compiler.ir.ops import SPLITS
+from stitchcuda.compiler.ir.ops import RESHAPES, SPLITS
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_gemm import describe_gemm, place_product, strided_gemm
 from stitchcuda.compiler.lowering.lower_rows import lower_row
-from stitchcuda.compiler.lowering.lowered import Lowered
+from stitchcuda.compiler.lowering.lowered import Gemm, Lowered, to_ident
 from stitchcuda.compiler.lowering.registry import group_lowering
+from stitchcuda.compiler.lowering.regroup import regrouped_read
 
 
 @group_lowering("attention", 10, lambda g, nodes: g.kind == "attention")
@@ -51,8 +55,8 @@ def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
         if n.op in SPLITS:
             cx.split(n, env)
         elif n.op in VIEWS or n.op in IDENTITY:
-            env[n.name] = view_expr(n, cx.arg(env, n.name)(n.args[0])) if n.op in VIEWS else \
-                cx.arg(env, n.name)(n.args[0])
+            x = cx.arg(env, n.name)(n.args[0])
+            env[n.name] = x if n.op in IDENTITY else _operand_view(n, x, cx.shape(n.name))
             src = n.args[0][1:] if isinstance(n.args[0], str) else ""
             if src in scale:
                 scale[n.name] = scale[src]
@@ -74,14 +78,15 @@ def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
     s_shape = cx.shape(qk.name)
     scores = cx.scratch(qk.name, s_shape)
     arg = cx.arg(env, f"{qk.name} ({qk.op})")
-    g_qk = strided_gemm(cx, f"{qk.name} ({qk.op})", arg(qk.args[0]), arg(qk.args[1]), scores, s_shape,
-                        contiguous_strides(s_shape))
+    copies: list[Lowered] = []  # regrouped operands the products cannot read in place, laid out first
+    g_qk = _product(cx, g, f"{qk.name} ({qk.op})", arg(qk.args[0]), arg(qk.args[1]), scores, s_shape,
+                    contiguous_strides(s_shape), copies)
     for operand in qk.args[:2]:
         g_qk.alpha *= scale.get(operand[1:], 1.0) if isinstance(operand, str) else 1.0
     if any(v in scale for n in middle + [pv] for v in n.inputs()):
         raise Unsupported("a scaled value is read after Q.K^T")
     place_product(cx, g_qk)
-    parts = [Lowered(g, "gemm", gemm=g_qk, describe=describe_gemm(qk, g_qk))]
+    parts = [*copies, Lowered(g, "gemm", gemm=g_qk, describe=describe_gemm(qk, g_qk))]
     p_value = qk.name
     if middle:
         p_value = middle[-1].name
@@ -124,9 +129,61 @@ def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
     out = cx.buffer(final)
     arg = cx.arg(env, f"{pv.name} ({pv.op})")
     lhs = leaf(p_value, s_shape) if middle else leaf(qk.name, s_shape)
-    g_pv = place_product(cx, strided_gemm(cx, f"{pv.name} ({pv.op})", lhs, arg(pv.args[1]), out, cx.shape(pv.name),
-                                          strides))
-    parts.append(Lowered(g, "gemm", gemm=g_pv, describe=describe_gemm(pv, g_pv)))
+    copies = []
+    g_pv = place_product(cx, _product(cx, g, f"{pv.name} ({pv.op})", lhs, arg(pv.args[1]), out, cx.shape(pv.name),
+                                      strides, copies))
+    parts += [*copies, Lowered(g, "gemm", gemm=g_pv, describe=describe_gemm(pv, g_pv))]
     return Lowered(g, "sequence", parts=parts, describe=" -> ".join(
         ["Q.K^T (batched GEMM)"] + (["row kernel (" + ", ".join(n.op for n in middle if n.op not in VIEWS)
                                      + ")"] if middle else []) + [f"P.V (batched GEMM) into {final}"]))
+
+
+def _operand_view(n: Node, x: Expr, out: tuple[int, ...]) -> Expr:
+    """A view on a product's operand path: a view of the read; where a reshape merges batch dims no
+    strides can merge (repeat_kv: ``expand`` then ``reshape`` of the key and value heads), a read
+    that keeps them apart for the batched GEMM (regroup.regrouped_read), whose last two dims a
+    transpose may still swap."""
+    regrouped = x.op == "leaf" and tuple(x.shape) != x.leaf.shape  # type: ignore[union-attr]
+    if not regrouped:
+        try:
+            return view_expr(n, x)
+        except Unsupported:
+            if n.op not in RESHAPES:
+                raise
+            return regrouped_read(x, out)
+    lf: Leaf = x.leaf  # type: ignore[assignment]
+    rank = len(x.shape)
+    order = [d % rank for d in n.args[1]] if n.op == "aten.permute" else \
+        (lambda i, j: [j if d == i else i if d == j else d for d in range(rank)])(n.args[1] % rank, n.args[2] % rank) \
+        if n.op == "aten.transpose" else None
+    if order != [*range(rank - 2), rank - 1, rank - 2]:
+        raise Unsupported(f"{n.name} ({n.op}) of a regrouped operand: only its last two dims may swap")
+    swapped = Leaf(lf.value, (*lf.shape[:-2], lf.shape[-1], lf.shape[-2]), (*lf.strides[:-2], lf.strides[-1], lf.strides[-2]),
+                   lf.offset)
+    return Expr("leaf", leaf=swapped, shape=tuple(out))
+
+
+def _product(cx: LowerContext, g: FusionGroup, where: str, lhs: Expr, rhs: Expr, out: str, shape: tuple[int, ...],
+             strides: tuple[int, ...], copies: list[Lowered]) -> Gemm:
+    """The batched GEMM of ``lhs`` and ``rhs``; where an operand read as a regrouping of its batch
+    dims leaves more batch dims than a GEMM call takes, that operand laid out first by a copy kernel
+    (appended to ``copies``), as the ``contiguous()`` of the model did."""
+    try:
+        return strided_gemm(cx, where, lhs, rhs, out, shape, strides)
+    except Unsupported:
+        if all(tuple(e.shape) == e.leaf.shape for e in (lhs, rhs)):  # type: ignore[union-attr]
+            raise
+    laid = []
+    for e in (lhs, rhs):
+        lf: Leaf = e.leaf  # type: ignore[assignment]
+        if tuple(e.shape) == lf.shape:
+            laid.append(e)
+            continue
+        name = f"{lf.value}__laid{len(cx.out.intermediates)}"
+        cx.scratch(name, e.shape)
+        ident = to_ident(name)
+        prog = Program("pointwise", lf.shape, steps=[Step(ident, "full", Expr("leaf", leaf=lf, shape=lf.shape))])
+        prog.outputs[name], prog.output_shapes[name] = ident, tuple(e.shape)  # row-major either way
+        copies.append(Lowered(g, "pointwise", program=prog, describe=f"{lf.value} laid out as {list(e.shape)}"))
+        laid.append(leaf(name, e.shape))
+    return strided_gemm(cx, where, *laid, out, shape, strides)

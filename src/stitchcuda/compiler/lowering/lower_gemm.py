@@ -17,6 +17,7 @@ from stitchcuda.compiler.ir.expr import (
     Unsupported,
     contiguous_strides,
     numel,
+    reshape_strides,
     view_expr,
 )
 from stitchcuda.compiler.ir.group import FusionGroup
@@ -31,6 +32,7 @@ from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS, Gemm, Lowered, 
 from stitchcuda.compiler.lowering.packing import fits, pack_buffer, parameter
 from stitchcuda.compiler.lowering.padded_gemm import padded, staging
 from stitchcuda.compiler.lowering.registry import group_lowering
+from stitchcuda.compiler.lowering.regroup import common_split
 from stitchcuda.compiler.lowering.split_tf32 import plan_split, splittable
 
 
@@ -473,8 +475,24 @@ def strided_gemm(cx: LowerContext, where: str, lhs: Expr, rhs: Expr, out: str, o
     if c_t and m > 1:
         raise Unsupported(f"{where}: the output would be written transposed")
     batch = tuple(out_shape[:-2])
-    per = [Leaf(x.value, x.shape[:-2], x.strides[:-2]).effective_strides(batch) for x in (a, b)]
-    dims = [[d, sa, sb, sc] for d, sa, sb, sc in zip(batch, *per, out_strides[:-2], strict=True) if d != 1]
+    # an operand read as a regrouping of its batch dims (lower_attention: repeat_kv's heads) keeps
+    # its finer dims: the batch runs over dims that split both it and the output's
+    finer = [tuple(e.leaf.shape[:-2]) for e in (lhs, rhs) if tuple(e.shape) != e.leaf.shape]  # type: ignore[union-attr]
+    split = common_split([batch, *finer]) if finer else batch
+    if split is None:
+        raise Unsupported(f"{where}: batch dims {[list(f) for f in finer]} do not split {list(batch)}")
+    per = []
+    for e, x in ((lhs, a), (rhs, b)):
+        if tuple(e.shape) != x.shape:
+            per.append(reshape_strides(x.shape[:-2], x.strides[:-2], split))
+        else:
+            per.append(reshape_strides(batch, Leaf(x.value, x.shape[:-2], x.strides[:-2]).effective_strides(batch),
+                                       split) if split != batch else
+                       Leaf(x.value, x.shape[:-2], x.strides[:-2]).effective_strides(batch))
+    per.append(reshape_strides(batch, out_strides[:-2], split) if split != batch else out_strides[:-2])
+    if any(p is None for p in per):
+        raise Unsupported(f"{where}: batch strides cannot be read over {list(split)}")
+    dims = [[d, sa, sb, sc] for d, sa, sb, sc in zip(split, *per, strict=True) if d != 1]
     merged: list[list[int]] = []
     for d in dims:
         if merged and all(merged[-1][i] == d[0] * d[i] for i in (1, 2, 3)):

@@ -60,3 +60,32 @@ def onto(e: Expr, shape: tuple[int, ...]) -> Expr:
         return op(x.op, *(over(a) for a in x.args))
 
     return over(e)
+
+
+def common_split(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """The shape whose dims split each of ``shapes`` (all of one element count: batch dims merged
+    in some and apart in others), or None where the dims of one cut across another's."""
+    cuts: set[int] = set()
+    for s in shapes:
+        size = 1
+        for d in reversed(s):
+            size *= d
+            cuts.add(size)
+    dims, below = [], 1
+    for cut in sorted(cuts):
+        if cut % below:
+            return None
+        dims.append(cut // below)
+        below = cut
+    return tuple(reversed(dims))
+
+
+def regrouped_read(x: Expr, shape: tuple[int, ...]) -> Expr:
+    """A read of ``x`` (a plain leaf) as ``shape``, which merges leading dims of it that no strides
+    can merge (repeat_kv's expanded heads): the logical shape ``shape`` over a leaf that keeps the
+    finer dims. Only a batched GEMM reads such an operand (``lower_gemm.strided_gemm``)."""
+    lf: Leaf = x.leaf  # type: ignore[assignment]
+    if x.op != "leaf" or not lf.plain or numel(x.shape) != numel(shape) or len(shape) < 2 \
+            or tuple(x.shape[-2:]) != tuple(shape[-2:]) or common_split([tuple(x.shape[:-2]), tuple(shape[:-2])]) is None:
+        raise Unsupported(f"a read of {lf.value if lf else '?'} as {list(shape)}: not a regrouping of batch dims")
+    return Expr("leaf", leaf=lf, shape=tuple(shape))

@@ -222,7 +222,8 @@ class _Fuser(Grouping):
         """The ``contiguous()`` copies on the products' operand paths (Whisper's heads split with
         ``.transpose(1, 2).contiguous()``) that only strides separate from the product, each with the
         nodes between it and the product: the kernel's batched GEMMs read the strided view itself.
-        Not past a reshape, which the copy may be for."""
+        Past a reshape only where it regroups batch dims (repeat_kv's ``expand`` then ``reshape``:
+        the GEMMs keep the expanded dims apart)."""
         found: list[list[str]] = []
         pending = [(v, []) for p in (qk, pv) for v in self.reads[p]]
         while pending:
@@ -232,9 +233,16 @@ class _Fuser(Grouping):
                 continue
             if self.node[q].op == "aten.clone" and self.role[q] == "copy":
                 found.append([q, *path])
-            elif (self.role[q] == "view" and not self._reshape(q)) or _constant_scale(self.node[q]):
+            elif (self.role[q] == "view" and (not self._reshape(q) or self._batch_regroup(q))) \
+                    or _constant_scale(self.node[q]):
                 pending.extend((v, [q, *path]) for v in self.reads[q][:1])
         return found
+
+    def _batch_regroup(self, name: str) -> bool:
+        """A reshape that keeps the last two dims: it regroups a product's batch dims only."""
+        src = self.shape(self.reads[name][0]) if self.reads[name] else None
+        out = self.out_shape(name)
+        return src is not None and out is not None and len(src) >= 2 and len(out) >= 2 and src[-2:] == out[-2:]
 
     def _operand_work(self, gid: int, qk: str, pv: str) -> set[str]:
         """The elementwise nodes on the products' operand paths (through views and constant scales)
