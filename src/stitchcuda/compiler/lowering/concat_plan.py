@@ -7,7 +7,8 @@ Inductor's concatenation planning has a producer write into its slice).
 
 A chain is planned only where nothing depends on a concatenation being a buffer of its own: every
 concatenation but the largest is read by kernels that read through strides (pointwise and row
-kernels, batch norm), is neither returned nor written back, and is alone in its group.
+kernels, family kernels such as a training batch norm), is neither returned nor written back, and
+is alone in its group.
 
 A piece that a pointwise kernel makes for the concatenation alone (an Inception branch's last
 activation) is written by that kernel straight into its slice, through strides: nothing copies it.
@@ -21,11 +22,9 @@ from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import contiguous_strides
 from stitchcuda.compiler.ir.formulas import ROW_OPS, is_pointwise
 from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.ir.ops import FAMILY_OPS
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 
-# the operators (besides pointwise and row ones) whose lowering reads an operand through any strides
-_STRIDED_READERS = {"aten._native_batch_norm_legit_functional", "aten._native_batch_norm_legit",
-                    "aten._native_batch_norm_legit_no_training", "aten.batch_norm"}
 # the groups whose kernels read their operands through strides (not a library call's operand)
 _STRIDED_GROUPS = {"elementwise", "row_reduce", "data_movement", "other"}
 
@@ -131,6 +130,7 @@ def _views_only_read_through_strides(cx: LowerContext, cat: Node, by_id: dict[in
         node = cx.nodes.get(user)
         if node is None or by_id[owner[user]].kind not in _STRIDED_GROUPS:
             return False
-        if not (is_pointwise(node.op) or node.op in ROW_OPS or node.op in _STRIDED_READERS):
+        # pointwise and row kernels, and family kernels (a training batch norm): reads through strides
+        if not (is_pointwise(node.op) or node.op in ROW_OPS or node.op in FAMILY_OPS):
             return False
     return True
