@@ -139,3 +139,30 @@ def test_repeated_key_heads_are_read_in_place_by_the_product():
     for options in (CodegenOptions(), CodegenOptions(cutlass=True, split_tf32=False, cublaslt=False, gpu="H200")):
         got, expected = simulate(compiled.task, compiled.graph, compiled.groups, options)
         assert ((got[0] - expected[0]).abs().max() / expected[0].abs().max()).item() < 1e-5
+
+
+RETURNED_ATTENTION = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):  # KernelBench's scaled_dot_product_attention task: P.V is what the forward returns
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def get_inputs():
+    return [torch.rand(2, 3, 16, 32), torch.rand(2, 3, 16, 32), torch.rand(2, 3, 16, 32)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_an_attention_whose_output_is_returned_is_one_group():
+    compiled = compile_task(task_from("returned_attention", RETURNED_ATTENTION))
+    assert not compiled.isolated
+    assert [g.kind for g in compiled.groups if g.kind != "data_movement"] == ["attention"]
+    got, expected = simulate(compiled.task, compiled.graph, compiled.groups, CodegenOptions())
+    assert ((got[0] - expected[0]).abs().max() / expected[0].abs().max()).item() < 1e-5

@@ -71,7 +71,7 @@ def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
         if n.op not in ("aten.matmul", "aten.bmm") or n.kwargs:
             raise Unsupported(f"{n.name} ({n.op}) as an attention product")
     inside = set(names)
-    for n in [qk, *middle, pv, *after[:-1]]:
+    for n in [qk, *middle, pv, *after][:-1]:  # the last may be returned: P.V writes it
         if n.name in cx.graph.outputs or any(u not in inside for u in cx.users.get(n.name, [])):
             raise Unsupported(f"{n.name} ({n.op}) is used outside the attention group")
     # Q.K^T into a contiguous scores buffer, then the row kernel in place over it
