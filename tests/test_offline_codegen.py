@@ -129,7 +129,10 @@ def _run_family_node(graph: OpGraph, low, lg, flat: dict) -> None:
 
     kwargs = {k: value(v) for k, v in node.kwargs.items()  # dtypes and devices are kept as text: dropped
               if not (isinstance(v, str) and not v.startswith("%"))}
-    out = getattr(getattr(torch.ops.aten, packet), overload)(*value(node.args), **kwargs)
+    if node.op == "stitchcuda.int_add":  # our own operator: an integer tensor plus a step
+        out = value(node.args[0]) + node.args[1]
+    else:
+        out = getattr(getattr(torch.ops.aten, packet), overload)(*value(node.args), **kwargs)
     outs = out if isinstance(out, (tuple, list)) else [out]
     names = [node.name] if len(outs) == 1 else [g for g, (src, _) in sorted(graph.getitems.items(),
                                                                            key=lambda kv: kv[1][1]) if src == node.name]
