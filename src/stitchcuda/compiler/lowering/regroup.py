@@ -21,22 +21,10 @@ def refined(shape: tuple[int, ...], shapes: list[tuple[int, ...]]) -> tuple[int,
     that each operand reads through strides of it; ``shape`` itself where there is none or no
     such split."""
     regroupings = [s for s in shapes if s != shape and regrouped(s, shape)]
-    if not regroupings:
+    finer = common_split([shape, *regroupings]) if regroupings else None
+    if finer is None or [d for d in finer if d != 1] == [d for d in shape if d != 1]:
         return shape
-    cuts: set[int] = set()
-    for s in [shape, *regroupings]:
-        size = 1
-        for d in reversed(s):
-            size *= d
-            cuts.add(size)
-    dims, below = [], 1
-    for cut in sorted(cuts):
-        if cut % below:
-            return shape
-        dims.append(cut // below)
-        below = cut
-    finer = tuple(reversed(dims))
-    return shape if [d for d in finer if d != 1] == [d for d in shape if d != 1] else finer
+    return finer
 
 
 def onto(e: Expr, shape: tuple[int, ...]) -> Expr:
