@@ -481,15 +481,14 @@ def strided_gemm(cx: LowerContext, where: str, lhs: Expr, rhs: Expr, out: str, o
     split = common_split([batch, *finer]) if finer else batch
     if split is None:
         raise Unsupported(f"{where}: batch dims {[list(f) for f in finer]} do not split {list(batch)}")
-    per = []
-    for e, x in ((lhs, a), (rhs, b)):
-        if tuple(e.shape) != x.shape:
-            per.append(reshape_strides(x.shape[:-2], x.strides[:-2], split))
-        else:
-            per.append(reshape_strides(batch, Leaf(x.value, x.shape[:-2], x.strides[:-2]).effective_strides(batch),
-                                       split) if split != batch else
-                       Leaf(x.value, x.shape[:-2], x.strides[:-2]).effective_strides(batch))
-    per.append(reshape_strides(batch, out_strides[:-2], split) if split != batch else out_strides[:-2])
+
+    def over_split(dims: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...] | list[int] | None:
+        return tuple(strides) if tuple(dims) == split else reshape_strides(dims, strides, split)
+
+    per = [over_split(x.shape[:-2], x.strides[:-2]) if tuple(e.shape) != x.shape  # a regrouped read
+           else over_split(batch, Leaf(x.value, x.shape[:-2], x.strides[:-2]).effective_strides(batch))
+           for e, x in ((lhs, a), (rhs, b))]
+    per.append(over_split(batch, tuple(out_strides[:-2])))
     if any(p is None for p in per):
         raise Unsupported(f"{where}: batch strides cannot be read over {list(split)}")
     dims = [[d, sa, sb, sc] for d, sa, sb, sc in zip(split, *per, strict=True) if d != 1]
