@@ -344,6 +344,19 @@ def reshape_strides(shape: Sequence[int], strides: Sequence[int], out: Sequence[
     return new if view_d == -1 else None
 
 
+def permutation(node: Any, rank: int) -> list[int] | None:
+    """The dims a permute or transpose node of a rank-``rank`` value puts in each place, else None."""
+    if node.op == "aten.permute" and len(node.args) > 1 and isinstance(node.args[1], list):
+        order = [int(d) % rank for d in node.args[1]]
+    elif node.op == "aten.transpose" and len(node.args) > 2:
+        a, b = int(node.args[1]) % rank, int(node.args[2]) % rank
+        order = list(range(rank))
+        order[a], order[b] = order[b], order[a]
+    else:
+        return None
+    return order if sorted(order) == list(range(rank)) else None
+
+
 def view_expr(node: Any, x: Expr) -> Expr:
     """A view node applied to a buffer read: the same buffer through new shape and strides."""
     where = f"{node.name} ({node.op}.{node.overload})"

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stitchcuda.compiler.capture.graph import Node
-from stitchcuda.compiler.ir.expr import contiguous_strides
+from stitchcuda.compiler.ir.expr import Unsupported, contiguous_strides
 from stitchcuda.compiler.ir.formulas import ROW_OPS, is_pointwise
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import FAMILY_OPS
@@ -31,13 +31,14 @@ _STRIDED_GROUPS = {"elementwise", "row_reduce", "data_movement", "other"}
 
 @dataclass
 class ConcatWrite:
-    """What one planned concatenation copies: runs of its pieces, each run (``pieces``) a region
-    of ``shape`` along ``dim`` at element ``offset`` of the shared buffer."""
+    """What one planned concatenation copies: a run of its pieces (``pieces``), a region of
+    ``shape`` along ``dim`` at element ``offset`` of the shared buffer, whose ``strides`` it has."""
 
     pieces: list[str]
     dim: int
     shape: tuple[int, ...]
     offset: int
+    strides: tuple[int, ...]
 
 
 def plan_concats(cx: LowerContext, groups: list[FusionGroup], owner: dict[str, int]) -> dict[str, list[ConcatWrite]]:
@@ -102,7 +103,7 @@ def _runs(shape: tuple[int, ...], sizes: list[int], strides: tuple[int, ...], di
             end += 1
         region = list(shape)
         region[dim] = sum(sizes[k:end])
-        runs.append(ConcatWrite(pieces[k:end], dim, tuple(region), sum(sizes[:k]) * strides[dim]))
+        runs.append(ConcatWrite(pieces[k:end], dim, tuple(region), sum(sizes[:k]) * strides[dim], strides))
         k = end
     return runs
 
@@ -116,7 +117,10 @@ def _made_for(cx: LowerContext, piece: str, cat: str, by_id: dict[int, FusionGro
             or piece in graph.mutations.values() or cx.users.get(piece, []) != [cat]:
         return False
     group = by_id[owner[piece]]
-    return group.kind == "elementwise" and cx.outputs_of(group) == [piece]
+    try:
+        return group.kind == "elementwise" and cx.outputs_of(group) == [piece]
+    except Unsupported:  # a value no buffer holds: its group's own lowering says so
+        return False
 
 
 def _views_only_read_through_strides(cx: LowerContext, cat: Node, by_id: dict[int, FusionGroup],

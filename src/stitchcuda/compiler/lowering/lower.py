@@ -247,7 +247,6 @@ class _Lowerer:
         if not runs:
             return Lowered(g, "alias", describe=f"{node.name}: its pieces were written into its buffer by their kernels")
         arg = cx.arg({}, f"{node.name} ({node.op})")
-        strides = cx.out.layouts[node.name][0] if node.name in cx.out.layouts else contiguous_strides(cx.shape(node.name))
         parts = []
         for k, run in enumerate(runs):
             if len(run.pieces) == 1:
@@ -260,7 +259,7 @@ class _Lowerer:
             prog = Program("pointwise", run.shape, steps=[Step(ident, "full", e)])
             prog.outputs[node.name] = ident
             prog.output_shapes[node.name] = run.shape
-            prog.write_strides[node.name] = (strides, run.offset)
+            prog.write_strides[node.name] = (run.strides, run.offset)
             parts.append(Lowered(g, "pointwise", program=prog,
                                  describe=f"{', '.join(run.pieces)} into {node.name}'s slice of a growing buffer"))
         return parts[0] if len(parts) == 1 else Lowered(g, "sequence", parts=parts,

@@ -14,6 +14,7 @@ from stitchcuda.compiler.ir.expr import (
     Unsupported,
     contiguous_strides,
     leaf,
+    permutation,
     view_expr,
 )
 from stitchcuda.compiler.ir.group import FusionGroup
@@ -153,10 +154,7 @@ def _operand_view(n: Node, x: Expr, out: tuple[int, ...]) -> Expr:
             return regrouped_read(x, out)
     lf: Leaf = x.leaf  # type: ignore[assignment]
     rank = len(x.shape)
-    order = [d % rank for d in n.args[1]] if n.op == "aten.permute" else \
-        (lambda i, j: [j if d == i else i if d == j else d for d in range(rank)])(n.args[1] % rank, n.args[2] % rank) \
-        if n.op == "aten.transpose" else None
-    if order != [*range(rank - 2), rank - 1, rank - 2]:
+    if permutation(n, rank) != [*range(rank - 2), rank - 1, rank - 2]:
         raise Unsupported(f"{n.name} ({n.op}) of a regrouped operand: only its last two dims may swap")
     swapped = Leaf(lf.value, (*lf.shape[:-2], lf.shape[-1], lf.shape[-2]), (*lf.strides[:-2], lf.strides[-1], lf.strides[-2]),
                    lf.offset)

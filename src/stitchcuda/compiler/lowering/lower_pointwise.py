@@ -49,7 +49,7 @@ def lower_pointwise(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: di
                 # a reshape of what the kernel computes, or of a read it cannot view (a copy's
                 # permute): the value at the same element, the kernel running over the finer shape
                 if x.op == "leaf":
-                    name = to_ident(n.args[0][1:]) + "__copy"
+                    name = to_ident(n.name) + "__copy"
                     steps.append(Step(name, "full", x))
                     x = ref(name, x.shape)
                 env[n.name] = ref(x.ref, cx.shape(n.name))

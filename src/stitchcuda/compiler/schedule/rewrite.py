@@ -1,7 +1,10 @@
 """Graph rewrites the compiler makes when a fused group did not lower: a multi-output split becomes
-one single-output view per piece, so that each piece can be read, or materialised, on its own."""
+one single-output view per piece, so that each piece can be read, or materialised, on its own. And
+what every rewrite that bypasses nodes needs: dropping those nothing reads any more."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from stitchcuda.compiler.capture.graph import Node, OpGraph
 from stitchcuda.compiler.ir.ops import SPLITS
@@ -44,3 +47,15 @@ def split_into_slices(graph: OpGraph, names: frozenset[str] | set[str]) -> OpGra
     out.nodes = nodes
     out.getitems = {k: v for k, v in out.getitems.items() if v[0] not in targets}
     return out
+
+
+def without_unread(graph: OpGraph, nodes: list[Node], bypassed: Callable[[Node], bool]) -> list[Node]:
+    """``nodes`` less those ``bypassed`` accepts that nothing reads (any more, once the others are
+    gone), the forward's outputs and buffer write-backs kept."""
+    pinned = set(graph.outputs) | set(graph.mutations) | set(graph.mutations.values())
+    while True:
+        read = {a for n in nodes for a in n.inputs()} | pinned
+        kept = [n for n in nodes if n.name in read or not bypassed(n)]
+        if len(kept) == len(nodes):
+            return nodes
+        nodes = kept

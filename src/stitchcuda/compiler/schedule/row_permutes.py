@@ -16,22 +16,17 @@ from __future__ import annotations
 from typing import Any
 
 from stitchcuda.compiler.capture.graph import Node, OpGraph, TensorMeta
+from stitchcuda.compiler.ir.expr import permutation
 from stitchcuda.compiler.ir.ops import VIEW_OPS
+from stitchcuda.compiler.schedule.rewrite import without_unread
 
 _ROW_PERMUTES = ("aten.permute", "aten.transpose")
 
 
 def _order(n: Node, rank: int) -> list[int] | None:
     """The dims ``n`` (a permute or transpose) puts in each place, or None when it moves the last."""
-    if n.op == "aten.permute" and len(n.args) > 1 and isinstance(n.args[1], list):
-        order = [int(d) % rank for d in n.args[1]]
-    elif n.op == "aten.transpose" and len(n.args) > 2:
-        a, b = int(n.args[1]) % rank, int(n.args[2]) % rank
-        order = list(range(rank))
-        order[a], order[b] = order[b], order[a]
-    else:
-        return None
-    return order if order[-1] == rank - 1 and sorted(order) == list(range(rank)) else None
+    order = permutation(n, rank)
+    return order if order is not None and order[-1] == rank - 1 else None
 
 
 def _views_still_views(graph: OpGraph, start: Node, shape: list[int], order: list[int]) -> bool:
@@ -93,7 +88,6 @@ def commute_row_permutes(graph: OpGraph) -> OpGraph:
         changed = True
     if not changed:
         return graph
-    read = {a for n in nodes for a in n.inputs()} | pinned
     out = graph.model_copy()
-    out.nodes = [n for n in nodes if n.op not in _ROW_PERMUTES or n.name in read]  # a bypassed permute read by none
+    out.nodes = without_unread(graph, nodes, lambda n: n.op in _ROW_PERMUTES)  # the permutes bypassed
     return out

@@ -38,7 +38,7 @@ from stitchcuda.compiler.capture.graph import MAX_CONSTANT, Node, OpGraph, Place
 from stitchcuda.compiler.ir.op_table import tagged
 from stitchcuda.compiler.ir.ops import C_TYPES, RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, SPLITS, VIEW_OPS
 from stitchcuda.compiler.schedule.horizontal import merge_shared_linears
-from stitchcuda.compiler.schedule.rewrite import split_into_slices
+from stitchcuda.compiler.schedule.rewrite import split_into_slices, without_unread
 from stitchcuda.compiler.schedule.row_permutes import commute_row_permutes
 from stitchcuda.compiler.schedule.shared_views import split_shared_views
 
@@ -200,18 +200,17 @@ def index_ranges_as_slices(graph: OpGraph) -> OpGraph:
             nodes.append(n)
             continue
         source, shape = n.args[0], list(graph.meta(n.args[0][1:]).shape)  # type: ignore[union-attr]
-        steps: list[tuple[str, list]] = [("aten.slice", [dim, start, stop, step]) for dim, start, stop, step in pieces]
-        sliced = [len(range(*next(p[1:] for p in pieces if p[0] == d))) if d in {p[0] for p in pieces} else size
-                  for d, size in enumerate(shape)]
-        if sliced != n.out[0].shape:  # the broadcast's size-1 dims
-            steps.append(("aten.view", [n.out[0].shape]))
-        for k, (op, args) in enumerate(steps):
+        steps: list[tuple[str, list, list[int]]] = []  # (op, its arguments after the source, its shape)
+        for dim, start, stop, step in pieces:
+            shape[dim] = len(range(start, stop, step))
+            steps.append(("aten.slice", [dim, start, stop, step], list(shape)))
+        if shape != n.out[0].shape:  # the broadcast's size-1 dims
+            steps.append(("aten.view", [n.out[0].shape], n.out[0].shape))
+        for k, (op, args, out_shape) in enumerate(steps):
             last = k == len(steps) - 1
-            if op == "aten.slice":
-                shape[args[0]] = len(range(*args[1:]))
-            piece = Node(name=n.name if last else f"{n.name}__s{k}", op=op, overload="Tensor" if op == "aten.slice"
-                         else "default", args=[source, *args], module=n.module,
-                         out=n.out if last else [TensorMeta(shape=list(shape), dtype=n.out[0].dtype)])
+            piece = Node(name=n.name if last else f"{n.name}__s{k}", op=op,
+                         overload="Tensor" if op == "aten.slice" else "default", args=[source, *args], module=n.module,
+                         out=n.out if last else [TensorMeta(shape=out_shape, dtype=n.out[0].dtype)])
             nodes.append(piece)
             source = "%" + piece.name
         changed = True
@@ -299,8 +298,7 @@ def negated_pieces_as_signs(graph: OpGraph) -> OpGraph:
         unsigned = n.model_copy(update={"name": f"{n.name}__unsigned", "args": [pieces, *n.args[1:]]})
         nodes += [unsigned, Node(name=n.name, op="aten.mul", overload="Tensor", args=["%" + unsigned.name, "%" + name],
                                  out=n.out, module=n.module)]
-    read = {a for n in nodes for a in n.inputs()} | pinned | set(graph.mutations)
-    out.nodes = [n for n in nodes if n.op != "aten.neg" or n.name in read]  # the negations the cats read alone
+    out.nodes = without_unread(graph, nodes, lambda n: n.op == "aten.neg")  # the negations the cats read alone
     return out
 
 
@@ -311,25 +309,17 @@ def tanh_gelu_formulas(graph: OpGraph) -> OpGraph:
     """``graph`` where ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))``, in any order of
     its products' and sums' operands, is ``aten.gelu(x, approximate="tanh")`` named as its last product."""
     produced = {n.name: n for n in graph.nodes}
-    pinned = set(graph.outputs) | set(graph.mutations.values())
     found = {n.name: x for n in graph.nodes if (x := _gelu_tanh_of(n, produced)) is not None}
     if not found:
         return graph
     nodes = [n.model_copy(update={"op": "aten.gelu", "overload": "default", "args": ["%" + found[n.name]],
                                   "kwargs": {"approximate": "tanh"}}) if n.name in found else n for n in graph.nodes]
-    while True:  # the formula's inner nodes nothing else reads
-        read = {a for n in nodes for a in n.inputs()} | pinned | set(graph.mutations)
-        kept = [n for n in nodes if n.name in read or n.name in found or not _formula_op(n)]
-        if len(kept) == len(nodes):
-            break
-        nodes = kept
     out = graph.model_copy()
-    out.nodes = nodes
+    out.nodes = without_unread(graph, nodes, lambda n: n.op in _FORMULA_OPS)  # the formula's inner nodes
     return out
 
 
-def _formula_op(n: Node) -> bool:
-    return n.op in ("aten.mul", "aten.add", "aten.pow", "aten.tanh") and len(n.out) == 1
+_FORMULA_OPS = ("aten.mul", "aten.add", "aten.pow", "aten.tanh")
 
 
 def _gelu_tanh_of(n: Node, produced: dict[str, Node]) -> str | None:
