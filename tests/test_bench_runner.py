@@ -354,3 +354,66 @@ def test_bench_says_why_ray_cannot_start(tmp_path, monkeypatch):
     assert result.exit_code == 2, result.output
     assert "Ray could not start its local cluster: PermissionError" in result.output
     assert "gcs_server" in result.output and "internal error" not in result.output
+
+
+def test_ctrl_c_stops_a_bench_at_once_and_saves_nothing_in_flight(tmp_path, monkeypatch):
+    """Ctrl-C with two slots: t0 ended (its slot went to t2), t1 and t2 in their verifications,
+    t3-t5 waiting. No waiting job starts, the verifiers' workers are killed (so the running jobs end
+    now, not at their tasks' end), what the running jobs make after that is not saved, and
+    `--resume` has every unsaved task still to run."""
+    from stitchcuda.agents.session import build_config
+    from stitchcuda.bench import runner
+    from stitchcuda.bench.records import TaskResult
+    from stitchcuda.bench.runner import BenchConfig, run_bench
+    from stitchcuda.bench.store import BenchStore
+    from stitchcuda.verify.workers import WorkersStopped
+
+    killed = threading.Event()
+    started: list[str] = []
+
+    class Verifier:  # stands for the verifier whose workers the running jobs wait on
+        def stop(self):
+            killed.set()
+
+    def verifier_for(*args, **kwargs):
+        if not killed.wait(timeout=60):  # a verification in flight: it ends when its worker dies
+            raise AssertionError("the bench never stopped its workers")
+        raise WorkersStopped("stopped")
+
+    def run_job(job, device=None, built=None):  # the real job's bookkeeping around a verification
+        started.append(job.task.name)
+        if job.task.name == "t0":
+            return TaskResult(task="t0", status="done")
+        monkeypatch.setattr(runner, "_verifier_for", verifier_for)
+        return real_run_job(job, device, built)
+
+    real_run_job = runner.run_job
+    monkeypatch.setattr(runner, "run_job", run_job)
+    monkeypatch.setitem(runner._VERIFIERS, "standin", Verifier())
+    monkeypatch.setattr(runner, "stop_compiles", lambda: None)
+
+    def on_done(result):
+        time.sleep(0.5)  # the other job is in its verification by now
+        raise KeyboardInterrupt
+
+    optimize = build_config(model=None, coder="offline", provider="openai", base_url=None, api_key_env=None,
+                            planner_model=None, coder_model=None, coder_provider=None, coder_base_url=None,
+                            adapter=None, temperature=0.0, llm_timeout=10, samples=1, tolerance="strict",
+                            device="cpu", preset="tiny-debug", max_steps=1, max_llm_calls=None, max_tokens=None,
+                            max_cost=None, max_wall=None, max_attempts=1, max_replans=0, max_subtasks=1)
+    config = BenchConfig(suite="interrupted", optimize=optimize, gpus=["cpu"], runs_per_gpu=2)
+    tasks = load_folder(suite_with_solutions(tmp_path, {f"t{i}": None for i in range(6)})[0])
+    store = BenchStore(tmp_path / "ws")
+    stopped_at = time.time()
+    with pytest.raises(KeyboardInterrupt):
+        run_bench(store, [(t, None, None) for t in tasks], config, on_done=on_done)
+    assert time.time() - stopped_at < 10
+    deadline = time.time() + 10
+    while len(started) < 3 and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the jobs in flight have ended by now, their results unsaved
+    assert sorted(started) == ["t0", "t1", "t2"] and killed.is_set()
+    bench = store.result(store.resolve("last"))
+    assert bench.info.status == "interrupted"
+    assert [t.status for t in bench.tasks] == ["pending"] * 6  # t0's stand-in saved nothing either
+    assert not runner._VERIFIERS  # a later bench of this process starts its own

@@ -462,3 +462,35 @@ def test_the_candidate_s_construction_is_a_phase_of_its_own(verifier, task):
     v = run(verifier, task, "slow_construct")
     assert v.wall.construct_s >= 1.5 and v.wall.split()["construct"] == v.wall.construct_s
     assert v.wall.reference_s < 1.5 and v.wall.correctness_s < 1.5
+
+
+@pytest.mark.parametrize("prewarm", ["0", "1"])  # a worker for the one request, or a warm one
+def test_stop_ends_a_verification_in_flight_without_a_verdict(cache, task, monkeypatch, prewarm):
+    """An interrupted bench stops its verifiers: the verification in flight (a candidate that hangs)
+    ends within seconds, as WorkersStopped rather than a crash verdict blamed on the candidate, and
+    nothing is verified after."""
+    import threading
+    import time
+
+    from stitchcuda.verify.workers import WorkersStopped
+
+    monkeypatch.setenv("STITCHCUDA_PREWARM", prewarm)
+    verifier = Verifier(PRESETS["tiny-debug"].model_copy(update={"timeout_s": 120}), cache=cache)
+    outcome: list[object] = []
+
+    def verify():
+        try:
+            outcome.append(verifier.verify(task, load_candidate(CPU / "hang.py")))
+        except WorkersStopped as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=verify)
+    thread.start()
+    time.sleep(6)  # in its correctness trial by now: the candidate's forward never returns
+    stopped = time.time()
+    verifier.stop()
+    thread.join(timeout=30)
+    assert not thread.is_alive() and time.time() - stopped < 10
+    assert len(outcome) == 1 and isinstance(outcome[0], WorkersStopped), outcome
+    with pytest.raises(WorkersStopped):
+        verifier.verify(task, load_candidate(CPU / "hang.py"))

@@ -130,3 +130,25 @@ def test_the_next_start_clears_the_folders_of_dead_owners(tmp_path):
         assert not os.path.exists(stale) and os.path.exists(mine)
     finally:
         shutil.rmtree(mine, ignore_errors=True)
+
+
+def test_stop_kills_busy_workers_too_and_starts_none_again(tmp_path):
+    """An interrupted bench: the worker serving a request dies under it, the idle one goes, and a
+    later take() or warm_up() starts nothing."""
+    import pytest
+
+    pool = _pool(tmp_path)
+    busy, _ = pool.take()
+    pool.warm_up(1)
+    idle = pool._idle[0]
+    pool.stop()
+    deadline = time.time() + 10
+    while busy.alive() and time.time() < deadline:
+        time.sleep(0.02)
+    assert not busy.alive() and not idle.alive()
+    pool.give_back(busy, reusable=True)  # its caller hands it back once it sees it die: not kept
+    assert pool._idle == []
+    with pytest.raises(workers.WorkersStopped):
+        pool.take()
+    pool.warm_up(1)
+    assert pool._idle == [] and pool.started == 2

@@ -86,6 +86,15 @@ def _discard(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
+def stop_compiles() -> None:
+    """Kill the compiles in flight (an interrupted bench): each waiting caller gets a CaptureError,
+    and a later compile starts a new pool."""
+    with _LOCK:
+        pool = _POOL
+    if pool is not None:
+        _discard(pool)
+
+
 def compile_apart(task: Task, tolerance: str, timeout_s: float | None = None, check: bool = False) -> Compiled:
     """The task compiled in the pool; raises CaptureError or Unsupported as :func:`compile_task`
     does, and TaskError where ``check`` finds the reference unusable or it ran past ``timeout_s``."""

@@ -36,6 +36,7 @@ from stitchcuda.task.record import Candidate, Task
 from stitchcuda.verify import stages
 from stitchcuda.verify.config import VerifyConfig
 from stitchcuda.verify.verdict import ProgramProfile, Verdict
+from stitchcuda.verify.workers import WorkersStopped
 
 Reporter = Callable[[RunState, str], None]
 
@@ -157,7 +158,7 @@ class Optimizer:
             state.status, state.stop_reason = "failed", f"unusable task: {exc}"
         except LLMError as exc:  # the Planner's LLM: same rule, the run stops and can be resumed
             state.status, state.stop_reason = "failed", f"the Planner's LLM failed: {exc}"
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, WorkersStopped):  # Ctrl-C here, or in the bench that runs this loop
             state.status, state.stop_reason = "stopped", "interrupted; resume with --resume " + shlex.quote(state.run_id)
             raise
         except Exception as exc:

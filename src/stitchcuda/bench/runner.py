@@ -17,6 +17,7 @@ must be a folder every Ray node sees.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -28,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from stitchcuda import machine
-from stitchcuda.agents.compiling import compile_apart
+from stitchcuda.agents.compiling import compile_apart, stop_compiles
 from stitchcuda.agents.loop import OptimizeConfig, Optimizer
 from stitchcuda.agents.offline import OfflineCoder, OfflinePlannerAgent, build_host_ahead
 from stitchcuda.bench.records import Attempt, BenchInfo, BenchResult, TaskResult
@@ -76,6 +77,9 @@ class Job(BaseModel):
 
 _VERIFIERS: dict[str, Any] = {}  # one per configuration in this process: its next worker waits warm
 _VERIFIERS_LOCK = threading.Lock()
+# set when the bench is interrupted: what a job in flight still makes of its task is not saved (its
+# workers were killed under it), so the task stays pending and `--resume` runs it again
+_STOPPING = threading.Event()
 
 
 def _verifier_for(config: BenchConfig, device: str, workspace: str, second_opinion: bool = True) -> GatedVerifier:
@@ -145,12 +149,26 @@ def run_job(job: Job, device: str | None = None, built: tuple[str, Any] | None =
         result.wall_s = result.wall_s or time.time() - started
     if stats is not None:
         result.stages = task_stages(time.time() - started, compiling, stats)
+    if _STOPPING.is_set():
+        return result
     store = BenchStore(job.workspace)
     try:
         store.save_result(job.bench_id, job.idx, result)
     finally:
         store.close()
     return result
+
+
+def _stop_in_flight() -> None:
+    """An interrupt: no result is saved from now on, and every verifier's workers are killed, so
+    the jobs in flight end within seconds instead of running their tasks to the end."""
+    _STOPPING.set()
+    with _VERIFIERS_LOCK:
+        verifiers = list(_VERIFIERS.values())
+        _VERIFIERS.clear()  # a later bench in this process starts its own
+    for verifier in verifiers:
+        verifier.stop()
+    stop_compiles()
 
 
 def result_from_verdict(task: str, level: int | None, verdict: Any, program: str | None) -> TaskResult:
@@ -343,11 +361,16 @@ def _local(jobs: list[Job], config: BenchConfig, on_done: Callable[[TaskResult],
         finally:
             slots.put(device)
 
+    pool = ThreadPoolExecutor(max_workers=max(1, len(config.gpus) * config.runs_per_gpu))
     try:
-        with ThreadPoolExecutor(max_workers=max(1, len(config.gpus) * config.runs_per_gpu)) as pool:
-            for done in as_completed([pool.submit(on_slot, j) for j in jobs]):
-                on_done(done.result())
+        for done in as_completed([pool.submit(on_slot, j) for j in jobs]):
+            on_done(done.result())
+    except BaseException:  # Ctrl-C: the queued jobs never start, the running ones are cut short
+        pool.shutdown(wait=False, cancel_futures=True)
+        _stop_in_flight()
+        raise
     finally:
+        pool.shutdown(wait=False)
         if builders is not None:
             builders.shutdown(wait=False, cancel_futures=True)
 
@@ -366,6 +389,18 @@ def _ray(jobs: list[Job], config: BenchConfig, on_done: Callable[[TaskResult], N
     build = ray.remote(num_cpus=1, max_retries=0)(_ray_build)
     pending = {remote.remote(j.model_dump_json(), build.remote(j.model_dump_json()) if j.candidate else None): j
                for j in jobs}
+    try:
+        _collect(pending, on_done)
+    except BaseException:  # Ctrl-C: the queued tasks never start, the running ones are killed unsaved
+        for ref in pending:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+        raise
+
+
+def _collect(pending: dict[Any, Job], on_done: Callable[[TaskResult], None]) -> None:
+    """Each Ray task's result as it ends (``pending`` loses it then)."""
+    import ray
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1)
         for ref in ready:
@@ -439,6 +474,7 @@ def run_bench(store: BenchStore, jobs_for: list[tuple[Task, int | None, str | No
         if on_done is not None:
             on_done(result)
 
+    _STOPPING.clear()  # an earlier bench of this process was interrupted: this one saves its results
     try:
         (_ray if config.ray else _local)(jobs, config, finished)
         info.status = "done"

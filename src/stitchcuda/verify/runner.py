@@ -54,7 +54,7 @@ from stitchcuda.verify.verdict import (
     Verdict,
     WallTimes,
 )
-from stitchcuda.verify.workers import WarmWorker, WorkerPool, clear_stale_folders, temp_prefix
+from stitchcuda.verify.workers import WarmWorker, WorkerPool, WorkersStopped, clear_stale_folders, temp_prefix
 
 _TAIL_CHARS = 4000
 # how cached baselines were judged: 2, on every correctness trial's inputs (baselines.baseline_accuracy);
@@ -150,6 +150,8 @@ class Verifier:
         self._pools: dict[bool, WorkerPool] = {}  # warm workers, by whether they hide the GPU
         self._harness_pools: dict[str, WorkerPool] = {}  # warm KernelBench harness processes, by checkout
         self._pools_lock = threading.Lock()
+        self._spawned: set[subprocess.Popen] = set()  # workers started for one request, running
+        self._stopped = False
         # the GPU gate its workers and KernelBench's harness take around their GPU work (verify/gate.py);
         # None: a lone verification, nobody to share the GPU with
         self.gate_path: str | None = None
@@ -208,6 +210,7 @@ class Verifier:
         phase_path = Path(request.phase_path)
         result_path = Path(request.result_path)
         worker: WarmWorker | None = None
+        pool: WorkerPool | None = None
         warm = False
         asked = time.time()  # the wait for a ready worker counts as its start
         if not prefix and request.mode in ("verify", "profile", "build") and self.prewarm:
@@ -223,11 +226,16 @@ class Verifier:
         with contextlib.ExitStack() as stack:
             if worker is None:
                 log = stack.enter_context(open(log_path, "wb"))
-                proc = subprocess.Popen(
-                    [*prefix, sys.executable, "-m", "stitchcuda.verify.worker", str(request_path)],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
-                    env=self._env(hide_gpu), start_new_session=True,
-                )
+                with self._pools_lock:
+                    if self._stopped:
+                        raise WorkersStopped("the workers were stopped: nothing more is verified here")
+                    proc = subprocess.Popen(
+                        [*prefix, sys.executable, "-m", "stitchcuda.verify.worker", str(request_path)],
+                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
+                        env=self._env(hide_gpu), start_new_session=True,
+                    )
+                    self._spawned.add(proc)
+                stack.callback(self._spawned.discard, proc)
             overrun = None
             reported = None
             # a warm worker stays alive after its result: its result file is the end of the request
@@ -251,8 +259,10 @@ class Verifier:
         ended = time.time()
         tail = worker.tail(_TAIL_CHARS) if worker is not None else _tail(log_path)
         result = _read_result(result_path)
-        if worker is not None:  # kept for the next request only after a clean run
-            self._pool(hide_gpu).give_back(worker, overrun is None and result is not None and not result.retiring)
+        if worker is not None and pool is not None:  # kept for the next request only after a clean run
+            pool.give_back(worker, overrun is None and result is not None and not result.retiring)
+        if self._stopped:  # killed by stop(), not by the candidate: no verdict of it
+            raise WorkersStopped("the workers were stopped: this verification did not finish")
         partial = result is None
         if partial:  # died: keep what its last checkpoint says (build, device, trials so far)
             result = _read_result(Path(request.result_path + ".partial"))
@@ -281,6 +291,8 @@ class Verifier:
 
     def _pool(self, hide_gpu: bool) -> WorkerPool:
         with self._pools_lock:
+            if self._stopped:
+                raise WorkersStopped("the workers were stopped: nothing more is verified here")
             if hide_gpu not in self._pools:
                 profile = ("--profile",) if self.config.profile and not hide_gpu else ()
                 self._pools[hide_gpu] = WorkerPool(self._env(hide_gpu), args=profile)
@@ -292,6 +304,8 @@ class Verifier:
             return None
         key = str(Path(checkout).expanduser().resolve())
         with self._pools_lock:
+            if self._stopped:
+                raise WorkersStopped("the workers were stopped: nothing more is verified here")
             if key not in self._harness_pools:
                 self._harness_pools[key] = second_opinion.harness_pool(self._env(hide_gpu=False))
             return self._harness_pools[key]
@@ -310,6 +324,21 @@ class Verifier:
             self._pools, self._harness_pools = {}, {}
         for pool in pools:
             pool.close()
+
+    def stop(self) -> None:
+        """Stop for good, as an interrupted bench does: every worker is killed, the busy ones too, and
+        none starts again. A verification in flight ends as if its worker had died; its caller is
+        expected to discard it (the verdict of a killed worker says nothing of its candidate)."""
+        with self._pools_lock:
+            self._stopped = True
+            pools = [*self._pools.values(), *self._harness_pools.values()]
+            self._pools, self._harness_pools = {}, {}
+            spawned = list(self._spawned)
+        for pool in pools:
+            pool.stop()
+        for proc in spawned:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

@@ -114,6 +114,10 @@ class WarmWorker:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+class WorkersStopped(RuntimeError):
+    """A request to a pool whose workers were stopped (its bench was interrupted)."""
+
+
 class WorkerPool:
     """Warm workers of one environment and one kind (``module``: the verification worker, or
     KernelBench's harness process). :meth:`take` gives a ready worker (or starts one, warm from
@@ -123,7 +127,9 @@ class WorkerPool:
         self.env, self.module, self.args = env, module, args
         self._idle: list[WarmWorker] = []  # ready, or starting, or cleaning up after a request
         self._waiting = 0  # callers of take() not served yet
+        self._busy: dict[int, WarmWorker] = {}  # taken, not given back yet, by id
         self._lock = threading.Lock()
+        self._stopped = False
         self.started = 0
 
     def take(self) -> tuple[WarmWorker, bool]:
@@ -137,6 +143,8 @@ class WorkerPool:
         try:
             while True:
                 with self._lock:
+                    if self._stopped:
+                        raise WorkersStopped("the workers were stopped: nothing more is verified here")
                     for worker in list(self._idle):
                         if not worker.alive():
                             self._idle.remove(worker)
@@ -144,6 +152,7 @@ class WorkerPool:
                         elif worker.ready():
                             self._idle.remove(worker)
                             self._waiting -= 1  # with the worker, under one lock: no start for a caller served
+                            self._busy[id(worker)] = worker
                             served = True
                             return worker, worker.since < asked
                         elif time.time() - worker.since > READY_LIMIT_S:  # stuck starting or cleaning up
@@ -159,16 +168,20 @@ class WorkerPool:
                     self._waiting -= 1
 
     def give_back(self, worker: WarmWorker, reusable: bool) -> None:
-        if reusable and worker.alive():
-            worker.since = time.time()
-            with self._lock:
+        with self._lock:
+            self._busy.pop(id(worker), None)
+            keep = reusable and not self._stopped and worker.alive()
+            if keep:
+                worker.since = time.time()
                 self._idle.append(worker)
-        else:
+        if not keep:
             worker.stop()
 
     def warm_up(self, count: int = 1) -> None:
         """Start workers until ``count`` are idle (ready or getting ready)."""
         with self._lock:
+            if self._stopped:
+                return
             missing = count - len([w for w in self._idle if w.alive()])
             self._idle += [WarmWorker.start(self.env, self.module, self.args) for _ in range(max(missing, 0))]
             self.started += max(missing, 0)
@@ -178,6 +191,17 @@ class WorkerPool:
             idle, self._idle = self._idle, []
         for worker in idle:
             worker.stop()
+
+    def stop(self) -> None:
+        """Kill every worker, the busy ones too, and start none again: a request in flight ends as
+        if its worker had died, and :meth:`take` raises :class:`WorkersStopped` from now on."""
+        with self._lock:
+            self._stopped = True
+            busy = list(self._busy.values())
+        for worker in busy:  # its caller sees it die, and gives it back to be cleared
+            with contextlib.suppress(OSError):
+                os.killpg(worker.proc.pid, signal.SIGKILL)
+        self.close()
 
 
 # --- the warm process's side -------------------------------------------------------------------
