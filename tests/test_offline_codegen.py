@@ -389,7 +389,8 @@ def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     with torch.no_grad():
         expected = model(*inputs)
     expected = expected if isinstance(expected, (tuple, list)) else [expected]
-    got = [flat[ident].reshape(shape) for _, ident, shape in low.outputs]
+    ordered = sorted(low.outputs, key=lambda o: graph.outputs.index(o[0]))  # as the program returns them
+    got = [flat[ident].reshape(shape) for _, ident, shape in ordered]
     return got, list(expected)
 
 

@@ -228,3 +228,61 @@ def test_gelus_tanh_formula_is_the_operator_a_products_epilogue_takes():
     assert all(g.kind == "gemm" for g in compiled.groups if any(n in g.nodes for n in (x.name for x in gelus)))
     got, expected = simulate(task, compiled.graph, compiled.groups)
     torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
+
+
+CHANNEL_SHUFFLES = '''
+import torch
+import torch.nn as nn
+
+
+def shuffle(x, groups):
+    n, c, h, w = x.shape
+    return x.view(n, groups, c // groups, h, w).transpose(1, 2).contiguous().view(n, c, h, w)
+
+
+class Unit(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.branch = nn.Sequential(nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
+                                    nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        kept, worked = x.chunk(2, dim=1)
+        return shuffle(torch.cat([kept, self.branch(worked)], 1), 2)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.units = nn.Sequential(Unit(6), Unit(6), Unit(6))
+        self.mix = nn.Conv2d(12, 12, 1)
+
+    def forward(self, x, y, z):
+        three = shuffle(torch.cat([y, z, y * 2.0], 1), 3)  # three pieces, read whole
+        return self.units(shuffle(torch.cat([x, x * 0.5], 1), 2)), torch.relu(self.mix(three))
+
+
+def get_inputs():
+    return [torch.randn(2, 6, 5, 5), torch.randn(2, 4, 5, 5), torch.randn(2, 4, 5, 5)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_channel_shuffle_is_concatenations_of_the_pieces():
+    """ShuffleNet's channel shuffle (cat, view, transpose, contiguous, view) then chunk: each half is
+    a concatenation of the pieces' halves, read where they are; a shuffle read whole, one
+    concatenation of the permuted pieces. Nothing is lowered on its own (it was: the shuffle's
+    permute of the concatenation and the convolution over a strided half did not lower)."""
+    from stitchcuda.compiler import compile_task
+
+    task = task_from("channel_shuffles", CHANNEL_SHUFFLES)
+    compiled = compile_task(task)
+    assert not compiled.isolated
+    ops = _ops(compiled.graph)
+    assert "aten.clone" not in ops and "aten.transpose" not in ops
+    got, expected = simulate(task, compiled.graph, compiled.groups, train=True)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)

@@ -44,6 +44,7 @@ bookkeeping of groups are grouping.py's. This module decides what joins what.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from stitchcuda.compiler.capture.graph import OpGraph
@@ -73,6 +74,10 @@ LIBRARY_ACTIVATIONS = frozenset({"aten.relu", "aten.gelu", "aten.silu", "aten.si
 _ALONE: dict[str, GroupKind] = {"gemm": "gemm", "conv": "conv", "recurrent": "recurrent", "attention": "attention",
                                 "reduce": "row_reduce", "elementwise": "elementwise", "view": "data_movement",
                                 "const": "data_movement", "copy": "data_movement"}
+
+
+# data movement whose result a view in its own group cannot read through strides
+_LAID_OUT = frozenset({"aten.cat", "aten.stack"})
 
 
 # -- the fuser ---------------------------------------------------------------------------------------
@@ -325,12 +330,25 @@ class _Fuser(AttentionPhase):
             gid = self.new("data_movement", None, [n.name])
             if gid is None:
                 continue
+            joins = functools.partial(self._joins_data_movement, gid)
             while True:
                 before = len(self.groups[gid].members)
-                self.grow(gid, self.is_dm)
-                self.absorb_producers(gid, self.is_dm)
+                self.grow(gid, joins)
+                self.absorb_producers(gid, joins)
                 if len(self.groups[gid].members) == before:
                     break
+
+    def _joins_data_movement(self, gid: int, name: str) -> bool:
+        """Whether ``name`` may join data-movement group ``gid``: no view of a concatenation the group
+        itself lays out (its lowering reads views through a buffer's strides; the concatenation's
+        value is no buffer there), so a view of one starts a group of its own, which reads it laid out."""
+        if not self.is_dm(name):
+            return False
+        members = self.groups[gid].members
+        if self.role[name] == "view":
+            return not any(p in members and self.node[p].op in _LAID_OUT for p in self.preds[name])
+        return self.node[name].op not in _LAID_OUT or not any(
+            u in members and self.role[u] == "view" for u in self.users(name))
 
     def others(self) -> None:
         """Operators no phase fuses (pooling, ...): one group each, before views attach to them."""

@@ -21,6 +21,11 @@ launch a kernel for.
 - ``tanh_gelu_formulas``: GELU's tanh approximation written out (HF's ``gelu_new``:
   ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))``) is ``gelu(x, approximate="tanh")``,
   the one operator a GEMM's epilogue takes (GPT-2's MLP: its product, bias and activation in one call);
+- ``shuffles_as_concatenations``: a contiguous copy of a permuted view of a concatenation whose
+  view splits the concatenated dim along the pieces (ShuffleNet's channel shuffle:
+  ``cat([a, b], 1).view(n, 2, c, h, w).transpose(1, 2).contiguous()``) is the concatenation of the
+  pieces, each viewed and permuted: one copy kernel reading the pieces where they are, not the
+  concatenation laid out and then copied again in another order;
 - ``commute_row_permutes`` (row_permutes.py): a linear over a permute of its rows reads the rows
   in their own order, and the permute moves to its output (no copy before the product);
 - every split, chunk and unbind becomes one slice (select) per piece (rewrite.py): plain views,
@@ -35,6 +40,7 @@ from typing import Any
 
 from stitchcuda.compiler.capture.evaluate import evaluate_node
 from stitchcuda.compiler.capture.graph import MAX_CONSTANT, Node, OpGraph, Placeholder, TensorMeta
+from stitchcuda.compiler.ir.expr import permutation
 from stitchcuda.compiler.ir.op_table import tagged
 from stitchcuda.compiler.ir.ops import C_TYPES, RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, SPLITS, VIEW_OPS
 from stitchcuda.compiler.schedule.horizontal import merge_shared_linears
@@ -64,7 +70,8 @@ _INTEGER_REDUCTIONS = {"aten.any", "aten.all", "aten.sum", "aten.amax", "aten.am
 def simplify(graph: OpGraph) -> OpGraph:
     graph = commute_row_permutes(merge_shared_linears(tanh_gelu_formulas(negated_pieces_as_signs(
         index_ranges_as_slices(fold_constants(drop_identity_clones(graph)))))))
-    return split_shared_views(split_into_slices(graph, {n.name for n in graph.nodes if n.op in SPLITS}))
+    graph = split_into_slices(graph, {n.name for n in graph.nodes if n.op in SPLITS})
+    return split_shared_views(shuffles_as_concatenations(graph))
 
 
 # views that are their input when they keep its shape
@@ -358,3 +365,119 @@ def _gelu_tanh_of(n: Node, produced: dict[str, Node]) -> str | None:
                 if lin == x and p is not None and p.args[0] == x and p.args[1] == 3:
                     return x[1:]
     return None
+
+
+_RESHAPES = {"aten.view", "aten._unsafe_view", "aten.reshape"}
+
+
+def shuffles_as_concatenations(graph: OpGraph) -> OpGraph:
+    """``graph`` where each contiguous ``clone`` of ``permute(view(cat(pieces, d)))``, the view splitting
+    ``d`` into (pieces, m) with every piece m wide along ``d``, is ``cat`` of each piece viewed (``d`` of
+    size 1 there) and permuted, along the dim ``d`` went to, named as the clone. Where the clone is
+    only read merged back to the cat's shape and then sliced along the merged dim at whole groups
+    (ShuffleNet's ``chunk(2, dim=1)`` after the shuffle), each slice is instead its own such ``cat``
+    of the pieces' slices, viewed to the slice's shape: two contiguous halves, no whole shuffled copy."""
+    produced = {n.name: n for n in graph.nodes}
+    users = graph.users()
+    pinned = set(graph.outputs) | set(graph.mutations) | set(graph.mutations.values())
+    plans: dict[str, list[Node]] = {}
+    chained: set[str] = set()
+    for n in graph.nodes:
+        chain = _shuffle_chain(n, produced, graph)
+        if chain is None or n.name in pinned:
+            continue
+        cat, view, order = chain
+        d = (cat.args[1] if len(cat.args) > 1 else 0) % len(cat.out[0].shape)
+        pieces: list[Node] = []
+        for i, a in enumerate(cat.args[0]):
+            meta = graph.meta(a[1:])
+            shape = [*meta.shape[:d], 1, *meta.shape[d:]]  # type: ignore[union-attr]
+            viewed = Node(name=f"{n.name}__piece{i}", op="aten.view", args=[a, shape],
+                          out=[TensorMeta(shape=shape, dtype=meta.dtype)], module=n.module)  # type: ignore[union-attr]
+            pieces += [viewed, Node(name=f"{n.name}__piece{i}_permuted", op="aten.permute",
+                                    args=["%" + viewed.name, order], module=n.module,
+                                    out=[TensorMeta(shape=[shape[k] for k in order], dtype=viewed.out[0].dtype)])]
+        chained |= {cat.name, view.name, n.inputs()[0]}
+        halves = _shuffled_slices(n, order, d, users, produced, pinned)
+        if halves is None:
+            plans[n.name] = [*pieces, Node(name=n.name, op="aten.cat", args=[["%" + p.name for p in pieces[1::2]],
+                                                                            order.index(d)], out=n.out, module=n.module)]
+            continue
+        j = order.index(d + 1)  # the piece's own dim, outer half of the merged one
+        k = len(cat.args[0])
+        for merge, slices in halves:
+            chained |= {n.name, merge.name}
+            for sl in slices:
+                start, end = sl.args[2] // k, sl.args[3] // k
+                made = []
+                for p in pieces[1::2]:
+                    shape = list(p.out[0].shape)
+                    shape[j] = end - start
+                    made.append(Node(name=f"{sl.name}__{p.name}", op="aten.slice", overload="Tensor",
+                                     args=["%" + p.name, j, start, end, 1], module=n.module,
+                                     out=[TensorMeta(shape=shape, dtype=p.out[0].dtype)]))
+                shape = list(made[0].out[0].shape)
+                shape[order.index(d)] = k
+                shuffled = Node(name=f"{sl.name}__shuffled", op="aten.cat", module=n.module,
+                                args=[["%" + m.name for m in made], order.index(d)],
+                                out=[TensorMeta(shape=shape, dtype=sl.out[0].dtype)])
+                plans[sl.name] = [*made, shuffled, Node(name=sl.name, op="aten.view", module=sl.module, out=sl.out,
+                                                        args=["%" + shuffled.name, list(sl.out[0].shape)])]
+        plans[n.name] = pieces  # placed where the clone was: before every slice that reads them
+    if not plans:
+        return graph
+    out = graph.model_copy(deep=True)
+    nodes = [m for n in out.nodes for m in plans.get(n.name, [n])]
+    out.nodes = without_unread(graph, nodes, lambda x: x.name in chained)  # the shuffle's views and cats, once unread
+    return out
+
+
+def _shuffle_chain(n: Node, produced: dict[str, Node], graph: OpGraph) -> tuple[Node, Node, list[int]] | None:
+    """(the cat, its splitting view, the permutation) where ``n`` is a contiguous clone of a permuted
+    view of a concatenation whose view splits the concatenated dim into one index per piece."""
+    if n.op != "aten.clone" or len(n.inputs()) != 1 or len(n.out) != 1:
+        return None
+    if n.kwargs.get("memory_format") not in (None, "torch.preserve_format", "torch.contiguous_format"):
+        return None
+    permute = produced.get(n.inputs()[0])
+    if permute is None or len(permute.inputs()) != 1:
+        return None
+    view = produced.get(permute.inputs()[0])
+    if view is None or view.op not in _RESHAPES or len(view.inputs()) != 1:
+        return None
+    order = permutation(permute, len(view.out[0].shape))
+    cat = produced.get(view.inputs()[0])
+    if order is None or cat is None or cat.op != "aten.cat" or len(cat.out) != 1 or not isinstance(cat.args[0], list):
+        return None
+    whole, split = cat.out[0].shape, view.out[0].shape
+    rank = len(whole)
+    d = (cat.args[1] if len(cat.args) > 1 else 0) % max(rank, 1)
+    metas = [graph.meta(a[1:]) if isinstance(a, str) else None for a in cat.args[0]]
+    if len(split) != rank + 1 or split[:d] != whole[:d] or split[d + 2:] != whole[d + 1:]:
+        return None
+    if split[d] != len(metas) or any(m is None or len(m.shape) != rank or m.shape[d] != split[d + 1] for m in metas):
+        return None
+    return cat, view, order
+
+
+def _shuffled_slices(n: Node, order: list[int], d: int, users: dict[str, list[str]], produced: dict[str, Node],
+                     pinned: set[str]) -> list[tuple[Node, list[Node]]] | None:
+    """[(a reshape of the shuffled ``n`` merging its (m, pieces) dims back, its slices)] where that is
+    all that reads ``n``, and every slice takes whole groups of pieces along the merged dim; else None."""
+    j = order.index(d + 1)
+    if j + 1 >= len(order) or order[j + 1] != d or n.name in pinned:
+        return None
+    k = n.out[0].shape[j + 1]
+    merged = [*n.out[0].shape[:j], n.out[0].shape[j] * k, *n.out[0].shape[j + 2:]]
+    found = []
+    for name in users.get(n.name, []):
+        merge = produced[name]
+        if merge.op not in _RESHAPES or merge.name in pinned or list(merge.out[0].shape) != merged:
+            return None
+        slices = [produced[s] for s in users.get(merge.name, [])]
+        if not slices or any(sl.op != "aten.slice" or sl.name in pinned or len(sl.args) < 4 or sl.args[1] % len(merged) != j
+                             or (sl.args[4] if len(sl.args) > 4 else 1) != 1 or sl.args[2] % k or sl.args[3] % k
+                             for sl in slices):
+            return None
+        found.append((merge, slices))
+    return found or None
