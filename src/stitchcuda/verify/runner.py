@@ -227,8 +227,7 @@ class Verifier:
             if worker is None:
                 log = stack.enter_context(open(log_path, "wb"))
                 with self._pools_lock:
-                    if self._stopped:
-                        raise WorkersStopped("the workers were stopped: nothing more is verified here")
+                    self._refuse_if_stopped()
                     proc = subprocess.Popen(
                         [*prefix, sys.executable, "-m", "stitchcuda.verify.worker", str(request_path)],
                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
@@ -261,8 +260,7 @@ class Verifier:
         result = _read_result(result_path)
         if worker is not None and pool is not None:  # kept for the next request only after a clean run
             pool.give_back(worker, overrun is None and result is not None and not result.retiring)
-        if self._stopped:  # killed by stop(), not by the candidate: no verdict of it
-            raise WorkersStopped("the workers were stopped: this verification did not finish")
+        self._refuse_if_stopped()  # a worker killed by stop(), not by its candidate: no verdict of it
         partial = result is None
         if partial:  # died: keep what its last checkpoint says (build, device, trials so far)
             result = _read_result(Path(request.result_path + ".partial"))
@@ -291,8 +289,7 @@ class Verifier:
 
     def _pool(self, hide_gpu: bool) -> WorkerPool:
         with self._pools_lock:
-            if self._stopped:
-                raise WorkersStopped("the workers were stopped: nothing more is verified here")
+            self._refuse_if_stopped()
             if hide_gpu not in self._pools:
                 profile = ("--profile",) if self.config.profile and not hide_gpu else ()
                 self._pools[hide_gpu] = WorkerPool(self._env(hide_gpu), args=profile)
@@ -304,8 +301,7 @@ class Verifier:
             return None
         key = str(Path(checkout).expanduser().resolve())
         with self._pools_lock:
-            if self._stopped:
-                raise WorkersStopped("the workers were stopped: nothing more is verified here")
+            self._refuse_if_stopped()
             if key not in self._harness_pools:
                 self._harness_pools[key] = second_opinion.harness_pool(self._env(hide_gpu=False))
             return self._harness_pools[key]
@@ -327,8 +323,8 @@ class Verifier:
 
     def stop(self) -> None:
         """Stop for good, as an interrupted bench does: every worker is killed, the busy ones too, and
-        none starts again. A verification in flight ends as if its worker had died; its caller is
-        expected to discard it (the verdict of a killed worker says nothing of its candidate)."""
+        none starts again. A verification in flight, and any asked for after, raises
+        :class:`WorkersStopped` (a killed worker's verdict would say nothing of its candidate)."""
         with self._pools_lock:
             self._stopped = True
             pools = [*self._pools.values(), *self._harness_pools.values()]
@@ -339,6 +335,10 @@ class Verifier:
         for proc in spawned:
             with contextlib.suppress(OSError):
                 os.killpg(proc.pid, signal.SIGKILL)
+
+    def _refuse_if_stopped(self) -> None:
+        if self._stopped:
+            raise WorkersStopped("the workers were stopped (an interrupt): nothing more is verified here")
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
