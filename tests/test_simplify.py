@@ -259,7 +259,10 @@ class Model(nn.Module):
 
     def forward(self, x, y, z):
         three = shuffle(torch.cat([y, z, y * 2.0], 1), 3)  # three pieces, read whole
-        return self.units(shuffle(torch.cat([x, x * 0.5], 1), 2)), torch.relu(self.mix(three))
+        odd = shuffle(torch.cat([y, z], 1), 2)  # sliced at an odd channel too: the whole shuffle is laid out
+        tail = shuffle(torch.cat([z, y], 1), 2)  # sliced to its end (an open slice)
+        return (self.units(shuffle(torch.cat([x, x * 0.5], 1), 2)), torch.relu(self.mix(three)),
+                odd[:, 4:] + 1.0, odd[:, 3:7] * 2.0, tail[:, 2:] - 1.0)
 
 
 def get_inputs():

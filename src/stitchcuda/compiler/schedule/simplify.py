@@ -408,7 +408,7 @@ def shuffles_as_concatenations(graph: OpGraph) -> OpGraph:
         for merge, slices in halves:
             chained |= {n.name, merge.name}
             for sl in slices:
-                start, end = sl.args[2] // k, sl.args[3] // k
+                start, end = sl.args[2] // k, min(sl.args[3], n.out[0].shape[j] * k) // k
                 made = []
                 for p in pieces[1::2]:
                     shape = list(p.out[0].shape)
@@ -475,9 +475,17 @@ def _shuffled_slices(n: Node, order: list[int], d: int, users: dict[str, list[st
         if merge.op not in _RESHAPES or merge.name in pinned or list(merge.out[0].shape) != merged:
             return None
         slices = [produced[s] for s in users.get(merge.name, [])]
-        if not slices or any(sl.op != "aten.slice" or sl.name in pinned or len(sl.args) < 4 or sl.args[1] % len(merged) != j
-                             or (sl.args[4] if len(sl.args) > 4 else 1) != 1 or sl.args[2] % k or sl.args[3] % k
-                             for sl in slices):
+        if not slices or not all(_whole_groups(sl, j, merged[j], k) and sl.name not in pinned for sl in slices):
             return None
         found.append((merge, slices))
     return found or None
+
+
+def _whole_groups(sl: Node, dim: int, size: int, k: int) -> bool:
+    """Whether ``sl`` slices ``dim`` (``size`` long) with step 1, from and to multiples of ``k``."""
+    if sl.op != "aten.slice" or len(sl.args) < 4 or not all(isinstance(a, int) for a in sl.args[1:4]):
+        return False
+    rank = len(sl.out[0].shape)
+    step = sl.args[4] if len(sl.args) > 4 else 1
+    start, end = sl.args[2], min(sl.args[3], size)
+    return sl.args[1] % rank == dim and step == 1 and 0 <= start < end and start % k == 0 and end % k == 0
