@@ -71,6 +71,8 @@ def test_bench_evaluate_locally_then_resume_redoes_nothing_verified(tmp_path, ca
     assert metrics["tolerance"] == "strict" and metrics["gpu"] == "cpu" and metrics["weights"] == "seeded"
     phases = metrics["totals"]["verify_phases_s"]  # where the verifications' wall time went
     assert phases["correctness"] > 0 and phases["timing"] > 0 and {"spawn", "cuda_init", "reference"} <= set(phases)
+    assert phases["checks"] > 0  # the static checks and the judgement, in the verifying process
+    assert metrics["totals"]["stages_s"]["checks"] == pytest.approx(phases["checks"], abs=0.01)
     db = sqlite3.connect(ws / "runs.sqlite")
     rows = dict(db.execute("SELECT task, result FROM bench_tasks").fetchall())
     honest = json.loads(rows["a_honest"])

@@ -224,7 +224,7 @@ def time_shares(tasks: list[TaskResult], path: Path) -> Plot | None:
 # a color per stage (verify/stages.py), grouped: compiling greens, builds brown, waiting grey, our
 # verification blues, KernelBench purples
 STAGE_COLORS = {"compile_wait": "#d9f0d3", "capture": "#1b7837", "lower": "#5aae61", "emit": "#a6dba0", "profile": "#e9c46a",
-                "build": "#8c510a", "gpu_wait": "#bdbdbd", "spawn": "#c6dbef", "cuda_init": "#9ecae1",
+                "build": "#8c510a", "checks": "#dfc27d", "gpu_wait": "#bdbdbd", "spawn": "#c6dbef", "cuda_init": "#9ecae1",
                 "reference": "#6baed6", "construct": "#5a9fd4", "correctness": "#4292c6", "weights_trial": "#2171b5",
                 "fp64": "#08519c",
                 "program_profile": "#f4a261", "baselines": "#e76f51", "timing": "#d62828", "ncu": "#6a040f",

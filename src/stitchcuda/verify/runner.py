@@ -405,7 +405,9 @@ class Verifier:
         except TaskError as exc:
             return judge(task, candidate, self.config, None, static_error=str(exc),
                          wall=WallTimes(total_s=time.time() - started))
+        checked = time.time()
         static = static_findings(candidate.source)
+        checks_s = time.time() - checked
         cached = self._cached_baselines(task)
         cached_profile = self._cached_profile(task)
         with tempfile.TemporaryDirectory(prefix=temp_prefix("verify")) as tmp:
@@ -444,7 +446,9 @@ class Verifier:
                 wall.gpu_wait_s = result.gate.waited_s
                 wall.gpu_shared_s, wall.gpu_exclusive_s = result.gate.shared_s, result.gate.exclusive_s
                 wall.gpu_intervals = list(result.gate.intervals)
+            judged = time.time()
             verdict = judge(task, candidate, self.config, result, crash=outcome.crash, wall=wall, static=static)
+            wall.checks_s = checks_s + time.time() - judged
             if self.config.ncu and verdict.correct and self.config.device.startswith("cuda"):
                 if on_phase is not None:
                     on_phase("ncu")

@@ -3,8 +3,9 @@ bench kept each GPU.
 
 A task's stages, in the order they happen: ``compile_wait`` for a compile process (a bench compiles
 its tasks in a pool of them), the offline Coder's ``capture`` (torch.export and the IR), ``lower`` (fusion and lowering) and ``emit`` (the program's source); the Planner's ``profile``
-of the reference; ``build`` (nvcc, in the build worker and the verification's own import); the
-``gpu_wait`` at the GPU gate; each verification stage (``spawn``, ``cuda_init``, ``reference``,
+of the reference; ``build`` (nvcc, in the build worker and the verification's own import);
+``checks`` (the static checks of the candidate's source and the judgement of its worker's result, in
+the verifying process: over a second a verification for a program of megabytes); the ``gpu_wait`` at the GPU gate; each verification stage (``spawn``, ``cuda_init``, ``reference``,
 ``construct`` (ModelNew's random init on the CPU and its move to the GPU), ``correctness``,
 ``weights_trial``, ``fp64``, ``program_profile``, ``baselines``, ``timing``, ``ncu``); KernelBench's second opinion (``kb_start``, ``kb_build``, ``kb_correctness``,
 ``kb_timing``); and ``other``, the wall time none of these account for (threads waiting on each
@@ -22,11 +23,12 @@ from typing import Any
 
 from stitchcuda.verify.gate import busy_seconds
 
-STAGES = ("compile_wait", "capture", "lower", "emit", "profile", "build", "gpu_wait", "spawn", "cuda_init", "reference",
+STAGES = ("compile_wait", "capture", "lower", "emit", "profile", "build", "checks", "gpu_wait", "spawn", "cuda_init",
+          "reference",
           "construct", "correctness", "weights_trial", "fp64", "program_profile", "baselines", "timing", "ncu",
           "kb_start", "kb_build", "kb_correctness", "kb_timing", "other")
 LABELS = {"compile_wait": "waiting for a compile process", "capture": "capture", "lower": "lowering", "emit": "emit", "profile": "reference profile",
-          "build": "build (nvcc)", "gpu_wait": "waiting for the GPU", "spawn": "worker start",
+          "build": "build (nvcc)", "checks": "static checks and judgement", "gpu_wait": "waiting for the GPU", "spawn": "worker start",
           "cuda_init": "CUDA init", "reference": "reference", "construct": "ModelNew's construction",
           "correctness": "correctness trials",
           "weights_trial": "new-weights trial", "fp64": "fp64 re-judgement", "program_profile": "program profile",
@@ -34,7 +36,7 @@ LABELS = {"compile_wait": "waiting for a compile process", "capture": "capture",
           "kb_build": "KernelBench: build", "kb_correctness": "KernelBench: correctness",
           "kb_timing": "KernelBench: timing", "other": "other"}
 # verification phases (WallTimes.split) under their stage names
-_PHASES = {"spawn": "spawn", "cuda_init": "cuda_init", "build": "build", "gpu_wait": "gpu_wait",
+_PHASES = {"checks": "checks", "spawn": "spawn", "cuda_init": "cuda_init", "build": "build", "gpu_wait": "gpu_wait",
            "reference": "reference", "construct": "construct", "correctness": "correctness",
            "weights_trial": "weights_trial", "fp64": "fp64",
            "profile": "program_profile", "baselines": "baselines", "timing": "timing", "ncu": "ncu"}

@@ -381,6 +381,8 @@ class WallTimes(BaseModel):
     ncu_s: float = 0.0
     weights_trial_s: float = Field(0.0, description="the trial with new weights (part of correctness_s)")
     fp64_s: float = Field(0.0, description="the fp64 re-judgement of ill-conditioned trials (part of correctness_s)")
+    checks_s: float = Field(0.0, description="in the verifying process: the static checks of the candidate's "
+                                             "source and the judgement of the worker's result")
     gpu_wait_s: float = Field(0.0, description="waiting at the GPU gate, the second opinion's waits included")
     gpu_shared_s: float = Field(0.0, description="inside shared sections of the gate (trials beside others)")
     gpu_exclusive_s: float = Field(0.0, description="inside the exclusive section (timing alone)")
@@ -394,7 +396,7 @@ class WallTimes(BaseModel):
         and the fp64 re-judgement apart from the other correctness trials)."""
         own_trials = max(self.correctness_s - self.weights_trial_s - self.fp64_s, 0.0)
         kb = sum(v for k, v in self.second_opinion.items() if k != "gpu_wait")
-        return {"spawn": self.spawn_s, "cuda_init": self.cuda_init_s, "build": self.build_s,
+        return {"checks": self.checks_s, "spawn": self.spawn_s, "cuda_init": self.cuda_init_s, "build": self.build_s,
                 "gpu_wait": self.gpu_wait_s, "reference": self.reference_s, "construct": self.construct_s,
                 "correctness": own_trials,
                 "weights_trial": self.weights_trial_s, "fp64": self.fp64_s, "profile": self.profile_s,
