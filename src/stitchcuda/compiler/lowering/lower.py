@@ -8,18 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 from stitchcuda.compiler.capture.graph import MAX_CONSTANT, Node, OpGraph
+from stitchcuda.compiler.ir.data_movement import DATA_OPS, GATHER_OPS, POOL_OPS, pool_fusable
 from stitchcuda.compiler.ir.expr import (
-    DATA_OPS,
-    GATHER_OPS,
     IDENTITY,
-    POOL_OPS,
     VIEWS,
     Expr,
     Program,
     Step,
     Unsupported,
     contiguous_strides,
-    pool_fusable,
     view_expr,
 )
 from stitchcuda.compiler.ir.formulas import COMPARISONS, MASK_OPS, ROW_OPS, is_pointwise

@@ -6,17 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from stitchcuda.compiler.capture.graph import Node, OpGraph
-from stitchcuda.compiler.ir.expr import (
-    GATHER_OPS,
-    POOL_OPS,
-    Expr,
-    Leaf,
-    Unsupported,
-    cat_expr,
-    gather_expr,
-    leaf,
-    pool_expr,
-)
+from stitchcuda.compiler.ir.data_movement import GATHER_OPS, POOL_OPS, cat_expr, gather_expr, pool_expr
+from stitchcuda.compiler.ir.expr import Expr, Leaf, Unsupported, leaf
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import C_TYPES, SPLITS
 from stitchcuda.compiler.lowering.cost import this_machine

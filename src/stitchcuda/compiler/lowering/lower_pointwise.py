@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Literal
 
 from stitchcuda.compiler.capture.graph import Node
+from stitchcuda.compiler.ir.data_movement import DATA_OPS
 from stitchcuda.compiler.ir.expr import (
-    DATA_OPS,
     VIEWS,
     Expr,
     Program,

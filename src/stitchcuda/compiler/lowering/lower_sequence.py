@@ -16,13 +16,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from stitchcuda.compiler.capture.graph import Node, TensorMeta
+from stitchcuda.compiler.ir.data_movement import cat_expr
 from stitchcuda.compiler.ir.expr import (
     Expr,
     Leaf,
     Program,
     Step,
     Unsupported,
-    cat_expr,
     const,
     contiguous_strides,
     leaf,

@@ -48,6 +48,7 @@ import functools
 from typing import Any
 
 from stitchcuda.compiler.capture.graph import OpGraph
+from stitchcuda.compiler.ir.data_movement import CAT_OPS
 from stitchcuda.compiler.ir.expr import numel
 from stitchcuda.compiler.ir.group import FusionGroup, GroupKind
 from stitchcuda.compiler.ir.ops import (
@@ -74,10 +75,6 @@ LIBRARY_ACTIVATIONS = frozenset({"aten.relu", "aten.gelu", "aten.silu", "aten.si
 _ALONE: dict[str, GroupKind] = {"gemm": "gemm", "conv": "conv", "recurrent": "recurrent", "attention": "attention",
                                 "reduce": "row_reduce", "elementwise": "elementwise", "view": "data_movement",
                                 "const": "data_movement", "copy": "data_movement"}
-
-
-# data movement whose result a view in its own group cannot read through strides
-_LAID_OUT = frozenset({"aten.cat", "aten.stack"})
 
 
 # -- the fuser ---------------------------------------------------------------------------------------
@@ -346,8 +343,8 @@ class _Fuser(AttentionPhase):
             return False
         members = self.groups[gid].members
         if self.role[name] == "view":
-            return not any(p in members and self.node[p].op in _LAID_OUT for p in self.preds[name])
-        return self.node[name].op not in _LAID_OUT or not any(
+            return not any(p in members and self.node[p].op in CAT_OPS for p in self.preds[name])
+        return self.node[name].op not in CAT_OPS or not any(
             u in members and self.role[u] == "view" for u in self.users(name))
 
     def others(self) -> None:

@@ -4,7 +4,8 @@ and whether the fused row kernel takes a reduction (over trailing dims, rows it 
 from __future__ import annotations
 
 from stitchcuda.compiler.capture.graph import Node
-from stitchcuda.compiler.ir.expr import POOL_OPS, numel, pool_fusable
+from stitchcuda.compiler.ir.data_movement import POOL_OPS, pool_fusable
+from stitchcuda.compiler.ir.expr import numel
 from stitchcuda.compiler.ir.formulas import ROW_OPS
 from stitchcuda.compiler.ir.op_table import OPERATORS, Role
 from stitchcuda.compiler.ir.ops import (

@@ -42,7 +42,14 @@ from stitchcuda.compiler.capture.evaluate import evaluate_node
 from stitchcuda.compiler.capture.graph import MAX_CONSTANT, Node, OpGraph, Placeholder, TensorMeta
 from stitchcuda.compiler.ir.expr import permutation
 from stitchcuda.compiler.ir.op_table import tagged
-from stitchcuda.compiler.ir.ops import C_TYPES, RECURRENT_OPS, RECURRENT_SEQUENCE_OPS, SPLITS, VIEW_OPS
+from stitchcuda.compiler.ir.ops import (
+    C_TYPES,
+    RECURRENT_OPS,
+    RECURRENT_SEQUENCE_OPS,
+    RESHAPES,
+    SPLITS,
+    VIEW_OPS,
+)
 from stitchcuda.compiler.schedule.horizontal import merge_shared_linears
 from stitchcuda.compiler.schedule.rewrite import split_into_slices, without_unread
 from stitchcuda.compiler.schedule.row_permutes import commute_row_permutes
@@ -367,8 +374,6 @@ def _gelu_tanh_of(n: Node, produced: dict[str, Node]) -> str | None:
     return None
 
 
-_RESHAPES = {"aten.view", "aten._unsafe_view", "aten.reshape"}
-
 
 def shuffles_as_concatenations(graph: OpGraph) -> OpGraph:
     """``graph`` where each contiguous ``clone`` of ``permute(view(cat(pieces, d)))``, the view splitting
@@ -443,7 +448,7 @@ def _shuffle_chain(n: Node, produced: dict[str, Node], graph: OpGraph) -> tuple[
     if permute is None or len(permute.inputs()) != 1:
         return None
     view = produced.get(permute.inputs()[0])
-    if view is None or view.op not in _RESHAPES or len(view.inputs()) != 1:
+    if view is None or view.op not in RESHAPES or len(view.inputs()) != 1:
         return None
     order = permutation(permute, len(view.out[0].shape))
     cat = produced.get(view.inputs()[0])
@@ -472,7 +477,7 @@ def _shuffled_slices(n: Node, order: list[int], d: int, users: dict[str, list[st
     found = []
     for name in users.get(n.name, []):
         merge = produced[name]
-        if merge.op not in _RESHAPES or merge.name in pinned or list(merge.out[0].shape) != merged:
+        if merge.op not in RESHAPES or merge.name in pinned or list(merge.out[0].shape) != merged:
             return None
         slices = [produced[s] for s in users.get(merge.name, [])]
         if not slices or not all(_whole_groups(sl, j, merged[j], k) and sl.name not in pinned for sl in slices):
