@@ -423,3 +423,88 @@ def test_a_warm_harness_process_judges_clean_programs_one_after_another(tmp_path
     assert first.correct and second.correct and wrong.correct is False and hacked.correct
     assert len(kept) == 1 and reused == kept and after_wrong == [] and after_hacked == []
     assert second.stages["start"] < first.stages["start"]  # no process start, no imports
+
+
+def test_an_incorrect_at_both_references_is_asked_of_the_exact_answer(tmp_path):
+    """Where the fp32 reference misses its own fp64 value beyond the tolerance (a deep network in
+    training mode), no fp32 program can pass: the exact answer (the reference in float64, rounded
+    to float32) is asked as a control, and where it fails too the verdict is not judgeable rather
+    than a disagreement. A program that is wrong where the exact answer passes stays wrong."""
+    top = "def get_tolerance_for_precision(precision):\n    return 1e-4\n"
+    # the fake harness rejects every candidate holding ILLCOND, and the control only where the
+    # reference holds it
+    before = ("if 'ILLCOND' in custom_model_src:\n"
+              "        return KernelExecResult(True, False, -1.0, {'max_difference': ['0.000512']})")
+    checkout = fake_checkout(tmp_path / "kb", top=top, before=before)
+    reference = REFERENCE + "\n# ILLCOND\n"
+    opinion = judge(str(checkout), reference, CANDIDATE + "\n# ILLCOND\n", cache=tmp_path / "cache",
+                    our_correct=True)
+    assert opinion.correct is False and opinion.correct_true_fp32 is False
+    assert opinion.exact_correct is False and "0.000512" in opinion.exact_detail
+    assert not opinion.judgeable and opinion.agrees is None
+
+    # the exact answer passes: the program's miss is its own
+    wrong = _judge(checkout, tmp_path, candidate=CANDIDATE + "\n# ILLCOND\n", our_correct=True)
+    assert wrong.exact_correct is True and wrong.judgeable and wrong.agrees is False
+    assert _judge(checkout, tmp_path).exact_correct is None  # correct: not asked
+
+    from stitchcuda.bench.report import _opinion_cell
+    from stitchcuda.bench.records import TaskResult
+    from stitchcuda.cli.console import second_opinion_view
+    from stitchcuda.verify.verdict import Verdict
+
+    lines = [t.plain for t in second_opinion_view(Verdict.model_construct(correct=True, second_opinion=opinion))]
+    assert any("the exact answer" in t and "incorrect too" in t for t in lines)
+    cell = _opinion_cell(TaskResult.model_construct(second_opinion=opinion))
+    assert cell.startswith("not judgeable")
+
+
+def test_the_exact_control_is_the_reference_in_float64_and_keeps_its_state():
+    """The control's outputs are the fp64 reference's, rounded; the state a call leaves (batch-norm
+    running statistics, a hidden state kept between calls) advances as the reference's does."""
+    import torch
+
+    from stitchcuda.verify.kernelbench_harness import exact_control
+
+    reference = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.Linear(8, 8)
+        self.norm = nn.BatchNorm1d(8)
+        self.hidden = torch.zeros(2, 8)
+
+    def forward(self, x):
+        self.hidden = torch.tanh(self.cell(x) + self.hidden)
+        return self.norm(self.hidden), x.shape[0]
+
+
+def get_inputs():
+    return [torch.randn(2, 8)]
+
+
+def get_init_inputs():
+    return []
+'''
+    scope: dict = {}
+    exec(compile(exact_control(reference), "control.py", "exec"), scope)
+    torch.manual_seed(42)
+    model = scope["Model"]()
+    torch.manual_seed(42)
+    control = scope["ModelNew"]()
+    exact = __import__("copy").deepcopy(model).double()
+    x = torch.randn(2, 8)
+    for call in range(3):
+        with torch.no_grad():
+            want, count = exact(x.double())
+            got, n = control(x)
+        assert got.dtype == torch.float32 and n == count == 2
+        # its state is kept in the reference's float32 between calls: exact on the first call, then
+        # within float32's rounding
+        assert torch.equal(got, want.float()) if call == 0 else torch.allclose(got, want.float(), atol=1e-6)
+        assert torch.allclose(control.hidden, exact.hidden.float(), atol=1e-6) and control.hidden.dtype == torch.float32
+    assert torch.allclose(control.norm.running_mean, exact.norm.running_mean.float(), atol=1e-6)
+    assert int(control.norm.num_batches_tracked) == 3

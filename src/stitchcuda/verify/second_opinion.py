@@ -63,7 +63,7 @@ def judge(checkout: str, reference: str, candidate: str, *, cache: Path, env: di
         opinion = SecondOpinion(error=f"KernelBench's harness could not be started: {exc}")
     opinion.checkout = str(checkout)
     opinion.seconds = round(time.time() - started, 2)
-    if opinion.error is None and opinion.correct is not None and our_correct is not None:
+    if opinion.error is None and opinion.correct is not None and our_correct is not None and opinion.judgeable:
         opinion.agrees = opinion.correct == our_correct
     return opinion
 
@@ -118,6 +118,7 @@ def _judge(checkout: str, reference: str, candidate: str, cache: Path, env: dict
     v = reply.verdict
     return SecondOpinion(compiled=v.compiled, correct=v.correct, runtime_ms=v.runtime_ms, detail=v.detail,
                          correct_true_fp32=v.correct_true_fp32, correct_v01=v.correct_v01,
+                         exact_correct=v.exact_correct, exact_detail=v.exact_detail,
                          ref_runtime_ms=v.ref_runtime_ms, timed_apart=v.timed_apart, stages=stages,
                          builds_cached=reply.builds_cached, gpu_intervals=reply.gate.intervals)
 

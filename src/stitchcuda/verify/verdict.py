@@ -426,6 +426,12 @@ class SecondOpinion(BaseModel):
                                                        "again at the fp32 tolerance of its v0/v0.1 (atol = rtol = "
                                                        "1e-2), which published results used; its harness now takes "
                                                        "1e-4, which TF32 and bf16 arithmetic miss by design")
+    exact_correct: bool | None = Field(None, description="where it said incorrect against a true-fp32 reference "
+                                                         "too: its verdict on the exact answer (the reference run "
+                                                         "in float64, rounded to float32). False: its tolerance is "
+                                                         "below its fp32 reference's own rounding error on this "
+                                                         "task, so it cannot judge an fp32 program of it")
+    exact_detail: str = Field("", description="what it reported of the exact answer")
     error: str | None = Field(None, description="why the harness could not judge: not found, did not load, "
                                                 "timed out, crashed, no CUDA GPU")
     seconds: float = 0.0
@@ -435,6 +441,11 @@ class SecondOpinion(BaseModel):
     builds_cached: bool | None = Field(None, description="it loaded the extensions our build made (no nvcc of its own)")
     gpu_intervals: list[tuple[float, float]] = Field([], description="(start, end) unix times it used the GPU")
     agrees: bool | None = Field(None, description="its correctness equals ours; None when it could not judge")
+
+    @property
+    def judgeable(self) -> bool:
+        """False where the exact answer fails it too: its "incorrect" then says nothing of the program."""
+        return self.exact_correct is not False
 
     @property
     def speedup(self) -> float | None:
