@@ -448,8 +448,8 @@ def test_an_incorrect_at_both_references_is_asked_of_the_exact_answer(tmp_path):
     assert wrong.exact_correct is True and wrong.judgeable and wrong.agrees is False
     assert _judge(checkout, tmp_path).exact_correct is None  # correct: not asked
 
-    from stitchcuda.bench.report import _opinion_cell
     from stitchcuda.bench.records import TaskResult
+    from stitchcuda.bench.report import _opinion_cell
     from stitchcuda.cli.console import second_opinion_view
     from stitchcuda.verify.verdict import Verdict
 
