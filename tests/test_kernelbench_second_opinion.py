@@ -508,3 +508,11 @@ def get_init_inputs():
         assert torch.allclose(control.hidden, exact.hidden.float(), atol=1e-6) and control.hidden.dtype == torch.float32
     assert torch.allclose(control.norm.running_mean, exact.norm.running_mean.float(), atol=1e-6)
     assert int(control.norm.num_batches_tracked) == 3
+
+
+def test_the_exact_answer_is_not_asked_where_ours_found_the_program_wrong(tmp_path):
+    top = "def get_tolerance_for_precision(precision):\n    return 1e-4\n"
+    checkout = fake_checkout(tmp_path / "kb", top=top)
+    opinion = _judge(checkout, tmp_path, candidate=CANDIDATE + "\n# WRONG\n", our_correct=False)
+    assert opinion.correct is False and opinion.correct_true_fp32 is False and opinion.exact_correct is None
+    assert opinion.agrees is True

@@ -284,6 +284,9 @@ class HarnessRequest(BaseModel):
                                                     "its timing (verify/gate.py)")
     reusable: bool = Field(False, description="our Verifier found the program correct and no hack: a warm harness "
                                               "process may serve another after it, if its own run was clean too")
+    exact_control: bool = Field(True, description="where it finds the program wrong against both references, judge "
+                                                  "the exact answer too (exact_control); off where ours found the "
+                                                  "program wrong: the two agree whatever the control says")
     trials: int = 5  # what KernelBench's scripts run (its function's own default is 1)
     perf_trials: int = 100  # likewise (the function's default is 10)
     measure_performance: bool = True
@@ -487,7 +490,7 @@ def _judge(request: HarnessRequest, on_gpu: Callable[[], contextlib.AbstractCont
                 loose = run_harness(request.checkout, reference, candidate, trials=request.trials,
                                     build_dir=request.build_dir, measure_performance=False, tolerance=V01_TOLERANCE)
             verdict.correct_v01 = None if loose.detail == NO_RESULT else loose.correct
-        if verdict.correct_true_fp32 is False:
+        if verdict.correct_true_fp32 is False and request.exact_control:
             with on_gpu():
                 control = run_harness(request.checkout, reference, exact_control(reference), trials=request.trials,
                                       build_dir=request.build_dir, measure_performance=False, tf32=False)

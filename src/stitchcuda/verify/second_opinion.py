@@ -58,7 +58,7 @@ def judge(checkout: str, reference: str, candidate: str, *, cache: Path, env: di
     ``gate_path`` around its GPU work."""
     started = time.time()
     try:
-        opinion = _judge(checkout, reference, candidate, cache, env, limit_s, gate_path, pool, clean)
+        opinion = _judge(checkout, reference, candidate, cache, env, limit_s, gate_path, pool, clean, our_correct)
     except OSError as exc:  # an unwritable cache, no room for the sources: said, not raised
         opinion = SecondOpinion(error=f"KernelBench's harness could not be started: {exc}")
     opinion.checkout = str(checkout)
@@ -69,7 +69,8 @@ def judge(checkout: str, reference: str, candidate: str, *, cache: Path, env: di
 
 
 def _judge(checkout: str, reference: str, candidate: str, cache: Path, env: dict[str, str] | None,
-           limit_s: float, gate_path: str | None, pool: WorkerPool | None, clean: bool) -> SecondOpinion:
+           limit_s: float, gate_path: str | None, pool: WorkerPool | None, clean: bool,
+           our_correct: bool | None = None) -> SecondOpinion:
     if why := harness_problem(checkout):  # a wrong path is said at once, without starting a process
         return SecondOpinion(error=why)
     build_dir = build_dir_for(cache, candidate)  # its own builds, kept for the next run
@@ -81,7 +82,8 @@ def _judge(checkout: str, reference: str, candidate: str, cache: Path, env: dict
                                  reference_path=str(work / "reference.py"),
                                  candidate_path=str(work / "candidate.py"),
                                  result_path=str(work / "reply.json"), build_dir=str(build_dir),
-                                 cache_root=str(cache), gate_path=gate_path, reusable=clean)
+                                 cache_root=str(cache), gate_path=gate_path, reusable=clean,
+                                 exact_control=our_correct is not False)
         (work / "request.json").write_text(request.model_dump_json())
         reply_path = Path(request.result_path)
         spawned = time.time()
