@@ -425,27 +425,36 @@ def test_a_warm_harness_process_judges_clean_programs_one_after_another(tmp_path
     assert second.stages["start"] < first.stages["start"]  # no process start, no imports
 
 
-def test_an_incorrect_at_both_references_is_asked_of_the_exact_answer(tmp_path):
-    """Where the fp32 reference misses its own fp64 value beyond the tolerance (a deep network in
-    training mode), no fp32 program can pass: the exact answer (the reference in float64, rounded
-    to float32) is asked as a control, and where it fails too the verdict is not judgeable rather
-    than a disagreement. A program that is wrong where the exact answer passes stays wrong."""
+def test_an_incorrect_at_both_references_is_asked_of_two_controls(tmp_path):
+    """Where the fp32 reference's own rounding spread is beyond the tolerance (a deep network in
+    training mode), no fp32 program can pass: the reference run channels-last and the exact answer
+    (the reference in float64) are asked as controls, and where one fails too the verdict is not
+    judgeable rather than a disagreement. A program that is wrong where both pass stays wrong."""
     top = "def get_tolerance_for_precision(precision):\n    return 1e-4\n"
-    # the fake harness rejects every candidate holding ILLCOND, and the control only where the
-    # reference holds it
-    before = ("if 'ILLCOND' in custom_model_src:\n"
+    # the fake harness rejects every candidate holding ILLCOND, and every one holding EXACTONLY but
+    # the channels-last control
+    before = ("if 'ILLCOND' in custom_model_src or ('EXACTONLY' in custom_model_src and "
+              "'channels_last' not in custom_model_src):\n"
               "        return KernelExecResult(True, False, -1.0, {'max_difference': ['0.000512']})")
     checkout = fake_checkout(tmp_path / "kb", top=top, before=before)
-    reference = REFERENCE + "\n# ILLCOND\n"
-    opinion = judge(str(checkout), reference, CANDIDATE + "\n# ILLCOND\n", cache=tmp_path / "cache",
-                    our_correct=True)
-    assert opinion.correct is False and opinion.correct_true_fp32 is False
-    assert opinion.exact_correct is False and "0.000512" in opinion.exact_detail
-    assert not opinion.judgeable and opinion.agrees is None
 
-    # the exact answer passes: the program's miss is its own
-    wrong = _judge(checkout, tmp_path, candidate=CANDIDATE + "\n# ILLCOND\n", our_correct=True)
-    assert wrong.exact_correct is True and wrong.judgeable and wrong.agrees is False
+    def ask(marker: str, in_reference: bool = True) -> SecondOpinion:
+        reference = REFERENCE + (f"\n# {marker}\n" if in_reference else "")
+        return judge(str(checkout), reference, CANDIDATE + f"\n# {marker}\n", cache=tmp_path / "cache",
+                     our_correct=True)
+
+    reordered = ask("ILLCOND")
+    assert reordered.correct is False and reordered.correct_true_fp32 is False
+    assert reordered.reordered_correct is False and reordered.exact_correct is None  # the first failed: enough
+    assert "0.000512" in reordered.control_detail and not reordered.judgeable and reordered.agrees is None
+    assert reordered.timed_apart and reordered.speedup == pytest.approx(1.5)  # its speedup still counts
+    exact = ask("EXACTONLY")
+    assert exact.reordered_correct is True and exact.exact_correct is False and not exact.judgeable
+
+    # both controls pass: the program's miss is its own
+    wrong = ask("ILLCOND", in_reference=False)
+    assert wrong.reordered_correct is True and wrong.exact_correct is True and wrong.judgeable
+    assert wrong.agrees is False
     assert _judge(checkout, tmp_path).exact_correct is None  # correct: not asked
 
     from stitchcuda.bench.records import TaskResult
@@ -453,10 +462,10 @@ def test_an_incorrect_at_both_references_is_asked_of_the_exact_answer(tmp_path):
     from stitchcuda.cli.console import second_opinion_view
     from stitchcuda.verify.verdict import Verdict
 
-    lines = [t.plain for t in second_opinion_view(Verdict.model_construct(correct=True, second_opinion=opinion))]
-    assert any("the exact answer" in t and "incorrect too" in t for t in lines)
-    cell = _opinion_cell(TaskResult.model_construct(second_opinion=opinion))
-    assert cell.startswith("not judgeable")
+    lines = [t.plain for t in second_opinion_view(Verdict.model_construct(correct=True, second_opinion=reordered))]
+    assert any("channels-last" in t and "incorrect too" in t for t in lines)
+    cell = _opinion_cell(TaskResult.model_construct(second_opinion=reordered))
+    assert cell.startswith("not judgeable") and "channels-last" in cell
 
 
 def test_the_exact_control_is_the_reference_in_float64_and_keeps_its_state():
@@ -464,7 +473,7 @@ def test_the_exact_control_is_the_reference_in_float64_and_keeps_its_state():
     running statistics, a hidden state kept between calls) advances as the reference's does."""
     import torch
 
-    from stitchcuda.verify.kernelbench_harness import exact_control
+    from stitchcuda.verify.harness_controls import exact_control
 
     reference = '''import torch
 import torch.nn as nn
@@ -516,3 +525,43 @@ def test_the_exact_answer_is_not_asked_where_ours_found_the_program_wrong(tmp_pa
     opinion = _judge(checkout, tmp_path, candidate=CANDIDATE + "\n# WRONG\n", our_correct=False)
     assert opinion.correct is False and opinion.correct_true_fp32 is False and opinion.exact_correct is None
     assert opinion.agrees is True
+
+
+def test_the_reordered_control_is_the_reference_channels_last_in_fp32():
+    import torch
+
+    from stitchcuda.verify.harness_controls import reordered_control
+
+    reference = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.norm = nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return self.norm(self.conv(x))
+
+
+def get_inputs():
+    return [torch.randn(2, 3, 9, 9)]
+
+
+def get_init_inputs():
+    return []
+'''
+    scope: dict = {}
+    exec(compile(reordered_control(reference), "control.py", "exec"), scope)
+    torch.manual_seed(42)
+    model = scope["Model"]()
+    torch.manual_seed(42)
+    control = scope["ModelNew"]()
+    x = torch.randn(2, 3, 9, 9)
+    with torch.no_grad():
+        want, got = model(x), control(x)
+    assert got.dtype == torch.float32 and torch.allclose(got, want, atol=1e-5)
+    assert control.conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert int(control.norm.num_batches_tracked) == 1  # its own state advances as the reference's

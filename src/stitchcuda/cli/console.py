@@ -183,12 +183,13 @@ def second_opinion_view(v: Verdict) -> list[Text]:
         parts.append(Text("  at its v0/v0.1 fp32 tolerance 1e-2 (published results; it now takes 1e-4, which TF32 "
                           "and bf16 miss): " + ("correct" if o.correct_v01 else "incorrect too"),
                           style="yellow" if o.correct_v01 else "red"))
-    if o.exact_correct is not None:
-        parts.append(Text("  the exact answer (the reference in float64, rounded to float32) against its true-fp32 "
-                          "reference: " + ("correct" if o.exact_correct else
-                                           "incorrect too: its tolerance is below its fp32 reference's own rounding "
-                                           "error on this task, so its verdict says nothing of an fp32 program"),
-                          style="yellow"))
+    for value, what in ((o.reordered_correct, "the reference itself run channels-last in fp32"),
+                        (o.exact_correct, "the exact answer (the reference in float64, rounded to float32)")):
+        if value is not None:
+            parts.append(Text(f"  {what}, against its true-fp32 reference: "
+                              + ("correct" if value else "incorrect too: its tolerance is below its fp32 reference's "
+                                 "own rounding spread on this task, so its verdict says nothing of an fp32 program"),
+                              style="yellow"))
     if o.speedup is not None:
         ours = v.speedup.get("eager")
         parts.append(Text(f"  KernelBench's speedup {o.speedup:.2f}x (its reference {o.ref_runtime_ms:.4f} ms under "
@@ -474,7 +475,7 @@ def _opinion_cell(o) -> Text:
     if o.error is not None:
         return Text("error", style="yellow")
     if not o.judgeable:
-        return Text("not judgeable (the exact answer fails it too)", style="yellow")
+        return Text("not judgeable (a control fails it too)", style="yellow")
     text = "correct" if o.correct else "INCORRECT" + (" (fp32 ref: correct)" if o.correct_true_fp32 else
                                                       " (v0.1 1e-2: correct)" if o.correct_v01 else "")
     return Text(text + (" DISAGREES" if o.agrees is False else ""),

@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from stitchcuda.verify.gate import GateClient, GateUse
+from stitchcuda.verify.harness_controls import ask_controls
 
 # what KernelBench's modules import at the top without using it to evaluate
 _UNUSED_AT_EVAL = {"dotenv": {"load_dotenv": lambda *a, **k: False}, "litellm": {"completion": None},
@@ -50,10 +51,11 @@ class HarnessVerdict(BaseModel):
     correct_true_fp32: bool | None = None  # asked again, TF32 off, when it said incorrect (see main)
     correct_v01: bool | None = None  # asked again at its v0/v0.1 fp32 tolerance, 1e-2, when both said incorrect
     ref_runtime_ms: float | None = None  # its reference's mean time under torch's default flags
-    # where it said incorrect against a true-fp32 reference too: its verdict on the exact answer
-    # (exact_control); None where that control could not run or was not asked
+    # where it said incorrect against a true-fp32 reference too: its verdicts on two controls
+    # (verify/harness_controls.py); None where a control could not run or was not asked
     exact_correct: bool | None = None
-    exact_detail: str = ""
+    reordered_correct: bool | None = None
+    control_detail: str = ""
     timed_apart: bool = False  # it judged the program wrong, so both were timed by time_both, not in its eval
 
 
@@ -152,47 +154,6 @@ def _set_tf32(tf32: bool | None) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False if tf32 is None else tf32
 
 
-# The exact answer as a candidate: the reference itself, run in float64 on a copy of its module (same
-# parameters, same state) and rounded to float32.
-_EXACT_CONTROL = """
-
-# stitchcuda: a control, not a program: the reference in float64, its outputs rounded to float32
-import copy as _stitchcuda_copy
-
-import torch
-from torch.utils._pytree import tree_map as _stitchcuda_tree_map
-
-
-def _stitchcuda_cast(v, dtype):
-    return v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-
-
-class ModelNew(Model):
-    @torch.no_grad()  # as its harness calls it (a state tensor with a graph could not be copied)
-    def forward(self, *args):
-        exact = _stitchcuda_copy.deepcopy(self).double()
-        out = Model.forward(exact, *_stitchcuda_tree_map(lambda v: _stitchcuda_cast(v, torch.float64), args))
-        # the state it left (running statistics, a kept hidden state) becomes this module's, as
-        # the reference's own call leaves its state
-        for mine, theirs in zip(self.modules(), exact.modules()):
-            for key, value in list(theirs._buffers.items()) + [
-                    (k, v) for k, v in vars(theirs).items()
-                    if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)]:
-                old = getattr(mine, key, None)
-                if isinstance(old, torch.Tensor) and isinstance(value, torch.Tensor):
-                    setattr(mine, key, value.to(old.dtype))
-        return _stitchcuda_tree_map(lambda v: _stitchcuda_cast(v, torch.float32), out)
-"""
-
-
-def exact_control(reference: str) -> str:
-    """A candidate source that computes ``reference`` exactly: in float64, rounded to float32. Where
-    KernelBench's harness finds even this incorrect against its true-fp32 reference, its tolerance
-    is below that reference's own rounding error on the task (a deep network in training mode: two
-    fp32 orders of ResNet-101 differ by 5e-4), and its verdict says nothing of any fp32 program."""
-    return reference + _EXACT_CONTROL
-
-
 def time_both(checkout: str | Path, reference: str, candidate: str, *, perf_trials: int = 100,
               build_dir: str | None = None) -> tuple[float, float]:
     """(reference ms, candidate ms), both by KernelBench's own timing code in this process under
@@ -285,8 +246,8 @@ class HarnessRequest(BaseModel):
     reusable: bool = Field(False, description="our Verifier found the program correct and no hack: a warm harness "
                                               "process may serve another after it, if its own run was clean too")
     exact_control: bool = Field(True, description="where it finds the program wrong against both references, judge "
-                                                  "the exact answer too (exact_control); off where ours found the "
-                                                  "program wrong: the two agree whatever the control says")
+                                                  "the controls too (verify/harness_controls.py); off where ours "
+                                                  "found the program wrong: the two agree whatever they say")
     trials: int = 5  # what KernelBench's scripts run (its function's own default is 1)
     perf_trials: int = 100  # likewise (the function's default is 10)
     measure_performance: bool = True
@@ -491,14 +452,13 @@ def _judge(request: HarnessRequest, on_gpu: Callable[[], contextlib.AbstractCont
                                     build_dir=request.build_dir, measure_performance=False, tolerance=V01_TOLERANCE)
             verdict.correct_v01 = None if loose.detail == NO_RESULT else loose.correct
         if verdict.correct_true_fp32 is False and request.exact_control:
-            with on_gpu():
-                control = run_harness(request.checkout, reference, exact_control(reference), trials=request.trials,
-                                      build_dir=request.build_dir, measure_performance=False, tf32=False)
-            # a miss it measured (max_difference) is a verdict; an exception, a shape or no result is not
-            measured = control.correct or "max_difference" in control.detail
-            verdict.exact_correct = control.correct if control.compiled and measured else None
-            verdict.exact_detail = control.detail[:300]
-        if (verdict.correct_true_fp32 or verdict.correct_v01) and request.measure_performance:
+            ask_controls(verdict, functools.partial(run_harness, request.checkout, reference, trials=request.trials,
+                                                    build_dir=request.build_dir, measure_performance=False,
+                                                    tf32=False), reference, on_gpu)
+        # where it judged the program right at some reference, or cannot judge the task at all, its
+        # speedup still counts: timed apart
+        unjudgeable = verdict.exact_correct is False or verdict.reordered_correct is False
+        if (verdict.correct_true_fp32 or verdict.correct_v01 or unjudgeable) and request.measure_performance:
             try:
                 with on_gpu():
                     verdict.ref_runtime_ms, verdict.runtime_ms = time_both(

@@ -120,7 +120,8 @@ def _judge(checkout: str, reference: str, candidate: str, cache: Path, env: dict
     v = reply.verdict
     return SecondOpinion(compiled=v.compiled, correct=v.correct, runtime_ms=v.runtime_ms, detail=v.detail,
                          correct_true_fp32=v.correct_true_fp32, correct_v01=v.correct_v01,
-                         exact_correct=v.exact_correct, exact_detail=v.exact_detail,
+                         exact_correct=v.exact_correct, reordered_correct=v.reordered_correct,
+                         control_detail=v.control_detail,
                          ref_runtime_ms=v.ref_runtime_ms, timed_apart=v.timed_apart, stages=stages,
                          builds_cached=reply.builds_cached, gpu_intervals=reply.gate.intervals)
 

@@ -415,7 +415,8 @@ class SecondOpinion(BaseModel):
     ref_runtime_ms: float | None = Field(None, description="the harness's mean time of its reference, under torch's "
                                                            "default flags (cuDNN convolutions in TF32)")
     timed_apart: bool = Field(False, description="it judged the program wrong (through its TF32 reference, or at its "
-                                                 "fp32 1e-4 while within its v0.1 1e-2) and timed nothing: both "
+                                                 "fp32 1e-4 while within its v0.1 1e-2, or on a task it cannot "
+                                                 "judge: a control failed too) and timed nothing: both "
                                                  "were timed by its own timing function afterwards, in the same "
                                                  "process, under torch's default flags")
     detail: str = Field("", description="what the harness reported beside its verdict")
@@ -426,12 +427,14 @@ class SecondOpinion(BaseModel):
                                                        "again at the fp32 tolerance of its v0/v0.1 (atol = rtol = "
                                                        "1e-2), which published results used; its harness now takes "
                                                        "1e-4, which TF32 and bf16 arithmetic miss by design")
-    exact_correct: bool | None = Field(None, description="where it said incorrect against a true-fp32 reference "
-                                                         "too: its verdict on the exact answer (the reference run "
-                                                         "in float64, rounded to float32). False: its tolerance is "
-                                                         "below its fp32 reference's own rounding error on this "
-                                                         "task, so it cannot judge an fp32 program of it")
-    exact_detail: str = Field("", description="what it reported of the exact answer")
+    reordered_correct: bool | None = Field(None, description="where it said incorrect against a true-fp32 "
+                                                             "reference too: its verdict on the reference itself run "
+                                                             "channels-last in fp32 (another order of the same sums)")
+    exact_correct: bool | None = Field(None, description="likewise, on the exact answer (the reference run in float64, "
+                                                         "rounded to float32)")
+    control_detail: str = Field("", description="what it reported of the controls (verify/harness_controls.py); "
+                                                 "where one failed, its tolerance is below its fp32 reference's own "
+                                                 "rounding spread on this task and it cannot judge an fp32 program")
     error: str | None = Field(None, description="why the harness could not judge: not found, did not load, "
                                                 "timed out, crashed, no CUDA GPU")
     seconds: float = 0.0
@@ -444,8 +447,8 @@ class SecondOpinion(BaseModel):
 
     @property
     def judgeable(self) -> bool:
-        """False where the exact answer fails it too: its "incorrect" then says nothing of the program."""
-        return self.exact_correct is not False
+        """False where a control fails it too: its "incorrect" then says nothing of the program."""
+        return self.exact_correct is not False and self.reordered_correct is not False
 
     @property
     def speedup(self) -> float | None:
