@@ -7,19 +7,43 @@ test run; the tests fetch them themselves otherwise, unless ``STITCHCUDA_FETCH_C
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from stitchcuda import machine
 from stitchcuda.cuda_headers import CACHE, NEEDED, WHEELS, HeadersMissing, cuda_major, fetch, include_dirs
 
-__all__ = ["CACHE", "NEEDED", "WHEELS", "HeadersMissing", "cuda_major", "fetch", "include_dirs", "toolkit"]
+__all__ = ["CACHE", "NEEDED", "WHEELS", "HeadersMissing", "cuda_major", "fetch", "host_program_output", "include_dirs",
+           "toolkit"]
 
 
 def toolkit() -> tuple[str, Path] | None:
     """(nvcc, the toolkit folder), or None where there is no CUDA toolkit."""
     nvcc, home = machine.nvcc_path(), machine.toolkit_home()
     return (nvcc, home) if nvcc and home else None
+
+
+def host_program_output(folder: Path, main: str, headers: Sequence[str], includes: Sequence[Path] = ()) -> str:
+    """What a host-only C++ program printed: ``main`` built with the toolkit's and the real
+    ``headers``' include folders (and ``includes``) by the host compiler, then run. Skips the test
+    where there is no toolkit or no such headers."""
+    import pytest
+
+    found = toolkit()
+    if found is None:
+        pytest.skip("no CUDA toolkit here: the CUDA libraries' types come with it")
+    _, home = found
+    try:
+        extra = include_dirs(home, headers=tuple(headers))  # the tests may fetch
+    except HeadersMissing as exc:
+        pytest.skip(f"no {', '.join(headers)} for this machine: {exc}")
+    (folder / "main.cpp").write_text(main)
+    flags = [f"-I{d}" for d in (*includes, home / "include", *extra)]
+    subprocess.run(["c++", "-std=c++17", *flags, "main.cpp", "-o", "main"], cwd=folder, check=True,
+                   capture_output=True, text=True, timeout=120)
+    return subprocess.run([str(folder / "main")], check=True, capture_output=True, text=True, timeout=30).stdout
 
 
 if __name__ == "__main__":

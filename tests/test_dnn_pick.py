@@ -3,14 +3,12 @@ the filter compiled with the real cudnn.h and run on the host over rankings as c
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
 import stitchcuda.compiler
-from stitchcuda.cuda_headers import HeadersMissing, include_dirs
-from tests.cuda_headers import toolkit
+from tests.cuda_headers import host_program_output
 
 KERNELS = Path(stitchcuda.compiler.__file__).parent / "templates" / "kernels"
 
@@ -75,21 +73,8 @@ int main() {
 
 @pytest.fixture(scope="module")
 def picks(tmp_path_factory) -> list[int]:
-    found = toolkit()
-    if found is None:
-        pytest.skip("no CUDA toolkit here: cudnn.h's types come with it")
-    _, home = found
-    try:
-        extra = include_dirs(home, headers=("cudnn.h",))  # the tests may fetch
-    except HeadersMissing as exc:
-        pytest.skip(f"no cudnn.h for this machine: {exc}")
-    folder = tmp_path_factory.mktemp("dnn_pick")
-    (folder / "main.cpp").write_text(MAIN)
-    includes = [f"-I{d}" for d in (KERNELS, home / "include", *extra)]
-    subprocess.run(["c++", "-std=c++17", *includes, "main.cpp", "-o", "pick"], cwd=folder, check=True,
-                   capture_output=True, text=True, timeout=120)
-    done = subprocess.run([str(folder / "pick")], check=True, capture_output=True, text=True, timeout=30)
-    return [int(line) for line in done.stdout.split()]
+    out = host_program_output(tmp_path_factory.mktemp("picks"), MAIN, ("cudnn.h",), (KERNELS,))
+    return [int(line) for line in out.split()]
 
 
 def test_split_tf32_never_runs_a_transform_however_fast(picks):

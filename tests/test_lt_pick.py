@@ -5,7 +5,6 @@ float64 call after call, with its time beside the heuristic-only program's."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,7 @@ import pytest
 import stitchcuda.compiler
 from stitchcuda.compiler import compile_task
 from stitchcuda.compiler.emit.codegen import CodegenOptions
-from stitchcuda.cuda_headers import HeadersMissing, include_dirs
-from tests.cuda_headers import toolkit
+from tests.cuda_headers import host_program_output
 from tests.test_offline_codegen import cuda_source, task_from
 
 KERNELS = Path(stitchcuda.compiler.__file__).parent / "templates" / "kernels"
@@ -73,21 +71,8 @@ def get_init_inputs():
 
 @pytest.fixture(scope="module")
 def spans(tmp_path_factory) -> list[int]:
-    found = toolkit()
-    if found is None:
-        pytest.skip("no CUDA toolkit here: cublasLt.h's types come with it")
-    _, home = found
-    try:
-        extra = include_dirs(home, headers=("cublasLt.h",))
-    except HeadersMissing as exc:
-        pytest.skip(f"no cublasLt.h for this machine: {exc}")
-    folder = tmp_path_factory.mktemp("lt_pick")
-    (folder / "main.cpp").write_text(MAIN)
-    includes = [f"-I{d}" for d in (KERNELS, home / "include", *extra)]
-    subprocess.run(["c++", "-std=c++17", *includes, "main.cpp", "-o", "spans"], cwd=folder, check=True,
-                   capture_output=True, text=True, timeout=120)
-    done = subprocess.run([str(folder / "spans")], check=True, capture_output=True, text=True, timeout=30)
-    return [int(line) for line in done.stdout.split()]
+    out = host_program_output(tmp_path_factory.mktemp("spans"), MAIN, ("cublasLt.h",), (KERNELS,))
+    return [int(line) for line in out.split()]
 
 
 def test_the_scratch_spans_each_layout_as_cublaslt_reads_it(spans):
