@@ -432,15 +432,16 @@ def test_an_incorrect_at_both_references_is_asked_of_two_controls(tmp_path):
     judgeable rather than a disagreement. A program that is wrong where both pass stays wrong."""
     top = "def get_tolerance_for_precision(precision):\n    return 1e-4\n"
     # the fake harness rejects every candidate holding ILLCOND, and every one holding EXACTONLY but
-    # the channels-last control
+    # the channels-last control, by 0.000512; a program holding FAROFF by 0.5
     before = ("if 'ILLCOND' in custom_model_src or ('EXACTONLY' in custom_model_src and "
               "'channels_last' not in custom_model_src):\n"
-              "        return KernelExecResult(True, False, -1.0, {'max_difference': ['0.000512']})")
+              "        miss = '0.5' if 'FAROFF' in custom_model_src and 'a control' not in custom_model_src else '0.000512'\n"
+              "        return KernelExecResult(True, False, -1.0, {'max_difference': [miss, '0.0001']})")
     checkout = fake_checkout(tmp_path / "kb", top=top, before=before)
 
-    def ask(marker: str, in_reference: bool = True) -> SecondOpinion:
+    def ask(marker: str, in_reference: bool = True, program: str = "") -> SecondOpinion:
         reference = REFERENCE + (f"\n# {marker}\n" if in_reference else "")
-        return judge(str(checkout), reference, CANDIDATE + f"\n# {marker}\n", cache=tmp_path / "cache",
+        return judge(str(checkout), reference, CANDIDATE + f"\n# {marker} {program}\n", cache=tmp_path / "cache",
                      our_correct=True)
 
     reordered = ask("ILLCOND")
@@ -451,6 +452,9 @@ def test_an_incorrect_at_both_references_is_asked_of_two_controls(tmp_path):
     exact = ask("EXACTONLY")
     assert exact.reordered_correct is True and exact.exact_correct is False and not exact.judgeable
 
+    # a control failed, but the program missed by far more: its verdict stands
+    far = ask("ILLCOND", program="FAROFF")
+    assert far.reordered_correct is False and far.judgeable and far.agrees is False
     # both controls pass: the program's miss is its own
     wrong = ask("ILLCOND", in_reference=False)
     assert wrong.reordered_correct is True and wrong.exact_correct is True and wrong.judgeable
@@ -464,6 +468,7 @@ def test_an_incorrect_at_both_references_is_asked_of_two_controls(tmp_path):
 
     lines = [t.plain for t in second_opinion_view(Verdict.model_construct(correct=True, second_opinion=reordered))]
     assert any("channels-last" in t and "incorrect too" in t for t in lines)
+    assert any(t.strip().startswith("not judgeable") for t in lines)
     cell = _opinion_cell(TaskResult.model_construct(second_opinion=reordered))
     assert cell.startswith("not judgeable") and "channels-last" in cell
 

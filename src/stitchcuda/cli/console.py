@@ -186,10 +186,12 @@ def second_opinion_view(v: Verdict) -> list[Text]:
     for value, what in ((o.reordered_correct, "the reference itself run channels-last in fp32"),
                         (o.exact_correct, "the exact answer (the reference in float64, rounded to float32)")):
         if value is not None:
-            parts.append(Text(f"  {what}, against its true-fp32 reference: "
-                              + ("correct" if value else "incorrect too: its tolerance is below its fp32 reference's "
-                                 "own rounding spread on this task, so its verdict says nothing of an fp32 program"),
+            parts.append(Text(f"  {what}, against its true-fp32 reference: " + ("correct" if value else "incorrect too"),
                               style="yellow"))
+    if not o.judgeable:
+        parts.append(Text("  not judgeable: the control missed by as much as the program; its tolerance is below its "
+                          "fp32 reference's own rounding spread on this task, so its verdict says nothing of the "
+                          "program", style="yellow"))
     if o.speedup is not None:
         ours = v.speedup.get("eager")
         parts.append(Text(f"  KernelBench's speedup {o.speedup:.2f}x (its reference {o.ref_runtime_ms:.4f} ms under "

@@ -8,19 +8,24 @@ about two candidates that are right by construction:
 - the reference reordered: the reference itself in fp32, channels-last (another, equally valid
   order of every convolution's sums; a model without 4-d tensors is unchanged by it).
 
-Where either fails, its 1e-4 is below its fp32 reference's own rounding spread on the task: a deep
+Where one fails, its 1e-4 is below its fp32 reference's own rounding spread on the task: a deep
 network in training mode with random weights (ResNet-101, on an H100: the reference run
 channels-last misses it by 2.7e-4, the program by 1.9e-4, the fp32 reference misses fp64 by
-2.2e-4). Its "incorrect" then says nothing of the program. Both run the reference's own forward on
-its own state, which advances as the reference's does; both run under no_grad, as its harness
-calls them.
+2.2e-4). Its "incorrect" then says nothing of a program that misses by no more than ``FACTOR``
+times what the control missed by (our trial's rule against fp64, verify/conditioning.py): the task
+is not judgeable by it for that program. A program further off stays judged wrong. Both controls
+run the reference's own forward on its own state, which advances as the reference's does; both
+run under no_grad, as its harness calls them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
+
+FACTOR = 4.0  # as verify/conditioning.py's: a sound fp32 order lands within a small factor of another
 
 _EXACT = """
 
@@ -80,6 +85,13 @@ def reordered_control(reference: str) -> str:
     return reference + _REORDERED
 
 
+def max_difference(detail: str) -> float | None:
+    """The largest of the per-trial ``max_difference`` figures its harness reports, or None."""
+    found = re.search(r"max_difference: \[([^\]]*)\]", detail)
+    values = [float(v) for v in re.findall(r"[-+0-9.eE]+", found.group(1))] if found else []
+    return max(values) if values else None
+
+
 def _verdict_of(control: Any) -> bool | None:
     # a miss it measured (max_difference) is a verdict; an exception, a shape or no result is not
     measured = control.correct or "max_difference" in control.detail
@@ -87,10 +99,11 @@ def _verdict_of(control: Any) -> bool | None:
 
 
 def ask_controls(verdict: Any, judge: Callable[[str], Any], reference: str,
-                 on_gpu: Callable[[], AbstractContextManager[None]]) -> None:
-    """Fill ``verdict``'s ``reordered_correct``, ``exact_correct`` and ``control_detail``:
-    ``judge(candidate_source)`` is the harness's verdict against its true-fp32 reference. The
-    reordered control first; the exact one only where that passed."""
+                 on_gpu: Callable[[], AbstractContextManager[None]], program_max: float | None) -> None:
+    """Fill ``verdict``'s ``reordered_correct``, ``exact_correct``, ``control_detail`` and
+    ``judgeable``: ``judge(candidate_source)`` is the harness's verdict against its true-fp32
+    reference; ``program_max`` the program's largest difference there. The reordered control
+    first; the exact one only where that passed."""
     details = []
     for field, source in (("reordered_correct", reordered_control(reference)), ("exact_correct", exact_control(reference))):
         with on_gpu():
@@ -98,5 +111,8 @@ def ask_controls(verdict: Any, judge: Callable[[str], Any], reference: str,
         setattr(verdict, field, _verdict_of(control))
         details.append(f"{field.split('_')[0]}: {control.detail[:200] or 'correct'}")
         if getattr(verdict, field) is False:
+            missed = max_difference(control.detail)
+            verdict.judgeable = not (missed is not None and program_max is not None and program_max <= FACTOR * missed)
+            details.append(f"the program missed by {program_max}, the control by {missed}")
             break
     verdict.control_detail = "; ".join(details)[:500]

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from stitchcuda.verify.gate import GateClient, GateUse
-from stitchcuda.verify.harness_controls import ask_controls
+from stitchcuda.verify.harness_controls import ask_controls, max_difference
 
 # what KernelBench's modules import at the top without using it to evaluate
 _UNUSED_AT_EVAL = {"dotenv": {"load_dotenv": lambda *a, **k: False}, "litellm": {"completion": None},
@@ -56,6 +56,7 @@ class HarnessVerdict(BaseModel):
     exact_correct: bool | None = None
     reordered_correct: bool | None = None
     control_detail: str = ""
+    judgeable: bool = True  # False: a control failed by as much as the program (harness_controls)
     timed_apart: bool = False  # it judged the program wrong, so both were timed by time_both, not in its eval
 
 
@@ -245,9 +246,9 @@ class HarnessRequest(BaseModel):
                                                     "its timing (verify/gate.py)")
     reusable: bool = Field(False, description="our Verifier found the program correct and no hack: a warm harness "
                                               "process may serve another after it, if its own run was clean too")
-    exact_control: bool = Field(True, description="where it finds the program wrong against both references, judge "
-                                                  "the controls too (verify/harness_controls.py); off where ours "
-                                                  "found the program wrong: the two agree whatever they say")
+    controls: bool = Field(True, description="where it finds the program wrong against both references, judge "
+                                             "the controls too (verify/harness_controls.py); off where ours found "
+                                             "the program wrong: the two agree whatever they say")
     trials: int = 5  # what KernelBench's scripts run (its function's own default is 1)
     perf_trials: int = 100  # likewise (the function's default is 10)
     measure_performance: bool = True
@@ -451,14 +452,13 @@ def _judge(request: HarnessRequest, on_gpu: Callable[[], contextlib.AbstractCont
                 loose = run_harness(request.checkout, reference, candidate, trials=request.trials,
                                     build_dir=request.build_dir, measure_performance=False, tolerance=V01_TOLERANCE)
             verdict.correct_v01 = None if loose.detail == NO_RESULT else loose.correct
-        if verdict.correct_true_fp32 is False and request.exact_control:
+        if verdict.correct_true_fp32 is False and request.controls:
             ask_controls(verdict, functools.partial(run_harness, request.checkout, reference, trials=request.trials,
                                                     build_dir=request.build_dir, measure_performance=False,
-                                                    tf32=False), reference, on_gpu)
-        # where it judged the program right at some reference, or cannot judge the task at all, its
+                                                    tf32=False), reference, on_gpu, max_difference(again.detail))
+        # where it judged the program right at some reference, or cannot judge it on this task, its
         # speedup still counts: timed apart
-        unjudgeable = verdict.exact_correct is False or verdict.reordered_correct is False
-        if (verdict.correct_true_fp32 or verdict.correct_v01 or unjudgeable) and request.measure_performance:
+        if (verdict.correct_true_fp32 or verdict.correct_v01 or not verdict.judgeable) and request.measure_performance:
             try:
                 with on_gpu():
                     verdict.ref_runtime_ms, verdict.runtime_ms = time_both(

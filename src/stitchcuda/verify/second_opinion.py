@@ -83,7 +83,7 @@ def _judge(checkout: str, reference: str, candidate: str, cache: Path, env: dict
                                  candidate_path=str(work / "candidate.py"),
                                  result_path=str(work / "reply.json"), build_dir=str(build_dir),
                                  cache_root=str(cache), gate_path=gate_path, reusable=clean,
-                                 exact_control=our_correct is not False)
+                                 controls=our_correct is not False)
         (work / "request.json").write_text(request.model_dump_json())
         reply_path = Path(request.result_path)
         spawned = time.time()
@@ -121,7 +121,7 @@ def _judge(checkout: str, reference: str, candidate: str, cache: Path, env: dict
     return SecondOpinion(compiled=v.compiled, correct=v.correct, runtime_ms=v.runtime_ms, detail=v.detail,
                          correct_true_fp32=v.correct_true_fp32, correct_v01=v.correct_v01,
                          exact_correct=v.exact_correct, reordered_correct=v.reordered_correct,
-                         control_detail=v.control_detail,
+                         control_detail=v.control_detail, judgeable=v.judgeable,
                          ref_runtime_ms=v.ref_runtime_ms, timed_apart=v.timed_apart, stages=stages,
                          builds_cached=reply.builds_cached, gpu_intervals=reply.gate.intervals)
 

@@ -432,9 +432,12 @@ class SecondOpinion(BaseModel):
                                                              "channels-last in fp32 (another order of the same sums)")
     exact_correct: bool | None = Field(None, description="likewise, on the exact answer (the reference run in float64, "
                                                          "rounded to float32)")
-    control_detail: str = Field("", description="what it reported of the controls (verify/harness_controls.py); "
-                                                 "where one failed, its tolerance is below its fp32 reference's own "
-                                                 "rounding spread on this task and it cannot judge an fp32 program")
+    control_detail: str = Field("", description="what it reported of the controls (verify/harness_controls.py) "
+                                                 "and how far each missed beside the program")
+    judgeable: bool = Field(True, description="False where a control failed by at least a quarter of the "
+                                              "program's miss: its tolerance is below its fp32 reference's own "
+                                              "rounding spread on this task, and its incorrect says nothing of "
+                                              "the program")
     error: str | None = Field(None, description="why the harness could not judge: not found, did not load, "
                                                 "timed out, crashed, no CUDA GPU")
     seconds: float = 0.0
@@ -444,11 +447,6 @@ class SecondOpinion(BaseModel):
     builds_cached: bool | None = Field(None, description="it loaded the extensions our build made (no nvcc of its own)")
     gpu_intervals: list[tuple[float, float]] = Field([], description="(start, end) unix times it used the GPU")
     agrees: bool | None = Field(None, description="its correctness equals ours; None when it could not judge")
-
-    @property
-    def judgeable(self) -> bool:
-        """False where a control fails it too: its "incorrect" then says nothing of the program."""
-        return self.exact_correct is not False and self.reordered_correct is not False
 
     @property
     def speedup(self) -> float | None:
