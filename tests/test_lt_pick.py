@@ -12,6 +12,7 @@ import pytest
 import stitchcuda.compiler
 from stitchcuda.compiler import compile_task
 from stitchcuda.compiler.emit.codegen import CodegenOptions
+from stitchcuda.verify.static_checks import static_findings
 from tests.cuda_headers import host_program_output
 from tests.test_offline_codegen import cuda_source, task_from
 
@@ -93,6 +94,8 @@ def test_the_option_switches_the_timing_on_and_off_only(compiled):
     heuristic, timed = (cuda_source(compiled.program(CodegenOptions(lt_timed=on))) for on in (False, True))
     assert "constexpr bool kLtTimed = false;" in heuristic and "constexpr bool kLtTimed = true;" in timed
     assert heuristic.count("= sc_lt_algo(") == timed.count("= sc_lt_algo(") >= 2
+    for on in (False, True):  # the timing is setup, not a finding of the static checks
+        assert static_findings(compiled.program(CodegenOptions(lt_timed=on))).findings == []
     # the same launches either way: only the algorithm chosen at setup differs
     strip = lambda s: [line for line in s.splitlines() if "kLtTimed" not in line and not line.startswith("// Options")]  # noqa: E731
     assert [line for line in strip(heuristic) if "cublasLtMatmul(P." in line] == \
