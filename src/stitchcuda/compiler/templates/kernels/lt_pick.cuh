@@ -24,9 +24,9 @@ inline size_t sc_lt_span_bytes(uint64_t rows, uint64_t cols, int64_t ld, int32_t
 inline size_t sc_lt_round(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // What tells one product from another: each layout's type and shape, the description's compute
-// type, transposes and epilogue.
+// type, transposes and epilogue, the device, and the alignments its candidates were asked for.
 struct ScLtShape {
-  int64_t v[3 * 6 + 4] = {};
+  int64_t v[3 * 6 + 4 + 3] = {};
   bool operator==(const ScLtShape& o) const {
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); ++i)
       if (v[i] != o.v[i]) return false;
@@ -55,7 +55,7 @@ inline size_t sc_lt_layout(cublasLtMatrixLayout_t layout, int64_t* out) {
 // The fastest of ``found``, timed on zeroed scratch operands on a stream of its own; the first
 // where it cannot be timed (no memory for the scratch, operands past the limit).
 inline cublasLtMatmulAlgo_t sc_lt_fastest(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
-                                          cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d,
+                                          cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d, const uint32_t* aligns,
                                           const cublasLtMatmulHeuristicResult_t* found, int returned) {
   static std::vector<std::pair<ScLtShape, cublasLtMatmulAlgo_t>> timed;  // every Program this library makes
   ScLtShape shape;
@@ -73,6 +73,7 @@ inline cublasLtMatmulAlgo_t sc_lt_fastest(cublasLtHandle_t lt, cublasLtMatmulDes
   cudaGetDevice(&device);
   const int64_t tail[4] = {compute, trans_a * 2 + trans_b, static_cast<int64_t>(epilogue), device};
   for (int i = 0; i < 4; ++i) shape.v[18 + i] = tail[i];
+  for (int i = 0; i < 3; ++i) shape.v[22 + i] = aligns[i];
   for (const auto& seen : timed)
     if (seen.first == shape) return seen.second;
 
@@ -160,5 +161,6 @@ inline cublasLtMatmulAlgo_t sc_lt_algo(cublasLtHandle_t lt, cublasLtMatmulDesc_t
   cublasLtMatmulPreferenceDestroy(pref);
   SC_REQUIRE(status == CUBLAS_STATUS_SUCCESS && returned > 0,
               "stitchcuda: cuBLASLt has no algorithm for this product (status ", static_cast<int>(status), ")");
-  return kLtTimed && returned > 1 ? sc_lt_fastest(lt, desc, a, b, d, found, returned) : found[0].algo;
+  const uint32_t aligns[3] = {align_a, align_b, align_d};
+  return kLtTimed && returned > 1 ? sc_lt_fastest(lt, desc, a, b, d, aligns, found, returned) : found[0].algo;
 }
