@@ -189,7 +189,7 @@ def second_opinion_view(v: Verdict) -> list[Text]:
             parts.append(Text(f"  {what}, against its true-fp32 reference: " + ("correct" if value else "incorrect too"),
                               style="yellow"))
     if not o.judgeable:
-        parts.append(Text("  not judgeable: the control missed by as much as the program; its tolerance is below its "
+        parts.append(Text("  not judgeable: a control missed by at least a quarter of the program's miss; its tolerance is below its "
                           "fp32 reference's own rounding spread on this task, so its verdict says nothing of the "
                           "program", style="yellow"))
     if o.speedup is not None:
