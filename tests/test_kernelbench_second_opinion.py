@@ -473,6 +473,19 @@ def test_an_incorrect_at_both_references_is_asked_of_two_controls(tmp_path):
     assert cell.startswith("not judgeable") and "channels-last" in cell
 
 
+def _model_and_control(source: str):
+    """The reference's Model and the control's ModelNew from a control's source, each built under
+    seed 42 as KernelBench's harness builds them."""
+    import torch
+
+    scope: dict = {}
+    exec(compile(source, "control.py", "exec"), scope)
+    torch.manual_seed(42)
+    model = scope["Model"]()
+    torch.manual_seed(42)
+    return model, scope["ModelNew"]()
+
+
 def test_the_exact_control_is_the_reference_in_float64_and_keeps_its_state():
     """The control's outputs are the fp64 reference's, rounded; the state a call leaves (batch-norm
     running statistics, a hidden state kept between calls) advances as the reference's does."""
@@ -503,12 +516,7 @@ def get_inputs():
 def get_init_inputs():
     return []
 '''
-    scope: dict = {}
-    exec(compile(exact_control(reference), "control.py", "exec"), scope)
-    torch.manual_seed(42)
-    model = scope["Model"]()
-    torch.manual_seed(42)
-    control = scope["ModelNew"]()
+    model, control = _model_and_control(exact_control(reference))
     exact = __import__("copy").deepcopy(model).double()
     x = torch.randn(2, 8)
     for call in range(3):
@@ -558,12 +566,7 @@ def get_inputs():
 def get_init_inputs():
     return []
 '''
-    scope: dict = {}
-    exec(compile(reordered_control(reference), "control.py", "exec"), scope)
-    torch.manual_seed(42)
-    model = scope["Model"]()
-    torch.manual_seed(42)
-    control = scope["ModelNew"]()
+    model, control = _model_and_control(reordered_control(reference))
     x = torch.randn(2, 3, 9, 9)
     with torch.no_grad():
         want, got = model(x), control(x)

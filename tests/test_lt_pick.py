@@ -25,6 +25,7 @@ MAIN = r"""
 #include <cuda_runtime.h>
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 #include <utility>
 #include <vector>
 #define SC_CUBLAS_CHECK(expr) (void)(expr)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-FACTOR = 4.0  # as verify/conditioning.py's: a sound fp32 order lands within a small factor of another
+from stitchcuda.verify.conditioning import FACTOR  # our own trial's rule: a sound fp32 order lands within it
 
 _EXACT = """
 

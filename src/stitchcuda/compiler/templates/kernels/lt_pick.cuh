@@ -1,5 +1,5 @@
 // Which cuBLASLt algorithm a product runs. Host code only, included in the program's source after
-// cublasLt.h, <vector> and the definitions of kLtWorkspaceBytes and kLtTimed.
+// cublasLt.h, <mutex>, <vector> and the definitions of kLtWorkspaceBytes and kLtTimed.
 //
 // The heuristic's first choice can be far from the best for a small product: on an H100 it gave an
 // [8 x 192] . [192 x 128] product with a bias a split-K kernel that ran 51 us, where the next
@@ -58,6 +58,8 @@ inline cublasLtMatmulAlgo_t sc_lt_fastest(cublasLtHandle_t lt, cublasLtMatmulDes
                                           cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d, const uint32_t* aligns,
                                           const cublasLtMatmulHeuristicResult_t* found, int returned) {
   static std::vector<std::pair<ScLtShape, cublasLtMatmulAlgo_t>> timed;  // every Program this library makes
+  static std::mutex timing;  // Programs of several devices may be made from several threads at once
+  const std::lock_guard<std::mutex> hold(timing);
   ScLtShape shape;
   const size_t bytes_a = sc_lt_round(sc_lt_layout(a, shape.v));
   const size_t bytes_b = sc_lt_round(sc_lt_layout(b, shape.v + 6));
@@ -77,8 +79,10 @@ inline cublasLtMatmulAlgo_t sc_lt_fastest(cublasLtHandle_t lt, cublasLtMatmulDes
   for (const auto& seen : timed)
     if (seen.first == shape) return seen.second;
 
-  // the bias runs over D's rows (cuBLASLt's m); the workspace is the program's own size
-  const size_t bytes_bias = sc_lt_round(static_cast<size_t>(shape.v[13]) * sizeof(float));
+  // the bias runs over D's rows (cuBLASLt's m: the key's second field of D); the workspace is the
+  // program's own size
+  const int64_t rows_d = shape.v[12 + 1];
+  const size_t bytes_bias = sc_lt_round(static_cast<size_t>(rows_d) * sizeof(float));
   const size_t total = bytes_a + bytes_b + bytes_d + bytes_bias + kLtWorkspaceBytes;
   if (bytes_a + bytes_b + bytes_d > kLtScratchLimit) return found[0].algo;
   char* scratch = nullptr;
