@@ -25,10 +25,12 @@ def toolkit() -> tuple[str, Path] | None:
     return (nvcc, home) if nvcc and home else None
 
 
-def host_program_output(folder: Path, main: str, headers: Sequence[str], includes: Sequence[Path] = ()) -> str:
+def host_program_output(folder: Path, main: str, headers: Sequence[str], includes: Sequence[Path] = (),
+                        cudart: bool = False) -> str:
     """What a host-only C++ program printed: ``main`` built with the toolkit's and the real
-    ``headers``' include folders (and ``includes``) by the host compiler, then run. Skips the test
-    where there is no toolkit or no such headers."""
+    ``headers``' include folders (and ``includes``) by the host compiler, linked with the toolkit's
+    CUDA runtime where ``cudart``, then run. Skips the test where there is no toolkit or no such
+    headers (or no runtime library)."""
     import pytest
 
     found = toolkit()
@@ -41,7 +43,13 @@ def host_program_output(folder: Path, main: str, headers: Sequence[str], include
         pytest.skip(f"no {', '.join(headers)} for this machine: {exc}")
     (folder / "main.cpp").write_text(main)
     flags = [f"-I{d}" for d in (*includes, home / "include", *extra)]
-    subprocess.run(["c++", "-std=c++17", *flags, "main.cpp", "-o", "main"], cwd=folder, check=True,
+    libraries: list[str] = []
+    if cudart:
+        found_lib = next((d for d in (home / "lib64", home / "lib") if any(d.glob("libcudart.so*"))), None)
+        if found_lib is None:
+            pytest.skip(f"no libcudart.so under {home}")
+        libraries = [f"-L{found_lib}", f"-Wl,-rpath,{found_lib}", "-lcudart"]
+    subprocess.run(["c++", "-std=c++17", *flags, "main.cpp", "-o", "main", *libraries], cwd=folder, check=True,
                    capture_output=True, text=True, timeout=120)
     return subprocess.run([str(folder / "main")], check=True, capture_output=True, text=True, timeout=30).stdout
 

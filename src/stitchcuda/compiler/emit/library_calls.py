@@ -96,13 +96,19 @@ def conv_setup(c: Conv, math: str) -> list[str]:
             f"  SC_CUDNN_CHECK(cudnnSetConvolutionNdDescriptor({m}dnn_c{i}, {sp}, pad, stride, dilation, "
             "CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT)); }",
         ]
+    # the pick's key (a program's convolutions of one shape search once) and its scratch operands'
+    # sizes, at 4 bytes an element whatever the data type
+    key = "|".join(str(v).replace(" ", "") for v in ("bwd" if c.transposed else "fwd", x_dims, w_dims, y_dims,
+                                                     tuple(c.pad), tuple(c.stride), tuple(c.dilation), c.groups,
+                                                     layout, dtype, math))
+    x_bytes, w_bytes, y_bytes = (4 * numel(d) for d in (x_dims, w_dims, y_dims))
     return [
         *descriptors,
         f"SC_CUDNN_CHECK(cudnnSetConvolutionGroupCount({m}dnn_c{i}, {c.groups}));",
         (f"{m}dnn_algo{i} = {pick}({m}dnn, {m}dnn_w{i}, {m}dnn_x{i}, {m}dnn_c{i}, {m}dnn_y{i}, {math}, "
-         f"&{m}dnn_bytes{i});" if c.transposed else
+         f"&{m}dnn_bytes{i}, {m}dnn_picks, \"{key}\", {w_bytes}, {x_bytes}, {y_bytes});" if c.transposed else
          f"{m}dnn_algo{i} = {pick}({m}dnn, {m}dnn_x{i}, {m}dnn_w{i}, {m}dnn_c{i}, {m}dnn_y{i}, {math}, "
-         f"&{m}dnn_bytes{i});"),
+         f"&{m}dnn_bytes{i}, {m}dnn_picks, \"{key}\", {x_bytes}, {w_bytes}, {y_bytes});"),
         f"dnn_bytes = std::max(dnn_bytes, {m}dnn_bytes{i});",
         *_plan_setup(c, x_dims, w_dims, y_dims, math),
     ]

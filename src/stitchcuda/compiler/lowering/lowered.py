@@ -52,9 +52,10 @@ class CodegenOptions(BaseModel):
     dnn_graph: bool = Field(False, description="forward fp32 convolutions also planned through cuDNN's graph API "
                                                "at setup (engines the legacy algorithms do not reach), each "
                                                "kept only where it beats the legacy algorithm on the same buffers")
-    lt_timed: bool = Field(False, description="each cuBLASLt product takes the fastest of the heuristic's "
-                                              "candidates, timed at setup on scratch operands of its layouts "
-                                              "(templates/kernels/lt_pick.cuh); off: the heuristic's first choice")
+    lt_timed: bool = Field(True, description="each cuBLASLt product takes the fastest of the heuristic's "
+                                             "candidates, timed at setup on scratch operands of its layouts, "
+                                             "where it is at least twice as fast as the first "
+                                             "(templates/kernels/lt_pick.cuh); off: the heuristic's first choice")
 
 
 @dataclass

@@ -12,8 +12,10 @@
 // - runs the launches on the caller's stream, directly or through a CUDA graph: the forward is
 //   captured into a graph keyed by every pointer it touches (arguments, fresh outputs, buffers)
 //   once a key is seen a second time, and replayed on the caller's stream for later calls with the
-//   same key. A replay recomputes everything from the current contents of the inputs and writes
-//   this call's fresh output, so nothing is cached across calls and nothing copies inputs. Capture
+//   same key. Where the outputs' addresses are new each call, a staged graph writes the program's
+//   own output buffers and one copy per output moves them into this call's fresh outputs. A replay
+//   recomputes everything from the current contents of the inputs, so nothing is cached across
+//   calls and nothing copies inputs. Capture
 //   happens on a pool stream that runs no work (capture only records). cuBLAS is captured with a
 //   workspace owned by the state, so nothing is allocated inside the capture; the handle goes back
 //   to torch's stream, workspace and math mode afterwards.
@@ -80,6 +82,7 @@ struct Device {
   void* state = nullptr;
   std::vector<at::Tensor> buffers;     // the intermediates, kept between calls
   std::vector<at::Tensor> workspaces;  // cuBLASLt's, cuDNN's, CUTLASS's (undefined where none)
+  std::vector<at::Tensor> staged;      // the outputs of the staged graph (run), made at its first need
   cudaStream_t capture_stream = nullptr;
   at::Tensor blas_workspace;
   std::vector<std::pair<Key, cudaGraphExec_t>> graphs;  // most recent last
@@ -172,7 +175,7 @@ class Program {
     for (const at::Tensor& t : outputs) p.push_back(t.data_ptr());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
     if (!packed_.empty()) refresh_packs(d, stream);
-    run(d, stream);
+    run(d, stream, outputs);
     args_.clear();
     realigned_.clear();
     if (outputs.size() == 1) return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(outputs[0])));
@@ -225,40 +228,76 @@ class Program {
     return *slot;
   }
 
-  void launch(Device& d, cudaStream_t stream, void* blas_workspace) {
+  void launch(Device& d, cudaStream_t stream, void* blas_workspace, const Key& pointers) {
     void* blas = blas_ ? static_cast<void*>(at::cuda::getCurrentCUDABlasHandle()) : nullptr;
-    check(table_->launch(d.state, pointers_.data(), stream, blas, blas_workspace,
+    check(table_->launch(d.state, pointers.data(), stream, blas, blas_workspace,
                          blas_workspace != nullptr ? kBlasWorkspaceBytes : 0));
   }
 
-  void run(Device& d, cudaStream_t stream) {
+  // The forward's launches: replayed from a graph captured for these pointers once they come a
+  // second time. A caller whose other work allocates between calls (a benchmark beside eager, a
+  // training loop) hands this program fresh output addresses every call, and a graph per address
+  // would never be replayed: then the staged graph runs, the same launches into the program's own
+  // output buffers, and one copy an output moves them out (a few microseconds, where launching a
+  // model's kernels one by one costs a hundred).
+  void run(Device& d, cudaStream_t stream, const std::vector<at::Tensor>& outputs) {
     if (!graph_) {
-      launch(d, stream, nullptr);
+      launch(d, stream, nullptr, pointers_);
       return;
     }
     cudaStreamCaptureStatus outer = cudaStreamCaptureStatusNone;
     SC_CUDA_CHECK(cudaStreamIsCapturing(stream, &outer));
     if (outer != cudaStreamCaptureStatusNone) {  // the caller is capturing a graph itself: just record into it
-      launch(d, stream, nullptr);
+      launch(d, stream, nullptr, pointers_);
       return;
     }
-    const Key& key = pointers_;
+    if (replay(d, pointers_, stream)) return;
+    if (sighted(d, pointers_)) {
+      replay(d, capture(d, pointers_), stream);
+      return;
+    }
+    Key staged = pointers_;  // the outputs are the last pointers
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (d.staged.size() <= i) d.staged.push_back(at::empty_like(outputs[i]));
+      staged[staged.size() - outputs.size() + i] = d.staged[i].data_ptr();
+    }
+    if (!replay(d, staged, stream)) {
+      if (!sighted(d, staged)) {  // the first call: no graph yet
+        launch(d, stream, nullptr, pointers_);
+        return;
+      }
+      replay(d, capture(d, staged), stream);
+    }
+    for (size_t i = 0; i < outputs.size(); ++i)
+      SC_CUDA_CHECK(cudaMemcpyAsync(outputs[i].data_ptr(), d.staged[i].data_ptr(), outputs[i].nbytes(),
+                                    cudaMemcpyDeviceToDevice, stream));
+  }
+
+  // Launches the graph kept for `key`; false where there is none.
+  static bool replay(Device& d, const Key& key, cudaStream_t stream) {
     for (auto& g : d.graphs) {
       if (g.first == key) {
         SC_CUDA_CHECK(cudaGraphLaunch(g.second, stream));
-        return;
+        return true;
       }
     }
-    if (std::find(d.seen.begin(), d.seen.end(), key) == d.seen.end()) {  // first sighting: run directly
-      if (d.seen.size() >= kSeen) d.seen.erase(d.seen.begin());
-      d.seen.push_back(key);
-      launch(d, stream, nullptr);
-      return;
-    }
+    return false;
+  }
+
+  // Whether `key` came before (among the last kSeen); remembered either way.
+  static bool sighted(Device& d, const Key& key) {
+    if (std::find(d.seen.begin(), d.seen.end(), key) != d.seen.end()) return true;
+    if (d.seen.size() >= kSeen) d.seen.erase(d.seen.begin());
+    d.seen.push_back(key);
+    return false;
+  }
+
+  // Captures the launches for `key` into a graph kept among the last kGraphs; returns the key.
+  const Key& capture(Device& d, const Key& key) {
     cudaGraph_t graph = nullptr;
     SC_CUDA_CHECK(cudaStreamBeginCapture(d.capture_stream, cudaStreamCaptureModeThreadLocal));
     try {
-      launch(d, d.capture_stream, blas_ ? d.blas_workspace.data_ptr() : nullptr);
+      launch(d, d.capture_stream, blas_ ? d.blas_workspace.data_ptr() : nullptr, key);
     } catch (...) {
       cudaStreamEndCapture(d.capture_stream, &graph);
       if (graph != nullptr) cudaGraphDestroy(graph);
@@ -276,7 +315,7 @@ class Program {
       d.graphs.erase(d.graphs.begin());
     }
     d.graphs.emplace_back(key, exec);
-    SC_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    return d.graphs.back().first;
   }
 
   void refresh_packs(Device& d, cudaStream_t stream) {

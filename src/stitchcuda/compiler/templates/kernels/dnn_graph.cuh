@@ -124,37 +124,6 @@ inline bool sc_dnn_aligned(const void* x, const void* w, const void* y) {
   return ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(y)) & mask) == 0;
 }
 
-// Milliseconds of one call of `run` on the handle's stream: the best of three after a warm-up;
-// "infinitely slow" where it fails.
-template <typename Run>
-float sc_dnn_time(cudnnHandle_t h, Run run) {
-  cudaStream_t stream = nullptr;
-  cudnnGetStream(h, &stream);
-  cudaEvent_t start = nullptr, end = nullptr;
-  float best = 3.0e38f;
-  if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&end) != cudaSuccess) return best;
-  if (run() == CUDNN_STATUS_SUCCESS) {
-    for (int i = 0; i < 3; ++i) {
-      float ms = 0.0f;
-      cudaEventRecord(start, stream);
-      if (run() != CUDNN_STATUS_SUCCESS) {
-        best = 3.0e38f;
-        break;
-      }
-      cudaEventRecord(end, stream);
-      if (cudaEventSynchronize(end) != cudaSuccess || cudaEventElapsedTime(&ms, start, end) != cudaSuccess) {
-        best = 3.0e38f;
-        break;
-      }
-      best = std::min(best, ms);
-    }
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(end);
-  cudaGetLastError();  // a failed run leaves nothing behind for the program's own checks
-  return best;
-}
-
 // The fastest plan cuDNN's heuristics offer for one convolution under `math`, timed on x, w, y, into
 // *best where it beats *best_ms (the legacy algorithm's time); false where no plan could be made.
 inline bool sc_dnn_rank(cudnnHandle_t h, int nd, const int64_t* xd, const int64_t* wd, const int64_t* yd,
