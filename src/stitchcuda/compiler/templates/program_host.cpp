@@ -83,6 +83,8 @@ struct Device {
   std::vector<at::Tensor> buffers;     // the intermediates, kept between calls
   std::vector<at::Tensor> workspaces;  // cuBLASLt's, cuDNN's, CUTLASS's (undefined where none)
   std::vector<at::Tensor> staged;      // the outputs of the staged graph (run), made at its first need
+  Key staged_key;                      // ... and that graph, apart from the per-address ones
+  cudaGraphExec_t staged_exec = nullptr;
   cudaStream_t capture_stream = nullptr;
   at::Tensor blas_workspace;
   std::vector<std::pair<Key, cudaGraphExec_t>> graphs;  // most recent last
@@ -101,6 +103,7 @@ struct Device {
     if (_Py_IsFinalizing()) return;
 #endif
     for (auto& g : graphs) cudaGraphExecDestroy(g.second);
+    if (staged_exec != nullptr) cudaGraphExecDestroy(staged_exec);
     if (state != nullptr) table->destroy(state);
   }
 };
@@ -258,16 +261,20 @@ class Program {
     }
     Key staged = pointers_;  // the outputs are the last pointers
     for (size_t i = 0; i < outputs.size(); ++i) {
-      if (d.staged.size() <= i) d.staged.push_back(at::empty_like(outputs[i]));
+      if (d.staged.size() <= i) d.staged.push_back(at::empty(outputs[i].sizes(), outputs[i].options()));
       staged[staged.size() - outputs.size() + i] = d.staged[i].data_ptr();
     }
-    if (!replay(d, staged, stream)) {
+    if (d.staged_exec == nullptr || d.staged_key != staged) {
       if (!sighted(d, staged)) {  // the first call: no graph yet
         launch(d, stream, nullptr, pointers_);
         return;
       }
-      replay(d, capture(d, staged), stream);
+      if (d.staged_exec != nullptr) cudaGraphExecDestroy(d.staged_exec);  // freed once its launches finish
+      d.staged_exec = nullptr;  // a capture that throws leaves none
+      d.staged_exec = instantiate(d, staged);
+      d.staged_key = staged;
     }
+    SC_CUDA_CHECK(cudaGraphLaunch(d.staged_exec, stream));
     for (size_t i = 0; i < outputs.size(); ++i)
       SC_CUDA_CHECK(cudaMemcpyAsync(outputs[i].data_ptr(), d.staged[i].data_ptr(), outputs[i].nbytes(),
                                     cudaMemcpyDeviceToDevice, stream));
@@ -294,6 +301,17 @@ class Program {
 
   // Captures the launches for `key` into a graph kept among the last kGraphs; returns the key.
   const Key& capture(Device& d, const Key& key) {
+    cudaGraphExec_t exec = instantiate(d, key);
+    if (d.graphs.size() >= kGraphs) {  // freed by CUDA once its pending launches finish
+      cudaGraphExecDestroy(d.graphs.front().second);
+      d.graphs.erase(d.graphs.begin());
+    }
+    d.graphs.emplace_back(key, exec);
+    return d.graphs.back().first;
+  }
+
+  // The launches for `key`, captured on the state's stream and instantiated.
+  cudaGraphExec_t instantiate(Device& d, const Key& key) {
     cudaGraph_t graph = nullptr;
     SC_CUDA_CHECK(cudaStreamBeginCapture(d.capture_stream, cudaStreamCaptureModeThreadLocal));
     try {
@@ -310,12 +328,7 @@ class Program {
     const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     SC_CUDA_CHECK(made);
-    if (d.graphs.size() >= kGraphs) {  // freed by CUDA once its pending launches finish
-      cudaGraphExecDestroy(d.graphs.front().second);
-      d.graphs.erase(d.graphs.begin());
-    }
-    d.graphs.emplace_back(key, exec);
-    return d.graphs.back().first;
+    return exec;
   }
 
   void refresh_packs(Device& d, cudaStream_t stream) {
