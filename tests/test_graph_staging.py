@@ -1,8 +1,10 @@
-"""A program called by a caller that keeps its outputs (or allocates between calls) gets fresh
-output addresses every call: the program host's staged graph (templates/program_host.cpp, run)
-writes its own output buffers and copies them out. On a GPU: every call's outputs right, each call's
-outputs its own tensors (a later call changes none of an earlier call's), and the same once the
-addresses repeat."""
+"""A program called with a fresh input every call, by a caller that keeps its outputs (or allocates
+between calls), sees new addresses every call: the program host's staged graph
+(templates/program_host.cpp, run) reads its own copies of the forward's inputs and writes its own
+output buffers, copied in and out. On the CPU: the program names the forward's inputs, and only
+them, as what the staged graph may copy. On a GPU: every call's outputs right, each call's outputs
+its own tensors (a later call changes none of an earlier call's), and the same once the addresses
+repeat."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pytest
 
 from stitchcuda.compiler import compile_task
 from stitchcuda.compiler.emit.codegen import CodegenOptions
+from stitchcuda.compiler.emit.program import program_spec
 from tests.test_offline_codegen import task_from
 
 TWO_OUTPUTS = '''
@@ -37,13 +40,23 @@ def get_init_inputs():
 '''
 
 
+@pytest.fixture(scope="module")
+def compiled():
+    return compile_task(task_from("staged_outputs", TWO_OUTPUTS))
+
+
+def test_only_the_forwards_inputs_are_staged(compiled):
+    spec = program_spec(compiled.program(CodegenOptions()))
+    assert [spec.names[i] for i in spec.staged] == ["x"]
+    assert len(spec.names) == 5  # x, and the two linears' weights and biases, which are never copied
+
+
 @pytest.mark.gpu
-def test_fresh_output_addresses_every_call_stay_right_and_apart(tmp_path):
+def test_fresh_addresses_every_call_stay_right_and_apart(compiled, tmp_path):
     import torch
 
     from tests.test_gpu import _reference_and_program
 
-    compiled = compile_task(task_from("staged_outputs", TWO_OUTPUTS))
     program = compiled.program(CodegenOptions())
     scope, ref, new = _reference_and_program(compiled.task, program, tmp_path / "staged_outputs.py")
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -81,8 +81,9 @@ def host_module() -> str:
 class ProgramSpec(BaseModel):
     """What the program host needs to know of a program's kernel library: its arguments (names for
     messages, shapes and element types to check), its intermediate buffers and outputs (to allocate),
-    the arguments its packed weights come from, and whether it replays a CUDA graph, calls cuBLAS
-    (the host hands it torch's handle) or launches CUTLASS (whose operands must be 16-byte aligned)."""
+    the arguments its packed weights come from, the forward's own inputs (read, never written: a
+    staged graph may take copies of them), and whether it replays a CUDA graph, calls cuBLAS (the
+    host hands it torch's handle) or launches CUTLASS (whose operands must be 16-byte aligned)."""
 
     names: list[str]
     arg_shapes: list[list[int]]
@@ -92,6 +93,7 @@ class ProgramSpec(BaseModel):
     output_shapes: list[list[int]]
     output_types: list[str]
     packed: list[int]
+    staged: list[int]
     graph: bool
     blas: bool
     realign: bool
@@ -316,7 +318,9 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         buffer_types=[low.ctypes.get(i, "float") for i, _ in low.intermediates],
         output_shapes=[list(s) for _, _, s in low.outputs],
         output_types=[low.ctypes.get(i, "float") for _, i, _ in low.outputs],
-        packed=[arg_index[i] for i in low.pack_params], graph=options.graph, blas=low.uses_blas,
+        packed=[arg_index[i] for i in low.pack_params],
+        staged=[k for k, (v, _, _, _) in enumerate(inputs) if v in {p.name for p in graph.placeholders if p.kind == "input"}],
+        graph=options.graph, blas=low.uses_blas,
         realign=bool(low.cutlass))
     name = "stitchcuda_offline_" + hashlib.sha256((cuda_src + cpp_src).encode()).hexdigest()[:16]
     fwd_args = _signature(task, "forward")

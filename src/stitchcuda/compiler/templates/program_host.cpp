@@ -12,8 +12,9 @@
 // - runs the launches on the caller's stream, directly or through a CUDA graph: the forward is
 //   captured into a graph keyed by every pointer it touches (arguments, fresh outputs, buffers)
 //   once a key is seen a second time, and replayed on the caller's stream for later calls with the
-//   same key. Where the outputs' addresses are new each call, a staged graph writes the program's
-//   own output buffers and one copy per output moves them into this call's fresh outputs. A replay
+//   same key. Where the inputs' or outputs' addresses are new each call, a staged graph reads the
+//   program's own copies of the inputs and writes its own output buffers, one copy per tensor in and
+//   out. A replay
 //   recomputes everything from the current contents of the inputs, so nothing is cached across
 //   calls and nothing copies inputs. Capture
 //   happens on a pool stream that runs no work (capture only records). cuBLAS is captured with a
@@ -83,6 +84,7 @@ struct Device {
   std::vector<at::Tensor> buffers;     // the intermediates, kept between calls
   std::vector<at::Tensor> workspaces;  // cuBLASLt's, cuDNN's, CUTLASS's (undefined where none)
   std::vector<at::Tensor> staged;      // the outputs of the staged graph (run), made at its first need
+  std::vector<at::Tensor> staged_inputs;  // ... the copies of the forward's inputs it reads
   Key staged_key;                      // ... and that graph, apart from the per-address ones
   cudaGraphExec_t staged_exec = nullptr;
   cudaStream_t capture_stream = nullptr;
@@ -113,7 +115,8 @@ class Program {
   Program(int64_t table, std::vector<std::string> names, std::vector<std::vector<int64_t>> arg_shapes,
           std::vector<std::string> arg_types, std::vector<std::vector<int64_t>> buffer_shapes,
           std::vector<std::string> buffer_types, std::vector<std::vector<int64_t>> output_shapes,
-          std::vector<std::string> output_types, std::vector<int64_t> packed, bool graph, bool blas, bool realign)
+          std::vector<std::string> output_types, std::vector<int64_t> packed, std::vector<int64_t> staged,
+          bool graph, bool blas, bool realign)
       : table_(reinterpret_cast<const ProgramTable*>(table)),
         names_(std::move(names)),
         arg_shapes_(std::move(arg_shapes)),
@@ -123,6 +126,7 @@ class Program {
         output_shapes_(std::move(output_shapes)),
         output_types_(dtypes_named(output_types)),
         packed_(std::move(packed)),
+        staged_(std::move(staged)),
         graph_(graph),
         blas_(blas),
         realign_(realign) {
@@ -137,6 +141,8 @@ class Program {
     TORCH_CHECK(!output_shapes_.empty(), "stitchcuda: a program returns at least one tensor");
     for (int64_t i : packed_)
       TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(names_.size()), "stitchcuda: packed argument ", i);
+    for (int64_t i : staged_)
+      TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(names_.size()), "stitchcuda: staged argument ", i);
   }
 
   py::object forward(py::handle tuple_handle) {
@@ -238,11 +244,12 @@ class Program {
   }
 
   // The forward's launches: replayed from a graph captured for these pointers once they come a
-  // second time. A caller whose other work allocates between calls (a benchmark beside eager, a
-  // training loop) hands this program fresh output addresses every call, and a graph per address
-  // would never be replayed: then the staged graph runs, the same launches into the program's own
-  // output buffers, and one copy an output moves them out (a few microseconds, where launching a
-  // model's kernels one by one costs a hundred).
+  // second time. A caller that passes a fresh input every call (a data loader), or whose other work
+  // allocates between calls (a benchmark beside eager, a training loop) and so moves the fresh
+  // outputs, would never see a graph per address replayed: then the staged graph runs, the same
+  // launches over the program's own copies of the inputs and into its own output buffers, one copy
+  // a tensor in and out (a few microseconds, where launching a model's kernels one by one costs a
+  // hundred). The staged graph's key still holds the weights' and buffers' addresses.
   void run(Device& d, cudaStream_t stream, const std::vector<at::Tensor>& outputs) {
     if (!graph_) {
       launch(d, stream, nullptr, pointers_);
@@ -259,7 +266,12 @@ class Program {
       replay(d, capture(d, pointers_), stream);
       return;
     }
-    Key staged = pointers_;  // the outputs are the last pointers
+    Key staged = pointers_;  // the arguments first, the outputs last
+    for (size_t j = 0; j < staged_.size(); ++j) {
+      const at::Tensor& input = *args_[static_cast<size_t>(staged_[j])];
+      if (d.staged_inputs.size() <= j) d.staged_inputs.push_back(at::empty(input.sizes(), input.options()));
+      staged[static_cast<size_t>(staged_[j])] = d.staged_inputs[j].data_ptr();
+    }
     for (size_t i = 0; i < outputs.size(); ++i) {
       if (d.staged.size() <= i) d.staged.push_back(at::empty(outputs[i].sizes(), outputs[i].options()));
       staged[staged.size() - outputs.size() + i] = d.staged[i].data_ptr();
@@ -273,6 +285,11 @@ class Program {
       d.staged_exec = nullptr;  // a capture that throws leaves none
       d.staged_exec = instantiate(d, staged);
       d.staged_key = staged;
+    }
+    for (size_t j = 0; j < staged_.size(); ++j) {
+      const at::Tensor& input = *args_[static_cast<size_t>(staged_[j])];
+      SC_CUDA_CHECK(cudaMemcpyAsync(d.staged_inputs[j].data_ptr(), input.data_ptr(), input.nbytes(),
+                                    cudaMemcpyDeviceToDevice, stream));
     }
     SC_CUDA_CHECK(cudaGraphLaunch(d.staged_exec, stream));
     for (size_t i = 0; i < outputs.size(); ++i)
@@ -362,6 +379,7 @@ class Program {
   std::vector<std::vector<int64_t>> output_shapes_;
   std::vector<at::ScalarType> output_types_;
   std::vector<int64_t> packed_;  // the arguments the packed weights come from
+  std::vector<int64_t> staged_;  // the forward's own inputs, which the staged graph reads copies of
   bool graph_, blas_, realign_;
   std::array<std::unique_ptr<Device>, 64> devices_;
   // this call's: the arguments, their aligned copies, the pointers in the kernel library's order
@@ -377,7 +395,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Program>(m, "Program")
       .def(py::init<int64_t, std::vector<std::string>, std::vector<std::vector<int64_t>>, std::vector<std::string>,
                     std::vector<std::vector<int64_t>>, std::vector<std::string>, std::vector<std::vector<int64_t>>,
-                    std::vector<std::string>, std::vector<int64_t>, bool, bool, bool>());
+                    std::vector<std::string>, std::vector<int64_t>, std::vector<int64_t>, bool, bool, bool>());
   m.def("forward", [](Program& program, py::handle args) { return program.forward(args); },
         "one call of the program: its tensors as one tuple");
 }
