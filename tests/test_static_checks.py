@@ -412,3 +412,33 @@ def test_own_blocks_called_in_a_loop_are_followed():
     report = static_findings(BLOCKS)
     assert hacking_level(report.findings) == "partial", [(f.check, f.level) for f in report.findings]
     assert {f.check for f in report.findings} == {"pytorch_compute"}
+
+
+def test_a_kernel_launched_through_cuda_launch_kernel_ex_counts_as_launched():
+    """cudaLaunchKernelEx names its kernel second, after the launch's configuration (a recurrent
+    stack's wavefront kernel is launched so)."""
+    source = '''
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+CUDA = r"""
+#include <ATen/core/Tensor.h>
+__global__ void k_steps(float* y) { y[threadIdx.x] = 1.0f; }
+__global__ void k_unused(float* y) { y[threadIdx.x] = 2.0f; }
+at::Tensor forward(at::Tensor x) {
+  cudaLaunchConfig_t cfg = {};
+  float* p = x.data_ptr<float>();
+  cudaLaunchKernelEx(&cfg, k_steps, p);
+  return x;
+}
+"""
+_ext = load_inline(name="x", cpp_sources="at::Tensor forward(at::Tensor x);", cuda_sources=CUDA,
+                   functions=["forward"], no_implicit_headers=True)
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return _ext.forward(x)
+'''
+    never = [f.detail for f in static_findings(source).findings if f.check == "kernel_never_launched"]
+    assert never == ["kernels defined but never launched: k_unused"]

@@ -35,6 +35,8 @@ _STREAM_JOIN = re.compile(r"\bcuda(StreamSynchronize|DeviceSynchronize|StreamWai
                           r"\.\s*(block|synchronize)\s*\(")  # at::cuda::CUDAEvent::block, CUDAStream::synchronize
 _LAUNCH = re.compile(r"\b(\w+)\s*(?:<[^<>;]*(?:<[^<>;]*>[^<>;]*)*>)?\s*<<<")  # name<T>? <<<
 _LAUNCH_API = re.compile(r"cudaLaunch\w*\s*\(\s*\(?\s*(?:const\s+)?(?:void\s*\*\s*\)?)?\s*&?\s*(\w+)\b")
+# cudaLaunchKernelEx(&config, kernel, args...) names its kernel second
+_LAUNCH_EX = re.compile(r"cudaLaunchKernelExC?\s*\(\s*[^,()]+,\s*\(?\s*(?:const\s+)?(?:void\s*\*\s*\)?)?\s*&?\s*(\w+)\b")
 _LIBRARY_CALL = re.compile(r"\b(cublas\w*|cublasLt\w*|cudnn\w*|cufft\w*|curand\w*|cusparse\w*)\s*\(")
 
 
@@ -54,7 +56,7 @@ def check_cpp(sources: list[str], report: StaticReport) -> None:
     if "PYBIND11_MODULE" in code:  # a binding of its own (load_inline without functions=)
         report.exported += [f for f in re.findall(r'\.def\(\s*"(\w+)"', code) if f not in report.exported]
     # one pass over the code for every launch site (a search per kernel took 17 s on densenet161's 624)
-    sites = set(_LAUNCH.findall(code)) | set(_LAUNCH_API.findall(code))
+    sites = set(_LAUNCH.findall(code)) | set(_LAUNCH_API.findall(code)) | set(_LAUNCH_EX.findall(code))
     launched = [k for k in kernels if k in sites]
     libraries = sorted({m.split("(")[0] for m in _LIBRARY_CALL.findall(code)})
     report.libraries = [lib for lib in libraries if not lib.endswith(("Create", "Destroy", "SetStream",
