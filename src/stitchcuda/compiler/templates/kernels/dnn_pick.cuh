@@ -77,9 +77,9 @@ struct ScDnnScratch {
 // 3x3 convolutions, and they took about 1.5x eager's time with PRECOMP_GEMM. `run(algo, bytes,
 // scratch)` runs the convolution once on the scratch operands.
 template <typename Algo, typename Run>
-Algo sc_verified_pick(cudnnHandle_t h, bool have_heuristic, Algo heuristic, size_t heuristic_bytes, bool have_searched, Algo searched,
-                      size_t searched_bytes, size_t a_bytes, size_t b_bytes, size_t out_bytes, Run run,
-                      size_t* bytes) {
+Algo sc_verified_pick(cudnnHandle_t h, bool have_heuristic, Algo heuristic, size_t heuristic_bytes,
+                      bool have_searched, Algo searched, size_t searched_bytes, size_t a_bytes, size_t b_bytes,
+                      size_t out_bytes, Run run, size_t* bytes) {
   if (!have_searched || (have_heuristic && searched == heuristic)) {
     *bytes = heuristic_bytes;
     return heuristic;

@@ -4,10 +4,11 @@
 // The heuristic's first choice can be far from the best for a small product: on an H100 it gave an
 // [8 x 192] . [192 x 128] product with a bias a split-K kernel that ran 51 us, where the next
 // product's simt kernel ran 4. With kLtTimed the program times the heuristic's candidates at setup,
-// on scratch operands of the product's own layouts, and keeps the fastest where it is clearly ahead
-// of the first (NVIDIA's advice for cuBLASLt: autotune over the heuristic's list). Every candidate computes the same product in the
-// same compute type; they differ in tiling and in how the sum over k is split. One timing per
-// distinct product per program library: a transformer's layers share their few shapes.
+// on scratch operands of the product's own layouts, and keeps the fastest where it is far ahead of
+// the first (NVIDIA's advice for cuBLASLt: autotune over the heuristic's list). Every candidate
+// computes the same product in the same compute type; they differ in tiling and in how the sum
+// over k is split. One timing per distinct product per program library: a transformer's layers
+// share their few shapes.
 
 constexpr int kLtCandidates = 8;
 constexpr size_t kLtScratchLimit = size_t(512) << 20;  // operands larger than this are not timed
@@ -131,8 +132,8 @@ inline cublasLtMatmulAlgo_t sc_lt_fastest(cublasLtHandle_t lt, cublasLtMatmulDes
     }
     for (int i = 1; i < returned; ++i)
       if (ready[i] && ms_of[i] < ms_of[pick]) pick = i;
-    // the heuristic's first stands unless another is far faster: on scratch and alone a candidate
-    // up to a quarter ahead ran behind it in a transformer's program (BERT, GPT-NeoX, a ViT)
+    // the heuristic's first stands unless another is far faster: on scratch and alone, candidates a
+    // quarter or more ahead of it ran behind it in transformers' programs (BERT, GPT-NeoX, a ViT)
     if (pick != 0 && ready[0] && !(ms_of[pick] * kLtMargin < ms_of[0])) pick = 0;
     cudaStreamSynchronize(stream);
   }
