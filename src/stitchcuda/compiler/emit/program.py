@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
@@ -189,13 +190,14 @@ def _constant_name(target: str) -> str:
 
 
 class StateReads:
-    """How ``forward`` reaches the parameters and buffers it hands to the program: each owning
-    submodule once per call through its parent's ``_modules`` dict, then the tensor from that
-    module's ``_parameters`` or ``_buffers``. ``get_parameter`` walks (and type-checks) the whole
-    path per tensor: for MobileNetV2's 314 tensors that was about 1.5 ms a call on an H100 host,
-    more than its kernels take. Reading the dicts every call (never a tensor kept from an earlier
-    call) follows everything a user does to the weights: ``load_state_dict``, an optimizer step,
-    ``.to()`` (which replaces buffers), a reassigned parameter or submodule."""
+    """How the program reaches the parameters and buffers it hands to its host: each owning
+    submodule once through its parent's ``_modules`` dict, then the tensor from that module's
+    ``_parameters`` or ``_buffers``. ``get_parameter`` walks (and type-checks) the whole path per
+    tensor: for MobileNetV2's 314 tensors that was about 1.5 ms a call on an H100 host, more than
+    its kernels take. The reads run again whenever any of those dicts changed
+    (``ModelNew._stitchcuda_gather``), so they follow everything a user does to the weights:
+    ``load_state_dict``, an optimizer step, ``.to()`` (which replaces buffers), a reassigned
+    parameter or submodule."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -215,15 +217,39 @@ class StateReads:
         return f"{self._module(owner)}.{'_parameters' if kind == 'parameter' else '_buffers'}[{name!r}]"
 
 
-def _device_of(graph: OpGraph, by_name: dict[str, str], reads: StateReads) -> str:
+def _device_of(graph: OpGraph, by_name: dict[str, str], weight: Callable[[str, str], str]) -> str:
     """Where the program draws its random tensors: the first input's device, else a weight's."""
     for p in graph.placeholders:
         if p.kind == "input" and p.meta is not None:
             return f"{by_name[p.name]}.device"
     for p in graph.placeholders:
         if p.kind in ("parameter", "buffer"):
-            return f"{reads.read(p.target, p.kind)}.device"
+            return f"{weight(p.target, p.kind)}.device"
     return "'cuda'"
+
+
+def _call_args(args: list[str]) -> list[str]:
+    """``args`` with each run of consecutive weights ``w[i], w[i + 1], ...`` as one slice ``*w[i:j]``."""
+    out: list[str] = []
+    run: list[int] = []
+
+    def close() -> None:
+        if run:
+            out.append(f"w[{run[0]}]" if len(run) == 1 else f"*w[{run[0]}:{run[-1] + 1}]")
+            run.clear()
+
+    for a in args:
+        index = int(a[2:-1]) if a.startswith("w[") and a.endswith("]") and a[2:-1].isdigit() else None
+        if index is not None and (not run or index == run[-1] + 1):
+            run.append(index)
+            continue
+        close()
+        if index is not None:
+            run.append(index)
+        else:
+            out.append(a)
+    close()
+    return out
 
 
 def _state_owners(state: list[str]) -> list[tuple[str, str]]:
@@ -332,7 +358,15 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     call_args = []
     entry = {v for v, _, _ in low.args}
     reads = StateReads()
-    device = _device_of(graph, by_name, reads)
+    weights: list[str] = []  # gathered once while the model's modules do not change (ModelNew._stitchcuda_gather)
+
+    def weight(target: str, kind: str) -> str:
+        expr = reads.read(target, kind)
+        if expr not in weights:
+            weights.append(expr)
+        return f"w[{weights.index(expr)}]"
+
+    device = _device_of(graph, by_name, weight)
     for p in graph.placeholders:
         if p.name in entry:
             if p.kind == "constant":
@@ -340,7 +374,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
             elif p.kind == "random":
                 call_args.append(graph.draws[p.name].python(device))
             else:
-                call_args.append(f"{by_name[p.name]}.contiguous()" if p.kind == "input" else reads.read(p.target, p.kind))
+                call_args.append(f"{by_name[p.name]}.contiguous()" if p.kind == "input" else weight(p.target, p.kind))
     estimate = program_estimate(low)
     cutlass_sources = [(c.extension_name, *(conv_sources(c) if isinstance(c, CutlassConv) else gemm_sources(c)))
                        for c in low.cutlass]
@@ -352,7 +386,8 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         host_src=host_src, host_name=host_name(host_src), spec=spec.arguments(),
         blas=low.uses_blas, lt=bool(low.lt_gemms), dnn=bool(low.convs) or low.uses_dnn,
         reference_init=reference_init_source(task), reference_class=REFERENCE_CLASS,
-        fwd_args=", ".join(["self", *fwd_names]), call_args=call_args, output_form=_output_form(graph), state_reads=reads.lines, state=_state_owners(graph.state),
+        fwd_args=", ".join(["self", *fwd_names]), call_args=_call_args(call_args), output_form=_output_form(graph), state_reads=reads.lines,
+        weights=weights, state=_state_owners(graph.state),
         constants=[(_constant_name(p.target), _tensor_source(graph.constants[p.target], p.meta.shape, p.meta.dtype))
                    for p in graph.placeholders if p.kind == "constant" and p.name in entry and p.meta is not None],
         cutlass=bool(low.cutlass), cutlass_sources=cutlass_sources, cutlass_flags=repr(CUDA_CFLAGS),
