@@ -248,6 +248,13 @@ def test_state_reassigned_inside_a_submodule_is_refused_not_dropped():
         compile_task(load_task_file(Path(__file__).parent / "fixtures" / "compiler_refusals" / "nested_state.py"))
 
 
+def test_a_forward_that_writes_its_input_is_refused_not_changed():
+    """torch.export records an in-place op on an argument as a mutation of the caller's tensor; a
+    program that dropped it would compute the same outputs and leave the input as it was."""
+    with pytest.raises(CaptureError, match=r"writes its input x in place"):
+        compile_task(load_task_file(Path(__file__).parent / "fixtures" / "compiler_refusals" / "writes_its_input.py"))
+
+
 @pytest.mark.parametrize("name", ["hf_llama", "hf_bert"])
 def test_merged_projections_and_weight_only_work_compute_the_reference(zoo, name, tmp_path):
     """HF Llama (GQA Q/K/V and gate/up merged, rotary tables and masks from the weights alone) and

@@ -515,6 +515,12 @@ def _graph_of(name: str, exported: Any) -> OpGraph:
     buffer_of = {spec.target: spec.arg.name for spec in sig.input_specs if spec.kind.name == "BUFFER"}
     mutations = {spec.arg.name: buffer_of[spec.target] for spec in sig.output_specs
                  if spec.kind.name == "BUFFER_MUTATION" and spec.target in buffer_of}
+    written = [spec.target for spec in sig.output_specs if spec.kind.name == "USER_INPUT_MUTATION"]
+    if written:  # a program writes no tensor of its caller's: it would compute the outputs and leave these as they were
+        said = ", ".join(written)
+        raise CaptureError(f"the forward writes its input {said} in place (an in-place op on an argument, "
+                           "such as x.mul_(2)): a program leaves its caller's tensors as they are, so it would "
+                           "differ there; write the forward out of place")
     inputs_seen = 0
     for node in exported.graph.nodes:
         val = node.meta.get("val")
