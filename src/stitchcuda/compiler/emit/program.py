@@ -337,6 +337,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     cpp_src = emitter.env.get_template("program_binding.cpp.j2").render(cutlass=bool(low.cutlass))
     host_src = host_source()
     arg_index = {i: k for k, (_, i, _, _) in enumerate(inputs)}
+    forward_inputs = {p.name for p in graph.placeholders if p.kind == "input"}
     spec = ProgramSpec(
         names=[v for v, _, _, _ in inputs], arg_shapes=[list(s) for _, _, s, _ in inputs],
         arg_types=[c for _, _, _, c in inputs],
@@ -345,7 +346,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         output_shapes=[list(s) for _, _, s in low.outputs],
         output_types=[low.ctypes.get(i, "float") for _, i, _ in low.outputs],
         packed=[arg_index[i] for i in low.pack_params],
-        staged=[k for k, (v, _, _, _) in enumerate(inputs) if v in {p.name for p in graph.placeholders if p.kind == "input"}],
+        staged=[k for k, (v, _, _, _) in enumerate(inputs) if v in forward_inputs],
         graph=options.graph, blas=low.uses_blas,
         realign=bool(low.cutlass))
     name = "stitchcuda_offline_" + hashlib.sha256((cuda_src + cpp_src).encode()).hexdigest()[:16]
@@ -358,13 +359,10 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     call_args = []
     entry = {v for v, _, _ in low.args}
     reads = StateReads()
-    weights: list[str] = []  # gathered once while the model's modules do not change (ModelNew._stitchcuda_gather)
+    weights: dict[str, int] = {}  # gathered once while the model's modules do not change (ModelNew._stitchcuda_gather)
 
     def weight(target: str, kind: str) -> str:
-        expr = reads.read(target, kind)
-        if expr not in weights:
-            weights.append(expr)
-        return f"w[{weights.index(expr)}]"
+        return f"w[{weights.setdefault(reads.read(target, kind), len(weights))}]"
 
     device = _device_of(graph, by_name, weight)
     for p in graph.placeholders:
@@ -387,7 +385,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         blas=low.uses_blas, lt=bool(low.lt_gemms), dnn=bool(low.convs) or low.uses_dnn,
         reference_init=reference_init_source(task), reference_class=REFERENCE_CLASS,
         fwd_args=", ".join(["self", *fwd_names]), call_args=_call_args(call_args), output_form=_output_form(graph), state_reads=reads.lines,
-        weights=weights, state=_state_owners(graph.state),
+        weights=list(weights), state=_state_owners(graph.state),
         constants=[(_constant_name(p.target), _tensor_source(graph.constants[p.target], p.meta.shape, p.meta.dtype))
                    for p in graph.placeholders if p.kind == "constant" and p.name in entry and p.meta is not None],
         cutlass=bool(low.cutlass), cutlass_sources=cutlass_sources, cutlass_flags=repr(CUDA_CFLAGS),
