@@ -40,8 +40,7 @@ def harness_word(task: TaskResult | None) -> str:
     if opinion.correct_true_fp32:
         return "correct against a true-fp32 reference"
     if not opinion.judgeable:
-        return "not judgeable: " + ("torch's own fp32, channels-last," if opinion.reordered_correct is False
-                                    else "the exact answer") + " fails it too"
+        return f"not judgeable: {opinion.failed_control} fails it too"
     if opinion.correct is None:
         return "not judged: " + (opinion.error or opinion.detail or "no verdict").split(";")[0][:60]
     return "wrong" + (" (also at 1e-2)" if opinion.correct_v01 is False else "")

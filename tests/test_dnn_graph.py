@@ -76,24 +76,8 @@ def test_a_planned_program_compiles(compiled):
 def test_planned_convolutions_match_float64_call_after_call(compiled, tmp_path):
     import torch
 
-    from tests.test_gpu import _reference_and_program, _relative_error
+    from tests.test_gpu import _option_off_and_on
 
     torch.backends.cudnn.allow_tf32 = False
-    times = {}
-    for on in (False, True):
-        scope, ref, new = _reference_and_program(compiled.task, compiled.program(CodegenOptions(dnn_graph=on)),
-                                                 tmp_path / f"convs_{int(on)}.py")
-        torch.manual_seed(1)
-        inputs = [t.cuda() for t in scope["get_inputs"]()]
-        for call in range(4):  # set-up, a second call, capture, replay
-            err = _relative_error(new, ref, inputs)
-            assert err < 1e-5, f"dnn_graph={on}, call {call}: relative error {err:.2e}"
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with torch.no_grad():
-            start.record()
-            for _ in range(50):
-                new(*inputs)
-            end.record()
-        torch.cuda.synchronize()
-        times[on] = start.elapsed_time(end) / 50
+    times = _option_off_and_on(compiled, "dnn_graph", tmp_path)
     print(f"\nconvolutions: legacy algorithms {times[False]:.3f} ms, with the graph API's plans {times[True]:.3f} ms")

@@ -422,6 +422,35 @@ def _reference_and_program(task, program: str, path) -> tuple[dict, object, obje
     return scope, ref, module.ModelNew(*scope["get_init_inputs"]()).cuda()
 
 
+def _option_off_and_on(compiled, option: str, tmp_path, calls: int = 50) -> dict[bool, float]:
+    """Milliseconds a call of ``compiled``'s program with the CodegenOptions field ``option`` off and
+    on, each program first held to float64 call after call (set-up, a second call, capture, replay)."""
+    import torch
+
+    from stitchcuda.compiler.emit.codegen import CodegenOptions
+
+    times = {}
+    for on in (False, True):
+        scope, ref, new = _reference_and_program(compiled.task, compiled.program(CodegenOptions(**{option: on})),
+                                                 tmp_path / f"{option}_{int(on)}.py")
+        torch.manual_seed(1)
+        inputs = [t.cuda() for t in scope["get_inputs"]()]
+        for call in range(4):
+            err = _relative_error(new, ref, inputs)
+            assert err < 1e-5, f"{option}={on}, call {call}: relative error {err:.2e}"
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.no_grad():
+            for _ in range(5):
+                new(*inputs)
+            start.record()
+            for _ in range(calls):
+                new(*inputs)
+            end.record()
+        torch.cuda.synchronize()
+        times[on] = start.elapsed_time(end) / calls
+    return times
+
+
 def _relative_error(new, ref, inputs) -> float:
     """The largest error of ``new``'s outputs relative to each float64 output's largest element."""
     import torch

@@ -113,28 +113,7 @@ def test_a_timed_program_compiles(compiled):
 
 @pytest.mark.gpu
 def test_timed_products_match_float64_call_after_call(compiled, tmp_path):
-    import time
+    from tests.test_gpu import _option_off_and_on
 
-    import torch
-
-    from tests.test_gpu import _reference_and_program, _relative_error
-
-    times = {}
-    for on in (False, True):
-        scope, ref, new = _reference_and_program(compiled.task, compiled.program(CodegenOptions(lt_timed=on)),
-                                                 tmp_path / f"cell_{int(on)}.py")
-        torch.manual_seed(1)
-        inputs = [t.cuda() for t in scope["get_inputs"]()]
-        for call in range(4):  # set-up (the timing), a second call, capture, replay
-            err = _relative_error(new, ref, inputs)
-            assert err < 1e-5, f"lt_timed={on}, call {call}: relative error {err:.2e}"
-        with torch.no_grad():
-            for _ in range(20):
-                new(*inputs)
-            torch.cuda.synchronize()
-            started = time.perf_counter()
-            for _ in range(200):
-                new(*inputs)
-            torch.cuda.synchronize()
-        times[on] = (time.perf_counter() - started) / 200 * 1e6
-    print(f"per call: heuristic {times[False]:.1f} us, timed {times[True]:.1f} us")
+    times = _option_off_and_on(compiled, "lt_timed", tmp_path, calls=200)
+    print(f"per call: heuristic {times[False] * 1e3:.1f} us, timed {times[True] * 1e3:.1f} us")

@@ -272,9 +272,8 @@ def _opinion_cell(task: TaskResult) -> str:
     if o.error is not None:
         return f"not judged: {o.error[:MAX_ERROR_CHARS]}"
     if not o.judgeable:
-        what = "the reference run channels-last" if o.reordered_correct is False else "the exact answer (float64)"
-        return (f"not judgeable: {what} misses its true-fp32 reference too, its tolerance is below that "
-                "reference's own rounding spread here")
+        return (f"not judgeable: {o.failed_control} misses its true-fp32 reference too, its tolerance is below "
+                "that reference's own rounding spread here")
     text = "correct" if o.correct else "INCORRECT" if o.compiled else "INCORRECT (did not compile)"
     if o.correct_true_fp32:
         text += " (correct against a true-fp32 reference: its own runs cuDNN in TF32)"

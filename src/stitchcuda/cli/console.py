@@ -189,9 +189,9 @@ def second_opinion_view(v: Verdict) -> list[Text]:
             parts.append(Text(f"  {what}, against its true-fp32 reference: " + ("correct" if value else "incorrect too"),
                               style="yellow"))
     if not o.judgeable:
-        parts.append(Text("  not judgeable: a control missed by at least a quarter of the program's miss; its tolerance is below its "
-                          "fp32 reference's own rounding spread on this task, so its verdict says nothing of the "
-                          "program", style="yellow"))
+        parts.append(Text(f"  not judgeable: {o.failed_control} missed by at least a quarter of the program's miss; "
+                          "its tolerance is below its fp32 reference's own rounding spread on this task, so its "
+                          "verdict says nothing of the program", style="yellow"))
     if o.speedup is not None:
         ours = v.speedup.get("eager")
         parts.append(Text(f"  KernelBench's speedup {o.speedup:.2f}x (its reference {o.ref_runtime_ms:.4f} ms under "

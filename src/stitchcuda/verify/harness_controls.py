@@ -12,9 +12,9 @@ Where one fails, its 1e-4 is below its fp32 reference's own rounding spread on t
 network in training mode with random weights can be such a task (ResNet-101, on an H100, one input
 outside its harness: the reference run channels-last missed it by 2.7e-4, the program by 1.9e-4,
 the fp32 reference missed fp64 by 2.2e-4; in a bench its harness's own five trials passed both
-controls, so there the task was judged). Its "incorrect" then says nothing of a program that misses by no more than ``FACTOR``
-times what the control missed by (our trial's rule against fp64, verify/conditioning.py): the task
-is not judgeable by it for that program. A program further off stays judged wrong. Both controls
+controls, so there the task was judged). Its "incorrect" then says nothing of a program that
+misses by no more than ``FACTOR`` times what the control missed by (our trial's rule against fp64,
+verify/conditioning.py): the task is not judgeable by it for that program. A program further off stays judged wrong. Both controls
 run the reference's own forward on its own state, which advances as the reference's does; both
 run under no_grad, as its harness calls them.
 """
@@ -106,7 +106,8 @@ def ask_controls(verdict: Any, judge: Callable[[str], Any], reference: str,
     reference; ``program_max`` the program's largest difference there. The reordered control
     first; the exact one only where that passed."""
     details = []
-    for field, source in (("reordered_correct", reordered_control(reference)), ("exact_correct", exact_control(reference))):
+    for field, source in (("reordered_correct", reordered_control(reference)),
+                          ("exact_correct", exact_control(reference))):
         with on_gpu():
             control = judge(source)
         setattr(verdict, field, _verdict_of(control))

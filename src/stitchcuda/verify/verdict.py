@@ -449,6 +449,16 @@ class SecondOpinion(BaseModel):
     agrees: bool | None = Field(None, description="its correctness equals ours; None when it could not judge")
 
     @property
+    def failed_control(self) -> str | None:
+        """The control it found incorrect too (the first: the exact one is asked only where the
+        reordered one passed), or None."""
+        if self.reordered_correct is False:
+            return "the reference run channels-last in fp32"
+        if self.exact_correct is False:
+            return "the exact answer (the reference in float64)"
+        return None
+
+    @property
     def speedup(self) -> float | None:
         """KernelBench's own speedup: its reference's time over the candidate's, both by its harness."""
         if self.ref_runtime_ms and self.runtime_ms:

@@ -83,9 +83,9 @@ struct Device {
   void* state = nullptr;
   std::vector<at::Tensor> buffers;     // the intermediates, kept between calls
   std::vector<at::Tensor> workspaces;  // cuBLASLt's, cuDNN's, CUTLASS's (undefined where none)
-  std::vector<at::Tensor> staged;      // the outputs of the staged graph (run), made at its first need
-  std::vector<at::Tensor> staged_inputs;  // ... the copies of the forward's inputs it reads
-  Key staged_key;                      // ... and that graph, apart from the per-address ones
+  std::vector<at::Tensor> staged_outputs;  // the staged graph's outputs (run), made at its first need
+  std::vector<at::Tensor> staged_inputs;   // ... and the copies of the forward's inputs it reads
+  Key staged_key;                          // ... and that graph, apart from the per-address ones
   cudaGraphExec_t staged_exec = nullptr;
   cudaStream_t capture_stream = nullptr;
   at::Tensor blas_workspace;
@@ -273,8 +273,8 @@ class Program {
       staged[static_cast<size_t>(staged_[j])] = d.staged_inputs[j].data_ptr();
     }
     for (size_t i = 0; i < outputs.size(); ++i) {
-      if (d.staged.size() <= i) d.staged.push_back(at::empty(outputs[i].sizes(), outputs[i].options()));
-      staged[staged.size() - outputs.size() + i] = d.staged[i].data_ptr();
+      if (d.staged_outputs.size() <= i) d.staged_outputs.push_back(at::empty(outputs[i].sizes(), outputs[i].options()));
+      staged[staged.size() - outputs.size() + i] = d.staged_outputs[i].data_ptr();
     }
     if (d.staged_exec == nullptr || d.staged_key != staged) {
       if (!sighted(d, staged)) {  // the first call: no graph yet
@@ -293,7 +293,7 @@ class Program {
     }
     SC_CUDA_CHECK(cudaGraphLaunch(d.staged_exec, stream));
     for (size_t i = 0; i < outputs.size(); ++i)
-      SC_CUDA_CHECK(cudaMemcpyAsync(outputs[i].data_ptr(), d.staged[i].data_ptr(), outputs[i].nbytes(),
+      SC_CUDA_CHECK(cudaMemcpyAsync(outputs[i].data_ptr(), d.staged_outputs[i].data_ptr(), outputs[i].nbytes(),
                                     cudaMemcpyDeviceToDevice, stream));
   }
 
