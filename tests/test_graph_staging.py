@@ -12,7 +12,7 @@ import pytest
 
 from stitchcuda.compiler import compile_task
 from stitchcuda.compiler.emit.codegen import CodegenOptions
-from stitchcuda.compiler.emit.program import program_spec
+from stitchcuda.compiler.emit.program import STAGE_BYTES_PER_LAUNCH, program_spec
 from tests.test_offline_codegen import task_from
 
 TWO_OUTPUTS = '''
@@ -49,6 +49,37 @@ def test_only_the_forwards_inputs_are_staged(compiled):
     spec = program_spec(compiled.program(CodegenOptions()))
     assert [spec.names[i] for i in spec.staged] == ["x"]
     assert len(spec.names) == 5  # x, and the two linears' weights and biases, which are never copied
+    assert spec.stage_bytes >= STAGE_BYTES_PER_LAUNCH  # a few launches: its 4 KiB in and 4 KiB out are staged
+
+
+LARGE_POINTWISE = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(2048, 4096)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.fixture(scope="module")
+def large():
+    return compile_task(task_from("large_pointwise", LARGE_POINTWISE))
+
+
+def test_a_memory_bound_program_is_not_staged(large):
+    """One launch over 32 MiB in and out: copying them would cost more than the launch saved."""
+    spec = program_spec(large.program(CodegenOptions()))
+    assert spec.stage_bytes < 2 * 2048 * 4096 * 4
 
 
 @pytest.mark.gpu
@@ -83,3 +114,20 @@ def test_fresh_addresses_every_call_stay_right_and_apart(compiled, tmp_path):
             for g, w in zip(got, want, strict=True):
                 assert ((g - w).abs().max() / w.abs().max()).item() < 1e-5
             del got
+
+
+@pytest.mark.gpu
+def test_a_program_launched_directly_at_fresh_addresses_stays_right(large, tmp_path):
+    import torch
+
+    from tests.test_gpu import _reference_and_program
+
+    scope, ref, new = _reference_and_program(large.task, large.program(CodegenOptions()), tmp_path / "large.py")
+    with torch.no_grad():
+        kept = []
+        for call in range(4):
+            torch.manual_seed(call)
+            x = scope["get_inputs"]()[0].cuda()
+            kept.append((new(x), ref(x)))
+        for got, want in kept:
+            assert torch.equal(got, want)

@@ -56,6 +56,11 @@ from stitchcuda.task.record import Task
 from stitchcuda.templating import environment
 
 ENTRY_MARK = "// ---- stitchcuda entry point ----"
+# A staged graph copies the forward's inputs in and its outputs out to save the host a launch per
+# kernel (a few microseconds each); a mebibyte copied costs well under one on these GPUs' memory,
+# so a call stages at most this much per launch it saves, and a memory-bound program of a few
+# large tensors launches directly
+STAGE_BYTES_PER_LAUNCH = 1 << 20
 HOST_SOURCE = "program_host.cpp"  # in the templates folder; read as is (C++ braces are not Jinja's)
 
 
@@ -83,7 +88,7 @@ class ProgramSpec(BaseModel):
     """What the program host needs to know of a program's kernel library: its arguments (names for
     messages, shapes and element types to check), its intermediate buffers and outputs (to allocate),
     the arguments its packed weights come from, the forward's own inputs (read, never written: a
-    staged graph may take copies of them), and whether it replays a CUDA graph, calls cuBLAS (the
+    staged graph may take copies of them, up to ``stage_bytes`` a call), and whether it replays a CUDA graph, calls cuBLAS (the
     host hands it torch's handle) or launches CUTLASS (whose operands must be 16-byte aligned)."""
 
     names: list[str]
@@ -95,6 +100,7 @@ class ProgramSpec(BaseModel):
     output_types: list[str]
     packed: list[int]
     staged: list[int]
+    stage_bytes: int
     graph: bool
     blas: bool
     realign: bool
@@ -347,6 +353,7 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
         output_types=[low.ctypes.get(i, "float") for _, i, _ in low.outputs],
         packed=[arg_index[i] for i in low.pack_params],
         staged=[k for k, (v, _, _, _) in enumerate(inputs) if v in forward_inputs],
+        stage_bytes=len(launches) * STAGE_BYTES_PER_LAUNCH,
         graph=options.graph, blas=low.uses_blas,
         realign=bool(low.cutlass))
     name = "stitchcuda_offline_" + hashlib.sha256((cuda_src + cpp_src).encode()).hexdigest()[:16]

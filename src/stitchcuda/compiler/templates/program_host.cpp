@@ -116,7 +116,7 @@ class Program {
           std::vector<std::string> arg_types, std::vector<std::vector<int64_t>> buffer_shapes,
           std::vector<std::string> buffer_types, std::vector<std::vector<int64_t>> output_shapes,
           std::vector<std::string> output_types, std::vector<int64_t> packed, std::vector<int64_t> staged,
-          bool graph, bool blas, bool realign)
+          int64_t stage_bytes, bool graph, bool blas, bool realign)
       : table_(reinterpret_cast<const ProgramTable*>(table)),
         names_(std::move(names)),
         arg_shapes_(std::move(arg_shapes)),
@@ -127,6 +127,7 @@ class Program {
         output_types_(dtypes_named(output_types)),
         packed_(std::move(packed)),
         staged_(std::move(staged)),
+        stage_bytes_(stage_bytes),
         graph_(graph),
         blas_(blas),
         realign_(realign) {
@@ -266,6 +267,10 @@ class Program {
       replay(d, capture(d, pointers_), stream);
       return;
     }
+    if (staged_bytes(outputs) > stage_bytes_) {  // copies dearer than the launches they save
+      launch(d, stream, nullptr, pointers_);
+      return;
+    }
     Key staged = pointers_;  // the arguments first, the outputs last
     for (size_t j = 0; j < staged_.size(); ++j) {
       const at::Tensor& input = *args_[static_cast<size_t>(staged_[j])];
@@ -295,6 +300,14 @@ class Program {
     for (size_t i = 0; i < outputs.size(); ++i)
       SC_CUDA_CHECK(cudaMemcpyAsync(outputs[i].data_ptr(), d.staged_outputs[i].data_ptr(), outputs[i].nbytes(),
                                     cudaMemcpyDeviceToDevice, stream));
+  }
+
+  // The bytes a staged call copies: the forward's inputs in, the outputs out.
+  int64_t staged_bytes(const std::vector<at::Tensor>& outputs) const {
+    int64_t bytes = 0;
+    for (int64_t j : staged_) bytes += static_cast<int64_t>(args_[static_cast<size_t>(j)]->nbytes());
+    for (const at::Tensor& t : outputs) bytes += static_cast<int64_t>(t.nbytes());
+    return bytes;
   }
 
   // Launches the graph kept for `key`; false where there is none.
@@ -380,6 +393,7 @@ class Program {
   std::vector<at::ScalarType> output_types_;
   std::vector<int64_t> packed_;  // the arguments the packed weights come from
   std::vector<int64_t> staged_;  // the forward's own inputs, which the staged graph reads copies of
+  int64_t stage_bytes_;          // the most bytes a staged call may copy in and out
   bool graph_, blas_, realign_;
   std::array<std::unique_ptr<Device>, 64> devices_;
   // this call's: the arguments, their aligned copies, the pointers in the kernel library's order
@@ -395,7 +409,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Program>(m, "Program")
       .def(py::init<int64_t, std::vector<std::string>, std::vector<std::vector<int64_t>>, std::vector<std::string>,
                     std::vector<std::vector<int64_t>>, std::vector<std::string>, std::vector<std::vector<int64_t>>,
-                    std::vector<std::string>, std::vector<int64_t>, std::vector<int64_t>, bool, bool, bool>());
+                    std::vector<std::string>, std::vector<int64_t>, std::vector<int64_t>, int64_t, bool, bool,
+                    bool>());
   m.def("forward", [](Program& program, py::handle args) { return program.forward(args); },
         "one call of the program: its tensors as one tuple");
 }
