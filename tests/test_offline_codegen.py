@@ -134,9 +134,9 @@ def _run_family_node(graph: OpGraph, low, lg, flat: dict) -> None:
     else:
         out = getattr(getattr(torch.ops.aten, packet), overload)(*value(node.args), **kwargs)
     outs = out if isinstance(out, (tuple, list)) else [out]
-    names = [node.name] if len(outs) == 1 else [g for g, (src, _) in sorted(graph.getitems.items(),
-                                                                           key=lambda kv: kv[1][1]) if src == node.name]
-    for name, t in zip(names, outs, strict=False):
+    names = {0: node.name} if len(outs) == 1 else {i: g for g, (src, i) in graph.getitems.items() if src == node.name}
+    for index, t in enumerate(outs):
+        name = names.get(index)
         if name in low.storage:
             flat[low.storage[name]] = t.detach().contiguous().reshape(-1).to(flat[low.storage[name]].dtype).clone()
 

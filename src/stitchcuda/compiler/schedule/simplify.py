@@ -30,6 +30,9 @@ launch a kernel for.
   in their own order, and the permute moves to its output (no copy before the product);
 - every split, chunk and unbind becomes one slice (select) per piece (rewrite.py): plain views,
   which a group reads through strides wherever its pieces go;
+- ``training_batch_norm_as_pointwise`` (batch_norm_split.py): a training-mode batch norm computes
+  its statistics alone, its output the elementwise normalisation by them, which fusion merges with
+  the ReLU or residual add after it;
 - ``split_shared_views`` (shared_views.py): a view several elementwise kernels read becomes one
   view per reader, so none is laid out by a copy of its own.
 """
@@ -50,6 +53,7 @@ from stitchcuda.compiler.ir.ops import (
     SPLITS,
     VIEW_OPS,
 )
+from stitchcuda.compiler.schedule.batch_norm_split import training_batch_norm_as_pointwise
 from stitchcuda.compiler.schedule.horizontal import merge_shared_linears
 from stitchcuda.compiler.schedule.rewrite import split_into_slices, without_unread
 from stitchcuda.compiler.schedule.row_permutes import commute_row_permutes
@@ -78,7 +82,7 @@ def simplify(graph: OpGraph) -> OpGraph:
     graph = commute_row_permutes(merge_shared_linears(tanh_gelu_formulas(negated_pieces_as_signs(
         index_ranges_as_slices(fold_constants(drop_identity_clones(graph)))))))
     graph = split_into_slices(graph, {n.name for n in graph.nodes if n.op in SPLITS})
-    return split_shared_views(shuffles_as_concatenations(graph))
+    return split_shared_views(shuffles_as_concatenations(training_batch_norm_as_pointwise(graph)))
 
 
 # views that are their input when they keep its shape
