@@ -88,7 +88,7 @@ def test_the_block_computes_the_reference_in_training_mode(residual, options):
 def test_the_running_statistics_are_still_written_back(residual):
     mutated = set(residual.graph.mutations.values())
     assert {f"b_bn{i}_running_{s}" for i in (1, 2) for s in ("mean", "var")} <= mutated
-    for item, (src, index) in residual.graph.getitems.items():
+    for item, (_, index) in residual.graph.getitems.items():
         if residual.graph.mutations.get(item, "").endswith("running_mean"):
             assert index == 3, item
 
