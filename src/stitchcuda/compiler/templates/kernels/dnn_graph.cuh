@@ -22,9 +22,12 @@ struct ScDnnDesc {
 };
 
 // A kept plan and the workspace it needs; shared by the convolutions of one shape in a program.
+// The plan keeps the descriptors it was made from (its engine configuration and the heuristics
+// that ranked it, the operation graph, operation and tensors): cuDNN's plan refers to them, so they live as long as it does.
 struct ScDnnPlan {
   cudnnBackendDescriptor_t plan = nullptr;
   int64_t workspace = 0;
+  std::vector<std::shared_ptr<ScDnnDesc>> made_from;
   ~ScDnnPlan() {
     if (plan != nullptr) cudnnBackendDestroyDescriptor(plan);
   }
@@ -130,58 +133,60 @@ inline bool sc_dnn_rank(cudnnHandle_t h, int nd, const int64_t* xd, const int64_
                         const int64_t* pad, const int64_t* stride, const int64_t* dilation, cudnnMathType_t math,
                         const void* x, const void* w, void* y, void* workspace, int64_t workspace_limit,
                         std::shared_ptr<ScDnnPlan>* best, float* best_ms) {
-  ScDnnDesc tx(CUDNN_BACKEND_TENSOR_DESCRIPTOR), tw(CUDNN_BACKEND_TENSOR_DESCRIPTOR), ty(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-  if (!sc_dnn_tensor(tx, 1, nd, xd) || !sc_dnn_tensor(tw, 2, nd, wd) || !sc_dnn_tensor(ty, 3, nd, yd)) return false;
-  ScDnnDesc conv(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  auto desc = [](cudnnBackendDescriptorType_t type) { return std::make_shared<ScDnnDesc>(type); };
+  const auto tx = desc(CUDNN_BACKEND_TENSOR_DESCRIPTOR), tw = desc(CUDNN_BACKEND_TENSOR_DESCRIPTOR),
+             ty = desc(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  if (!sc_dnn_tensor(*tx, 1, nd, xd) || !sc_dnn_tensor(*tw, 2, nd, wd) || !sc_dnn_tensor(*ty, 3, nd, yd)) return false;
+  const auto conv = desc(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   const int64_t spatial = nd - 2;
   const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-  SC_DNN_TRY(conv.d == nullptr ? CUDNN_STATUS_ALLOC_FAILED : CUDNN_STATUS_SUCCESS);
-  SC_DNN_TRY(sc_dnn_set(conv.d, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute));
-  SC_DNN_TRY(sc_dnn_set(conv.d, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode));
-  SC_DNN_TRY(sc_dnn_set(conv.d, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial));
-  SC_DNN_TRY(sc_dnn_set(conv.d, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, spatial, dilation));
-  SC_DNN_TRY(sc_dnn_set(conv.d, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, spatial, stride));
-  SC_DNN_TRY(sc_dnn_set(conv.d, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, spatial, pad));
-  SC_DNN_TRY(sc_dnn_set(conv.d, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, spatial, pad));
-  SC_DNN_TRY(cudnnBackendFinalize(conv.d));
+  SC_DNN_TRY(conv->d == nullptr ? CUDNN_STATUS_ALLOC_FAILED : CUDNN_STATUS_SUCCESS);
+  SC_DNN_TRY(sc_dnn_set(conv->d, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute));
+  SC_DNN_TRY(sc_dnn_set(conv->d, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode));
+  SC_DNN_TRY(sc_dnn_set(conv->d, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial));
+  SC_DNN_TRY(sc_dnn_set(conv->d, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, spatial, dilation));
+  SC_DNN_TRY(sc_dnn_set(conv->d, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, spatial, stride));
+  SC_DNN_TRY(sc_dnn_set(conv->d, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, spatial, pad));
+  SC_DNN_TRY(sc_dnn_set(conv->d, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, spatial, pad));
+  SC_DNN_TRY(cudnnBackendFinalize(conv->d));
 
-  ScDnnDesc op(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
+  const auto op = desc(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
   const float one = 1.0f, zero = 0.0f;
-  SC_DNN_TRY(op.d == nullptr ? CUDNN_STATUS_ALLOC_FAILED : CUDNN_STATUS_SUCCESS);
-  SC_DNN_TRY(sc_dnn_set(op.d, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &tx.d));
-  SC_DNN_TRY(sc_dnn_set(op.d, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &tw.d));
-  SC_DNN_TRY(sc_dnn_set(op.d, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ty.d));
-  SC_DNN_TRY(sc_dnn_set(op.d, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                        &conv.d));
-  SC_DNN_TRY(sc_dnn_set(op.d, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &one));
-  SC_DNN_TRY(sc_dnn_set(op.d, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &zero));
-  SC_DNN_TRY(cudnnBackendFinalize(op.d));
+  SC_DNN_TRY(op->d == nullptr ? CUDNN_STATUS_ALLOC_FAILED : CUDNN_STATUS_SUCCESS);
+  SC_DNN_TRY(sc_dnn_set(op->d, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &tx->d));
+  SC_DNN_TRY(sc_dnn_set(op->d, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &tw->d));
+  SC_DNN_TRY(sc_dnn_set(op->d, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ty->d));
+  SC_DNN_TRY(sc_dnn_set(op->d, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                        &conv->d));
+  SC_DNN_TRY(sc_dnn_set(op->d, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &one));
+  SC_DNN_TRY(sc_dnn_set(op->d, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &zero));
+  SC_DNN_TRY(cudnnBackendFinalize(op->d));
 
-  ScDnnDesc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  SC_DNN_TRY(graph.d == nullptr ? CUDNN_STATUS_ALLOC_FAILED : CUDNN_STATUS_SUCCESS);
-  SC_DNN_TRY(sc_dnn_set(graph.d, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &op.d));
-  SC_DNN_TRY(sc_dnn_set(graph.d, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h));
-  SC_DNN_TRY(cudnnBackendFinalize(graph.d));
+  const auto graph = desc(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  SC_DNN_TRY(graph->d == nullptr ? CUDNN_STATUS_ALLOC_FAILED : CUDNN_STATUS_SUCCESS);
+  SC_DNN_TRY(sc_dnn_set(graph->d, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &op->d));
+  SC_DNN_TRY(sc_dnn_set(graph->d, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h));
+  SC_DNN_TRY(cudnnBackendFinalize(graph->d));
 
-  ScDnnDesc heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  const auto heuristics = desc(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
   const cudnnBackendHeurMode_t heur_mode = CUDNN_HEUR_MODE_A;
-  SC_DNN_TRY(heuristics.d == nullptr ? CUDNN_STATUS_ALLOC_FAILED : CUDNN_STATUS_SUCCESS);
-  SC_DNN_TRY(sc_dnn_set(heuristics.d, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-                        &graph.d));
-  SC_DNN_TRY(sc_dnn_set(heuristics.d, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &heur_mode));
-  SC_DNN_TRY(cudnnBackendFinalize(heuristics.d));
+  SC_DNN_TRY(heuristics->d == nullptr ? CUDNN_STATUS_ALLOC_FAILED : CUDNN_STATUS_SUCCESS);
+  SC_DNN_TRY(sc_dnn_set(heuristics->d, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                        &graph->d));
+  SC_DNN_TRY(sc_dnn_set(heuristics->d, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &heur_mode));
+  SC_DNN_TRY(cudnnBackendFinalize(heuristics->d));
   int64_t count = 0;
-  SC_DNN_TRY(cudnnBackendGetAttribute(heuristics.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+  SC_DNN_TRY(cudnnBackendGetAttribute(heuristics->d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
                                       &count, nullptr));
-  std::vector<std::unique_ptr<ScDnnDesc>> configs;
+  std::vector<std::shared_ptr<ScDnnDesc>> configs;
   std::vector<cudnnBackendDescriptor_t> raw;
   for (int64_t i = 0; i < count; ++i) {
-    configs.emplace_back(new ScDnnDesc(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+    configs.push_back(desc(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
     if (configs.back()->d == nullptr) return false;
     raw.push_back(configs.back()->d);
   }
-  SC_DNN_TRY(cudnnBackendGetAttribute(heuristics.d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+  SC_DNN_TRY(cudnnBackendGetAttribute(heuristics->d, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                                       count, &count, raw.data()));
   int timed = 0;
   for (int64_t i = 0; i < count && timed < kScDnnPlansTimed; ++i) {
@@ -200,6 +205,7 @@ inline bool sc_dnn_rank(cudnnHandle_t h, int nd, const int64_t* xd, const int64_
                                  &candidate->workspace) != CUDNN_STATUS_SUCCESS ||
         candidate->workspace > workspace_limit)
       continue;
+    candidate->made_from = {tx, tw, ty, conv, op, graph, heuristics, configs[static_cast<size_t>(i)]};
     ++timed;
     const cudnnBackendDescriptor_t plan = candidate->plan;
     const float ms = sc_dnn_time(h, [&] { return sc_dnn_execute(h, plan, x, w, y, workspace); });
