@@ -88,8 +88,9 @@ class ProgramSpec(BaseModel):
     """What the program host needs to know of a program's kernel library: its arguments (names for
     messages, shapes and element types to check), its intermediate buffers and outputs (to allocate),
     the arguments its packed weights come from, the forward's own inputs (read, never written: a
-    staged graph may take copies of them, up to ``stage_bytes`` a call), and whether it replays a CUDA graph, calls cuBLAS (the
-    host hands it torch's handle) or launches CUTLASS (whose operands must be 16-byte aligned)."""
+    staged graph may take copies of them, up to ``stage_bytes`` a call in and out), and whether it
+    replays a CUDA graph, calls cuBLAS (the host hands it torch's handle) or launches CUTLASS (whose
+    operands must be 16-byte aligned)."""
 
     names: list[str]
     arg_shapes: list[list[int]]

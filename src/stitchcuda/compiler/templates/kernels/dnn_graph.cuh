@@ -23,7 +23,8 @@ struct ScDnnDesc {
 
 // A kept plan and the workspace it needs; shared by the convolutions of one shape in a program.
 // The plan keeps the descriptors it was made from (its engine configuration and the heuristics
-// that ranked it, the operation graph, operation and tensors): cuDNN's plan refers to them, so they live as long as it does.
+// that ranked it, the operation graph, operation and tensors): cuDNN's plan refers to them, so
+// they live as long as it does.
 struct ScDnnPlan {
   cudnnBackendDescriptor_t plan = nullptr;
   int64_t workspace = 0;
