@@ -11,6 +11,7 @@ import torch
 from stitchcuda.compiler.capture.graph import MAX_CONSTANT, capture
 from stitchcuda.compiler.emit.program import _tensor_source
 from stitchcuda.compiler.schedule.fusion import fuse
+from stitchcuda.compiler.schedule.roles import op_role
 from stitchcuda.compiler.schedule.simplify import drop_identity_clones, fold_constants, simplify
 from tests.test_offline_codegen import simulate, task_from
 
@@ -72,6 +73,48 @@ def test_clones_of_dense_values_and_same_shape_views_go_and_real_copies_stay():
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
+
+
+STRIDED_CLONES = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.out = nn.Linear(16, 16)
+        self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.eval()
+
+    def forward(self, x):
+        h = self.fc(x)
+        added = h.transpose(0, 1).contiguous() + 1.0  # a copy only an add reads: the add reads the view
+        projected = self.out(h.transpose(0, 1).contiguous())  # a copy a product reads: stays
+        return torch.relu(added), projected, self.layer(x)
+
+def get_inputs():
+    return [torch.randn(4, 6, 16)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_copy_of_a_strided_view_that_elementwise_operators_alone_read_goes():
+    task = task_from("strided_clones", STRIDED_CLONES)
+    graph = capture(task)
+    simple = drop_identity_clones(graph)
+    users = simple.users()
+    left = [n for n in simple.nodes if n.op == "aten.clone"]
+    assert len(left) < len([n for n in graph.nodes if n.op == "aten.clone"])
+    # every copy left is read by something other than elementwise operators (a product, a view)
+    assert left and all(any(op_role(simple.node(r)) != "elementwise" for r in users[n.name]) for n in left)
+    assert any(simple.node(r).op == "aten.linear" for n in left for r in users[n.name])
+    final = simplify(graph)
+    got, expected = simulate(task, final, fuse(final))
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
 CONSTANTS = '''
 import torch

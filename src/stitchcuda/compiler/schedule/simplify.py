@@ -5,7 +5,7 @@ launch a kernel for.
   ATen's ``clone`` of a dense value (eval-mode dropout leaves one after every residual branch of
   a transformer) are the value itself in a functional graph: their readers read the source. A
   clone that is returned, written back to a buffer, or of a strided view (a real layout copy)
-  stays.
+  stays, unless elementwise operators alone read it: their kernels read the view through strides.
 - ``fold_constants``: values that depend on no input, parameter or buffer (``arange`` ->
   ``unsqueeze`` -> ``ge`` index math of a mask, ``full``, ``scalar_tensor``) are computed here
   once with torch on the CPU and become lifted constants, which the program recreates once at
@@ -56,6 +56,7 @@ from stitchcuda.compiler.ir.ops import (
 from stitchcuda.compiler.schedule.batch_norm_split import training_batch_norm_as_pointwise
 from stitchcuda.compiler.schedule.horizontal import merge_shared_linears
 from stitchcuda.compiler.schedule.rewrite import split_into_slices, without_unread
+from stitchcuda.compiler.schedule.roles import op_role
 from stitchcuda.compiler.schedule.row_permutes import commute_row_permutes
 from stitchcuda.compiler.schedule.shared_views import split_shared_views
 
@@ -120,10 +121,18 @@ def _dense(name: str, produced: dict[str, Node], shapes: dict[str, list[int]], g
     return _dense(src, produced, shapes, graph)
 
 
+def _read_elementwise(name: str, users: dict[str, list[str]], produced: dict[str, Node]) -> bool:
+    """Whether elementwise operators alone read value ``name`` (their kernels read any strides)."""
+    readers = users.get(name, [])
+    return bool(readers) and all(op_role(produced[r]) == "elementwise" for r in readers)
+
+
 def drop_identity_clones(graph: OpGraph) -> OpGraph:
-    """``graph`` without same-shape views and clones of dense values: their readers read the source."""
+    """``graph`` without same-shape views, clones of dense values and clones of strided views that
+    only elementwise operators read: their readers read the source."""
     produced = {n.name: n for n in graph.nodes}
     shapes = _shapes(graph, produced)
+    users = graph.users()
     kept = set(graph.outputs) | set(graph.mutations) | set(graph.mutations.values())
     alias: dict[str, str] = {}
     for n in graph.nodes:
@@ -138,8 +147,9 @@ def drop_identity_clones(graph: OpGraph) -> OpGraph:
         src = alias.get(n.inputs()[0], n.inputs()[0])
         if src in graph.getitems or src in kept:
             continue  # a piece of a split (a view), or a value the forward returns: the copy is real
-        if not _dense(src, produced, shapes, graph):
-            continue  # a clone of a strided view lays it out: a real copy
+        if not _dense(src, produced, shapes, graph) and not _read_elementwise(n.name, users, produced):
+            continue  # a clone of a strided view lays it out: a real copy, unless kernels that read
+            # through strides alone read it (a residual add after batch_first attention's transpose)
         alias[n.name] = src
     if not alias:
         return graph
