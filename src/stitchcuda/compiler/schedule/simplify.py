@@ -5,7 +5,8 @@ launch a kernel for.
   ATen's ``clone`` of a dense value (eval-mode dropout leaves one after every residual branch of
   a transformer) are the value itself in a functional graph: their readers read the source. A
   clone that is returned, written back to a buffer, or of a strided view (a real layout copy)
-  stays, unless elementwise operators alone read it: their kernels read the view through strides.
+  stays, unless elementwise operators alone read it and its rows stay contiguous: their kernels
+  read the view through strides.
 - ``fold_constants``: values that depend on no input, parameter or buffer (``arange`` ->
   ``unsqueeze`` -> ``ge`` index math of a mask, ``full``, ``scalar_tensor``) are computed here
   once with torch on the CPU and become lifted constants, which the program recreates once at
@@ -127,9 +128,35 @@ def _read_elementwise(name: str, users: dict[str, list[str]], produced: dict[str
     return bool(readers) and all(op_role(produced[r]) == "elementwise" for r in readers)
 
 
+def _rows_contiguous(view: str, produced: dict[str, Node], shapes: dict[str, list[int]], graph: OpGraph) -> bool:
+    """Whether the view chain ending in ``view`` keeps its last dim contiguous in the dense value it
+    starts from (torch's own view rules, on a meta tensor): read through strides, its rows still
+    load coalesced, where a transposed last dim would not (a copy kernel tiles that)."""
+    import torch
+
+    chain: list[Node] = []
+    name = view
+    while name in produced and produced[name].op in VIEW_OPS:
+        n = produced[name]
+        if len(n.inputs()) != 1 or name in graph.getitems:
+            return False
+        chain.append(n)
+        name = n.inputs()[0]
+    if name in graph.getitems or name not in shapes or not chain:
+        return False
+    values: dict[str, Any] = {name: torch.empty(shapes[name], device="meta")}
+    try:
+        for n in reversed(chain):
+            values[n.name] = evaluate_node(n, values)
+    except Exception:  # noqa: BLE001 - a chain torch does not replay here: left as a copy
+        return False
+    last = values[view]
+    return last.dim() > 0 and (last.stride(-1) == 1 or last.shape[-1] == 1)
+
+
 def drop_identity_clones(graph: OpGraph) -> OpGraph:
-    """``graph`` without same-shape views, clones of dense values and clones of strided views that
-    only elementwise operators read: their readers read the source."""
+    """``graph`` without same-shape views, clones of dense values and clones of strided views with
+    contiguous rows that only elementwise operators read: their readers read the source."""
     produced = {n.name: n for n in graph.nodes}
     shapes = _shapes(graph, produced)
     users = graph.users()
@@ -147,9 +174,11 @@ def drop_identity_clones(graph: OpGraph) -> OpGraph:
         src = alias.get(n.inputs()[0], n.inputs()[0])
         if src in graph.getitems or src in kept:
             continue  # a piece of a split (a view), or a value the forward returns: the copy is real
-        if not _dense(src, produced, shapes, graph) and not _read_elementwise(n.name, users, produced):
+        if not _dense(src, produced, shapes, graph) and not (
+                _read_elementwise(n.name, users, produced) and _rows_contiguous(src, produced, shapes, graph)):
             continue  # a clone of a strided view lays it out: a real copy, unless kernels that read
-            # through strides alone read it (a residual add after batch_first attention's transpose)
+            # through strides alone read it, along rows it keeps contiguous (a residual add after
+            # batch_first attention's transposed output)
         alias[n.name] = src
     if not alias:
         return graph
