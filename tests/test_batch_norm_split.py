@@ -104,3 +104,24 @@ def test_a_softmax_after_the_norm_normalises_as_it_loads_its_rows():
 @pytest.mark.nvcc
 def test_the_split_program_compiles(residual, tmp_path):
     assert_program_compiles(residual.program(), tmp_path)
+
+
+@pytest.mark.gpu
+def test_the_split_program_follows_the_reference_call_after_call_on_the_gpu(residual, tmp_path):
+    """Training mode on the GPU: each call's output within 1e-5 of the reference's, and the running
+    statistics both models carry forward equal after every call (the graph replayed from the third)."""
+    import torch
+
+    from tests.test_gpu import _reference_and_program
+
+    torch.backends.cudnn.allow_tf32 = False
+    scope, ref, new = _reference_and_program(residual.task, residual.program(), tmp_path / "bn_residual.py")
+    with torch.no_grad():
+        for call in range(4):
+            torch.manual_seed(call)
+            x = scope["get_inputs"]()[0].cuda()
+            got, want = new(x), ref(x)
+            assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5, f"call {call}"
+            for name, buffer in ref.named_buffers():
+                if "running" in name:
+                    torch.testing.assert_close(dict(new.named_buffers())[name], buffer, rtol=1e-5, atol=1e-6)
