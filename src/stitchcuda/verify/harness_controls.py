@@ -14,9 +14,9 @@ outside its harness: the reference run channels-last missed it by 2.7e-4, the pr
 the fp32 reference missed fp64 by 2.2e-4; in a bench its harness's own five trials passed both
 controls, so there the task was judged). Its "incorrect" then says nothing of a program that
 misses by no more than ``FACTOR`` times what the control missed by (our trial's rule against fp64,
-verify/conditioning.py): the task is not judgeable by it for that program. A program further off stays judged wrong. Both controls
-run the reference's own forward on its own state, which advances as the reference's does; both
-run under no_grad, as its harness calls them.
+verify/conditioning.py): the task is not judgeable by it for that program. A program further off
+stays judged wrong. Both controls run the reference's own forward on its own state, which advances
+as the reference's does; both run under no_grad, as its harness calls them.
 """
 
 from __future__ import annotations

@@ -224,19 +224,20 @@ class StateReads:
         return f"{self._module(owner)}.{'_parameters' if kind == 'parameter' else '_buffers'}[{name!r}]"
 
 
-def _device_of(graph: OpGraph, by_name: dict[str, str], weight: Callable[[str, str], str]) -> str:
+def _device_of(graph: OpGraph, by_name: dict[str, str], weight: Callable[[str, str], int]) -> str:
     """Where the program draws its random tensors: the first input's device, else a weight's."""
     for p in graph.placeholders:
         if p.kind == "input" and p.meta is not None:
             return f"{by_name[p.name]}.device"
     for p in graph.placeholders:
         if p.kind in ("parameter", "buffer"):
-            return f"{weight(p.target, p.kind)}.device"
+            return f"w[{weight(p.target, p.kind)}].device"
     return "'cuda'"
 
 
-def _call_args(args: list[str]) -> list[str]:
-    """``args`` with each run of consecutive weights ``w[i], w[i + 1], ...`` as one slice ``*w[i:j]``."""
+def _call_args(args: list[str | int]) -> list[str]:
+    """The entry point's arguments as Python, each weight (an ``int``: its index in the gathered
+    tuple ``w``) as ``w[i]`` and each run of consecutive weights as one slice ``*w[i:j]``."""
     out: list[str] = []
     run: list[int] = []
 
@@ -246,14 +247,12 @@ def _call_args(args: list[str]) -> list[str]:
             run.clear()
 
     for a in args:
-        index = int(a[2:-1]) if a.startswith("w[") and a.endswith("]") and a[2:-1].isdigit() else None
-        if index is not None and (not run or index == run[-1] + 1):
-            run.append(index)
-            continue
-        close()
-        if index is not None:
-            run.append(index)
+        if isinstance(a, int) and run and a != run[-1] + 1:
+            close()
+        if isinstance(a, int):
+            run.append(a)
         else:
+            close()
             out.append(a)
     close()
     return out
@@ -364,13 +363,13 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     if len(fwd_names) != len(entry_inputs) or any(x in ("self", "_host", "_kernels", "_program", "torch", "nn") for x in fwd_names):
         fwd_names = [to_ident(p.name) for p in entry_inputs]
     by_name = dict(zip((p.name for p in entry_inputs), fwd_names, strict=True))
-    call_args = []
+    call_args: list[str | int] = []
     entry = {v for v, _, _ in low.args}
     reads = StateReads()
     weights: dict[str, int] = {}  # gathered once while the model's modules do not change (ModelNew._stitchcuda_gather)
 
-    def weight(target: str, kind: str) -> str:
-        return f"w[{weights.setdefault(reads.read(target, kind), len(weights))}]"
+    def weight(target: str, kind: str) -> int:
+        return weights.setdefault(reads.read(target, kind), len(weights))
 
     device = _device_of(graph, by_name, weight)
     for p in graph.placeholders:

@@ -14,9 +14,8 @@
 //   once a key is seen a second time, and replayed on the caller's stream for later calls with the
 //   same key. Where the inputs' or outputs' addresses are new each call, a staged graph reads the
 //   program's own copies of the inputs and writes its own output buffers, one copy per tensor in and
-//   out. A replay
-//   recomputes everything from the current contents of the inputs, so nothing is cached across
-//   calls and nothing copies inputs. Capture
+//   out (where those copies cost less than the launches they save). A replay recomputes everything
+//   from the current contents of the inputs: nothing is cached across calls. Capture
 //   happens on a pool stream that runs no work (capture only records). cuBLAS is captured with a
 //   workspace owned by the state, so nothing is allocated inside the capture; the handle goes back
 //   to torch's stream, workspace and math mode afterwards.
@@ -26,6 +25,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/util/accumulate.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -127,7 +127,6 @@ class Program {
         output_types_(dtypes_named(output_types)),
         packed_(std::move(packed)),
         staged_(std::move(staged)),
-        stage_bytes_(stage_bytes),
         graph_(graph),
         blas_(blas),
         realign_(realign) {
@@ -142,8 +141,15 @@ class Program {
     TORCH_CHECK(!output_shapes_.empty(), "stitchcuda: a program returns at least one tensor");
     for (int64_t i : packed_)
       TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(names_.size()), "stitchcuda: packed argument ", i);
-    for (int64_t i : staged_)
+    int64_t copied = 0;  // a staged call's copies, in and out: the shapes are the program's own
+    for (int64_t i : staged_) {
       TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(names_.size()), "stitchcuda: staged argument ", i);
+      const auto k = static_cast<size_t>(i);
+      copied += c10::multiply_integers(arg_shapes_[k]) * static_cast<int64_t>(c10::elementSize(arg_types_[k]));
+    }
+    for (size_t i = 0; i < output_shapes_.size(); ++i)
+      copied += c10::multiply_integers(output_shapes_[i]) * static_cast<int64_t>(c10::elementSize(output_types_[i]));
+    stage_ = copied <= stage_bytes;
   }
 
   py::object forward(py::handle tuple_handle) {
@@ -267,7 +273,7 @@ class Program {
       replay(d, capture(d, pointers_), stream);
       return;
     }
-    if (staged_bytes(outputs) > stage_bytes_) {  // copies dearer than the launches they save
+    if (!stage_) {  // copies dearer than the launches they save
       launch(d, stream, nullptr, pointers_);
       return;
     }
@@ -300,14 +306,6 @@ class Program {
     for (size_t i = 0; i < outputs.size(); ++i)
       SC_CUDA_CHECK(cudaMemcpyAsync(outputs[i].data_ptr(), d.staged_outputs[i].data_ptr(), outputs[i].nbytes(),
                                     cudaMemcpyDeviceToDevice, stream));
-  }
-
-  // The bytes a staged call copies: the forward's inputs in, the outputs out.
-  int64_t staged_bytes(const std::vector<at::Tensor>& outputs) const {
-    int64_t bytes = 0;
-    for (int64_t j : staged_) bytes += static_cast<int64_t>(args_[static_cast<size_t>(j)]->nbytes());
-    for (const at::Tensor& t : outputs) bytes += static_cast<int64_t>(t.nbytes());
-    return bytes;
   }
 
   // Launches the graph kept for `key`; false where there is none.
@@ -393,7 +391,7 @@ class Program {
   std::vector<at::ScalarType> output_types_;
   std::vector<int64_t> packed_;  // the arguments the packed weights come from
   std::vector<int64_t> staged_;  // the forward's own inputs, which the staged graph reads copies of
-  int64_t stage_bytes_;          // the most bytes a staged call may copy in and out
+  bool stage_ = false;           // whether a staged call's copies stay within the spec's stage_bytes
   bool graph_, blas_, realign_;
   std::array<std::unique_ptr<Device>, 64> devices_;
   // this call's: the arguments, their aligned copies, the pointers in the kernel library's order
