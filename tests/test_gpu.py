@@ -457,7 +457,8 @@ def _relative_error(new, ref, inputs) -> float:
 
     with torch.no_grad():
         got = new(*inputs)
-        exact = ref.double()(*[t.double() if isinstance(t, torch.Tensor) else t for t in inputs])
+        exact = ref.double()(*[t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                               for t in inputs])
         ref.float()
     got, exact = (got, exact) if isinstance(got, (list, tuple)) else ((got,), (exact,))
     return max(((g.double() - e).abs().max() / e.abs().max()).item() for g, e in zip(got, exact, strict=True))

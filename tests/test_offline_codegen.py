@@ -330,10 +330,39 @@ def simulate_cutlass(g, text: str, flat: dict[str, torch.Tensor]) -> None:
             torch.as_strided(d, (m, n), (ldd, 1), od + i * sd).copy_(act(out).float())
 
 
+def simulate_attention(rec, low, flat: dict[str, torch.Tensor]) -> None:
+    """What the one attention kernel computes, from its record (attention_kernel.FusedAttention):
+    per batch entry softmax(score(alpha * Q.K^T)) . V in float64, the score's expression through
+    the IR evaluator, written through the output's strides."""
+    from stitchcuda.compiler.ir.expr import Program, Step
+
+    def matrices(x, rows, cols):
+        sizes, strides = [s for s, _ in x.batch], [st for _, st in x.batch]
+        t = torch.as_strided(flat[low.storage[x.value]], [*sizes, rows, cols], [*strides, x.row, x.col], x.offset)
+        return t.reshape(-1, rows, cols).double()
+
+    sq, sk = rec.shape[-2:]
+    q, k, v = matrices(rec.q, sq, rec.d), matrices(rec.k, sk, rec.d), matrices(rec.v, sk, rec.dv)
+    scores = ((q @ k.transpose(1, 2)) * rec.alpha).float().reshape(rec.shape)
+    buffers = {name: flat[ident] for name, ident in low.storage.items() if ident in flat}
+    buffers[rec.scores] = scores
+    program = Program("pointwise", rec.shape, steps=[Step("score", "full", rec.score)], outputs={"score": "score"})
+    x = evaluate(program, buffers)["score"].double().reshape(-1, sq, sk)
+    top = x.amax(-1, keepdim=True)
+    e = torch.where(top == float("-inf"), 0.0, torch.exp(x - top))
+    total = e.sum(-1, keepdim=True)
+    p = torch.where(total > 0, e / total, 0.0) if rec.safe else e / total
+    out = rec.out
+    sizes, strides = [s for s, _ in out.batch], [st for _, st in out.batch]
+    torch.as_strided(flat[low.storage[out.value]], [*sizes, sq, rec.dv], [*strides, out.row, out.col],
+                     out.offset).copy_((p @ v).float().reshape(*sizes, sq, rec.dv))
+
+
 def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | None = None,
-             train: bool = False):
+             train: bool = False, attention=simulate_attention):
     """Run the lowered program on the CPU: GEMMs through an emulation of the emitted cuBLAS
-    calls, kernels through the IR evaluator; returns (outputs, reference outputs). The reference
+    calls, kernels through the IR evaluator, a one-kernel attention through ``attention``; returns
+    (outputs, reference outputs). The reference
     runs in eval mode unless ``train`` (a graph captured in training mode: batch statistics)."""
     from stitchcuda.compiler.emit.emit import Emitter
 
@@ -363,6 +392,9 @@ def simulate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
     for lg in (x for g in sorted(low.groups, key=lambda g: not g.hoisted) for x in g.launches()):
         if lg.recurrence is not None:
             _run_recurrence(lg.recurrence, flat)
+            continue
+        if lg.attention is not None:  # ``attention(rec, low, flat)``: the record emulated, or its kernel run
+            attention(lg.attention, low, flat)
             continue
         if lg.kind == "kernel":
             if lg.group.nodes:  # not the write-back of the module's buffers, which no output reads

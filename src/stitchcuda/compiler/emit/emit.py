@@ -19,6 +19,7 @@ from stitchcuda.compiler.ir.expr import (
     numel,
 )
 from stitchcuda.compiler.ir.formulas import row_scalar_leaf
+from stitchcuda.compiler.lowering.attention_kernel import FusedAttention
 from stitchcuda.compiler.lowering.cuda_files import TEMPLATES
 from stitchcuda.compiler.lowering.gemm_calls import gemm_launch
 from stitchcuda.compiler.lowering.lowered import CodegenOptions, Gemm, Lowering
@@ -343,3 +344,46 @@ class Emitter:
 
     def gemm(self, g: Gemm) -> str:
         return gemm_launch(g)
+
+    def attention(self, rec: FusedAttention) -> _Kernel:
+        """An attention group's one kernel (templates/kernels/attention.cu.j2): the operands' offsets
+        per batch entry, and the expression the softmax takes at coordinates (batch, ci, cj) with
+        the scaled product ``sv`` where it reads the scores."""
+        low, shape, tile = self.low, rec.shape, rec.tile
+        names = [f"b{d}" for d in range(len(shape) - 2)] + ["ci", "cj"]
+
+        def offset(x: Leaf) -> str:
+            eff = x.effective_strides(shape)
+            terms = [f"{c} * {s}LL" if s != 1 else c for c, s, n in zip(names[-len(eff):], eff, shape[-len(eff):],
+                                                                       strict=True) if s and n != 1]
+            return " + ".join([*terms, str(x.offset)] if x.offset or not terms else terms)
+
+        def coord(axis: int) -> str:
+            return names[axis]
+
+        leaves = [lf for lf in dict.fromkeys(rec.score.leaves())]
+        texts = {lf: "sv" if lf.value == rec.scores else f"static_cast<float>({_load(lf, low, offset, coord)})"
+                 for lf in leaves}
+        score = _code(rec.score, texts, {})
+        operands = {"q": rec.q, "k": rec.k, "v": rec.v, "o": rec.out}
+        reads = list(dict.fromkeys([low.storage[x.value] for x in (rec.q, rec.k, rec.v)] + [
+            low.storage[v] for lf in leaves if lf.value != rec.scores for v in lf.reads()]))
+        out = low.storage[rec.out.value]
+        decls = [f"const {low.ctypes.get(b, 'float')}* __restrict__ {b}" for b in reads] + [f"float* __restrict__ {out}"]
+        used = set(re.findall(r"\bb\d+\b", score))
+        coords = []
+        if used:  # the batch coordinates the mask reads take
+            coords.append("  rest = batch;")
+            for d in reversed(range(len(shape) - 2)):
+                coords.append(f"  const long long b{d} = rest % {shape[d]}LL; rest /= {shape[d]}LL;")
+        source = self.env.get_template("kernels/attention.cu.j2").render(
+            name=rec.name, params=decls, bq=tile.bq, bk=tile.bk, ty=tile.ty, tx=tile.tx, d=rec.d, dv=rec.dv,
+            sq=shape[-2], sk=shape[-1], q_tiles=rec.q_tiles, alpha=c_float(rec.alpha), score=score, safe=rec.safe,
+            coords="\n".join(coords),
+            bases=[(f"{k}_at", {"offset": x.offset, "dims": list(reversed(x.batch))}) for k, x in operands.items()],
+            **{f"{k}_ptr": low.storage[x.value] for k, x in operands.items()},
+            **{f"{k}_row": x.row for k, x in operands.items()}, **{f"{k}_col": x.col for k, x in operands.items()})
+        args = [f"a.{b}" for b in reads] + [f"a.{out}"]
+        launch = (f"{rec.name}<<<{rec.blocks}, {tile.ty * tile.tx}, {tile.shared_bytes(rec.d, rec.dv)}, stream>>>"
+                  f"({', '.join(args)});\nSC_CUDA_CHECK(cudaGetLastError());")
+        return _Kernel(source, launch, decls)

@@ -310,6 +310,10 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
                         kernels.append(ksource)
                 text.append(part.call.launch)
                 continue
+            if part.attention is not None:
+                k = emitter.attention(part.attention)
+                kernels.append(k.source)
+                text.append(k.launch)
             if part.gemm is not None:
                 text.append(emitter.gemm(part.gemm))
             if part.conv is not None:

@@ -19,6 +19,7 @@ from stitchcuda.compiler.ir.expr import (
 )
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import RESHAPES, SPLITS
+from stitchcuda.compiler.lowering.attention_kernel import fused_attention
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lower_gemm import describe_gemm, place_product, strided_gemm
 from stitchcuda.compiler.lowering.lower_rows import lower_row
@@ -75,6 +76,18 @@ def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
     for n in [qk, *middle, pv, *after][:-1]:  # the last may be returned: P.V writes it
         if n.name in cx.graph.outputs or any(u not in inside for u in cx.users.get(n.name, [])):
             raise Unsupported(f"{n.name} ({n.op}) is used outside the attention group")
+    if any(v in scale for n in middle + [pv] for v in n.inputs()):
+        raise Unsupported("a scaled value is read after Q.K^T")
+    final, strides = _output_layout(cx, pv, after)
+    if cx.options.fused_attention:
+        alpha = 1.0
+        for operand in qk.args[:2]:
+            alpha *= scale.get(operand[1:], 1.0) if isinstance(operand, str) else 1.0
+        mark = cx.out.mark()
+        try:
+            return fused_attention(cx, g, qk, pv, middle, env, alpha, final, strides)
+        except Unsupported:
+            cx.out.undo(mark)  # the GEMM path lowers it
     # Q.K^T into a contiguous scores buffer, then the row kernel in place over it
     s_shape = cx.shape(qk.name)
     scores = cx.scratch(qk.name, s_shape)
@@ -84,8 +97,6 @@ def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
                     contiguous_strides(s_shape), copies)
     for operand in qk.args[:2]:
         g_qk.alpha *= scale.get(operand[1:], 1.0) if isinstance(operand, str) else 1.0
-    if any(v in scale for n in middle + [pv] for v in n.inputs()):
-        raise Unsupported("a scaled value is read after Q.K^T")
     place_product(cx, g_qk)
     parts = [*copies, Lowered(g, "gemm", gemm=g_qk, describe=describe_gemm(qk, g_qk))]
     p_value = qk.name
@@ -96,7 +107,21 @@ def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
         cx.out.storage[p_value] = scores  # the row kernel reads its row whole before writing it back
         row = lower_row(cx, g, middle, env, outs=[p_value])
         parts.append(row)
-    # P.V: the views after it, inverted, give its output strides in the group output's buffer
+    out = cx.buffer(final)
+    arg = cx.arg(env, f"{pv.name} ({pv.op})")
+    lhs = leaf(p_value, s_shape) if middle else leaf(qk.name, s_shape)
+    copies = []
+    g_pv = place_product(cx, _product(cx, g, f"{pv.name} ({pv.op})", lhs, arg(pv.args[1]), out, cx.shape(pv.name),
+                                      strides, copies))
+    parts += [*copies, Lowered(g, "gemm", gemm=g_pv, describe=describe_gemm(pv, g_pv))]
+    return Lowered(g, "sequence", parts=parts, describe=" -> ".join(
+        ["Q.K^T (batched GEMM)"] + (["row kernel (" + ", ".join(n.op for n in middle if n.op not in VIEWS)
+                                     + ")"] if middle else []) + [f"P.V (batched GEMM) into {final}"]))
+
+
+def _output_layout(cx: LowerContext, pv: Node, after: list[Node]) -> tuple[str, tuple[int, ...]]:
+    """The value P.V's result is stored as (the last of the views after it) and the strides of P.V's
+    own shape in that value's buffer: the views, inverted."""
     chain, prev = [], pv.name
     for n in after:
         if n.op in IDENTITY and n.args[0] == "%" + prev:
@@ -127,16 +152,7 @@ def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
         else:
             raise Unsupported(f"{n.name} ({n.op}) after P.V cannot be written as output strides")
         shape = inp
-    out = cx.buffer(final)
-    arg = cx.arg(env, f"{pv.name} ({pv.op})")
-    lhs = leaf(p_value, s_shape) if middle else leaf(qk.name, s_shape)
-    copies = []
-    g_pv = place_product(cx, _product(cx, g, f"{pv.name} ({pv.op})", lhs, arg(pv.args[1]), out, cx.shape(pv.name),
-                                      strides, copies))
-    parts += [*copies, Lowered(g, "gemm", gemm=g_pv, describe=describe_gemm(pv, g_pv))]
-    return Lowered(g, "sequence", parts=parts, describe=" -> ".join(
-        ["Q.K^T (batched GEMM)"] + (["row kernel (" + ", ".join(n.op for n in middle if n.op not in VIEWS)
-                                     + ")"] if middle else []) + [f"P.V (batched GEMM) into {final}"]))
+    return final, strides
 
 
 def _operand_view(n: Node, x: Expr, out: tuple[int, ...]) -> Expr:

@@ -56,6 +56,10 @@ class CodegenOptions(BaseModel):
                                              "candidates, timed at setup on scratch operands of its layouts, "
                                              "where it is at least twice as fast as the first "
                                              "(templates/kernels/lt_pick.cuh); off: the heuristic's first choice")
+    fused_attention: bool = Field(False, description="an attention group (Q.K^T, scale and mask, softmax, P.V) as one "
+                                                     "fp32 kernel with an online softmax where its head is at most "
+                                                     "128 wide, instead of two batched SGEMMs around a row kernel "
+                                                     "(attention_kernel.py)")
 
 
 @dataclass
@@ -164,7 +168,7 @@ class Conv:
 @dataclass
 class Lowered:
     group: FusionGroup
-    kind: Literal["gemm", "conv", "pointwise", "row", "alias", "sequence", "kernel"]
+    kind: Literal["gemm", "conv", "pointwise", "row", "alias", "sequence", "kernel", "attention"]
     program: Program | None = None
     call: KernelCall | None = None  # a family lowering's kernels and launch
     gemm: Gemm | None = None
@@ -173,6 +177,7 @@ class Lowered:
     parts: list[Lowered] = field(default_factory=list)  # a "sequence": GEMMs and kernels launched in order
     hoisted: bool = False  # computes from the weights alone: launched with the packs (hoist.py)
     recurrence: Any = None  # sequence_kernel.RecurrenceLaunch: what a one-launch recurrence reads and writes
+    attention: Any = None  # attention_kernel.FusedAttention: an attention group as one kernel
 
     def launches(self) -> list[Lowered]:
         """The launchable pieces in order (the group itself unless it is a sequence)."""

@@ -1,7 +1,7 @@
 // What a persistent kernel (one launch over many dependent steps) needs beyond a block: a barrier
-// over a group of co-resident blocks, and shared memory sized at launch. The launch is cooperative
-// (cudaLaunchAttributeCooperative), so CUDA refuses it rather than start blocks that could never
-// all be resident and would spin forever.
+// over a group of co-resident blocks (its shared memory, sized at launch, is the prelude's
+// SC_BLOCK_SHARED). The launch is cooperative (cudaLaunchAttributeCooperative), so CUDA refuses
+// it rather than start blocks that could never all be resident and would spin forever.
 //
 // The barrier is a counter per group, zeroed before the launch: after its step a block adds one,
 // and the group's next step starts once the counter reaches blocks x steps done. A block's writes
@@ -28,9 +28,5 @@ __device__ __forceinline__ void sc_group_wait(const unsigned* counter, unsigned 
   }
   __syncthreads();
 }
-
-#define SC_BLOCK_SHARED(type, name)                              \
-  extern __shared__ __align__(16) unsigned char sc_block_shared_[]; \
-  type* name = reinterpret_cast<type*>(sc_block_shared_)
 
 #endif
