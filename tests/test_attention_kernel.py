@@ -139,13 +139,13 @@ def runs(compiled, tmp_path_factory):
     root = tmp_path_factory.mktemp("attention")
     results, kernels, calls, met = {}, [], [], []
     for name, c in compiled.items():
-        def record(rec, low, flat):
+        def record(rec, low, flat, name=name):
             before = {ident: t.clone() for ident, t in flat.items()}
             simulate_attention(rec, low, flat)
             met.append((name, rec, low, before, flat[low.storage[rec.out.value]].clone()))
 
         results[name] = simulate(c.task, c.graph, c.groups, FUSED, train=True, attention=record)
-    for n, (name, rec, low, flat, _) in enumerate(met):
+    for n, (_, rec, low, flat, _) in enumerate(met):
         kernel = Emitter(low, FUSED, f"m{n}").attention(rec)
         kernels.append(f"namespace m{n} {{\n{kernel.source}}}\n")  # kernel names repeat across models
         loads, args = [], []
