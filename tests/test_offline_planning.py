@@ -324,14 +324,17 @@ def test_offline_coder_searches_from_the_fastest_verified_variant():
     opts = variants("strict")
     nxt = choose_next(opts, [0, 1, 2, 3], Signals.from_verdict(_verdict(ms=0.83, top="library")), base=3)
     assert not opts[nxt]["cublaslt"] and sum(opts[nxt][k] != v for k, v in opts[3].items()) == 1
-    # every option on every other: 60 in fp32 arithmetic, 48 in plain TF32 (no split)
-    assert len({tuple(sorted(o.items())) for o in opts}) == len(opts) == 60 + 48
-    assert not any(o["tf32"] for o in opts[:60]) and all(o["tf32"] and not o["split_tf32"] for o in opts[60:])
+    # every option on every other: 60 in fp32 arithmetic, 48 in plain TF32 (no split); attention as
+    # its products, then each again with attention as one kernel
+    assert len({tuple(sorted(o.items())) for o in opts}) == len(opts) == 2 * (60 + 48)
+    assert not any(o["tf32"] for o in opts[:60]) and all(o["tf32"] and not o["split_tf32"] for o in opts[60:108])
+    assert not any(o["fused_attention"] for o in opts[:108]) and all(o["fused_attention"] for o in opts[108:])
     # TF32: four paths (its own cost model, cuBLASLt, CUTLASS, cuBLAS; no split), bf16: the model's only
-    assert len(variants("paper")) == 12 * 4 + 12 + 60
+    assert len(variants("paper")) == 2 * (12 * 4 + 12 + 60)
 
     task = TASKS["mlp"]
     coder = OfflineCoder(task, "strict")
+    assert len(coder.variants) == 60 + 48  # no attention: its one-kernel variants are the same programs
     answers = [coder.answer(CoderRequest(skill="scratch")) for _ in range(5)]  # nothing shown: a walk
     # the cost model, then the paths the model estimates fastest first: its TF32 twin and the other
     # TF32 paths, each one change from the one before
@@ -484,7 +487,8 @@ def test_the_first_program_is_built_while_the_planner_profiles(tmp_path):
 def test_a_first_step_verifies_the_arithmetic_no_model_predicts_beside_the_first_program():
     """One step keeps the fastest program that passes every trial: under strict the first program
     (3xTF32 where the cost model picks it) goes with its plain-TF32 twin and its true-fp32 twin;
-    under paper with its bf16 twin; a model without products or convolutions with none."""
+    under paper with its bf16 twin; a model without products or convolutions with none; a model
+    with attention also with its twin that runs attention as one kernel."""
     from stitchcuda.agents.offline import OfflineCoder, variant_of
     from stitchcuda.agents.records import CoderRequest
 
@@ -508,3 +512,8 @@ def test_a_first_step_verifies_the_arithmetic_no_model_predicts_beside_the_first
                      "def get_inputs():\n    return [torch.randn(64, 64)]\n\n"
                      "def get_init_inputs():\n    return []\n")
     assert OfflineCoder(pointwise, "strict").samples_wanted(first) == 1
+    # with attention, also the first program with attention as one kernel
+    attention = OfflineCoder(TASKS["causal_attention"], "strict")
+    twins = [attention.variants[i] for i in attention.companions()]
+    assert {**attention.variants[0], "fused_attention": True} in twins
+    assert attention.samples_wanted(first) == 1 + len(twins)

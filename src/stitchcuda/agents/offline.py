@@ -57,13 +57,14 @@ def variants(tolerance: str = "strict") -> list[dict]:
     # needs no split; bf16 goes only where the model picks it, operator by operator.
     paths = ((True, True, True, True), (False, True, False, True), (False, False, True, False),
              (False, False, False, True), (False, False, False, False))
-    grid = itertools.product(precisions, (True, False), (256, 128, 512), (4, 1), paths)
+    # attention as its products, then as one kernel (which is faster depends on the shapes)
+    grid = itertools.product((False, True), precisions, (True, False), (256, 128, 512), (4, 1), paths)
     out: list[dict] = []
-    for (p, h), g, b, v, (m, s, c, lt) in grid:
+    for fa, (p, h), g, b, v, (m, s, c, lt) in grid:
         if h and not m:
             continue
         option = CodegenOptions(tf32=p, bf16=h, graph=g, block=b, vector_width=v, cost_model=m, split_tf32=s and not p,
-                                cutlass=c, cublaslt=lt).model_dump()
+                                cutlass=c, cublaslt=lt, fused_attention=fa).model_dump()
         if option not in out:
             out.append(option)
     return out
@@ -240,7 +241,9 @@ class OfflineCoder:
         # CaptureError or Unsupported says why the compiler cannot work on it
         self.compiled = compiled or compile_task(task)
         self.graph, self.groups = self.compiled.graph, self.compiled.groups
-        self.variants = variants(tolerance)
+        # where no group is attention, its one-kernel variants write the same programs: left out
+        attention = any(g.kind == "attention" for g in self.groups)
+        self.variants = [o for o in variants(tolerance) if attention or not o["fused_attention"]]
         self.tried: list[int] = []
         self.verified_ms: dict[int, float] = {}  # variant -> its time, from the verdicts it was shown
         self._made: dict[str, int] = {}  # sha256 of a program it wrote -> its variant
@@ -284,7 +287,9 @@ class OfflineCoder:
         (plain TF32 under strict, bf16 under paper), and under strict the same in true fp32 where
         the cost model put 3xTF32 somewhere (its error grows with the reduction depth and the
         operands' spread, which only the trials measure). Only those whose estimate differs from the
-        first's: where no product or convolution changes, neither does the program."""
+        first's: where no product or convolution changes, neither does the program. And the same
+        with attention as one kernel where a group takes it (whether its one launch beats the
+        products depends on the sequence, the heads and the GPU)."""
         estimates = self._estimates()
         if not estimates:
             return []
@@ -299,7 +304,18 @@ class OfflineCoder:
             index = next((i for i, o in enumerate(self.variants) if o == {**first, **change}), None)
             if index is not None and index not in out and abs(estimates[index] - estimates[0]) > 1e-9:
                 out.append(index)
+        fused = next((i for i, o in enumerate(self.variants) if o == {**first, "fused_attention": True}), None)
+        if fused is not None and self._fuses_attention(fused):
+            out.append(fused)
         return out
+
+    def _fuses_attention(self, index: int) -> bool:
+        """Whether variant ``index`` lowers some attention group to one kernel."""
+        try:
+            low = self.compiled.lowering(CodegenOptions.model_validate(self.variants[index]))
+        except Unsupported:
+            return False
+        return any(lg.attention is not None for lg in low.groups)
 
     def samples_wanted(self, request: CoderRequest) -> int:
         """The first step verifies the first variant and its companions side by side (a one-step run
