@@ -1,8 +1,9 @@
 """Attention as one kernel (lowering/attention_kernel.py, templates/kernels/attention.cu.j2): which
 groups take it, that the record it lowers to computes the reference model (CPU simulation), and
 that the kernel's CUDA computes the record (run on the CPU through the CUDA emulation, on the
-buffers the simulation reached it with), over heads of 16 to 80, masks that blank whole rows,
-repeated key and value heads and outputs written through strides."""
+buffers the simulation reached it with), over heads of 16 to 80, masks that blank whole rows, a
+shifted-window mask added through a view of the scores, repeated key and value heads and outputs
+written through strides."""
 
 from __future__ import annotations
 
@@ -105,6 +106,30 @@ class Model(nn.Module):
 def get_inputs():
     return [torch.randn(3, 75, 64)]
 ''' + TAIL,
+    # shifted windows: a mask per window added through a view that splits the batch of windows
+    "shifted_windows": HEAD + '''
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+        self.bias = nn.Parameter(torch.randn(1, 2, 16, 16))
+        mask = torch.zeros(4, 16, 16)
+        mask[1:, :8, 8:] = -100.0
+        mask[1:, 8:, :8] = -100.0
+        self.register_buffer("mask", mask)
+
+    def forward(self, x):
+        bw, n, c = x.shape
+        q, k, v = self.qkv(x).view(bw, n, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        att = (q * 16 ** -0.5) @ k.transpose(-2, -1) + self.bias
+        att = att.view(bw // 4, 4, 2, n, n) + self.mask[None, :, None]
+        att = torch.softmax(att.view(-1, 2, n, n), dim=-1)
+        return (att @ v).transpose(1, 2).reshape(bw, n, c)
+
+
+def get_inputs():
+    return [torch.randn(8, 16, 32)]
+''' + TAIL,
     # values wider than the keys, a division for the scale, the output left head-major
     "wide_values": HEAD + '''
 class Model(nn.Module):
@@ -186,7 +211,10 @@ def test_every_attention_takes_one_kernel_where_asked(compiled):
     tiles = {name: lower(c.graph, c.groups, FUSED) for name, c in compiled.items()}
     widths = {name: next(lg.attention for lg in low.groups if lg.attention is not None).tile.bk
               for name, low in tiles.items()}
-    assert widths == {"mha": 64, "masked": 32, "causal_wide": 16, "gqa": 64, "wide_values": 32}
+    assert widths == {"mha": 64, "masked": 32, "causal_wide": 16, "gqa": 64, "shifted_windows": 64, "wide_values": 32}
+    # the windows' mask is read over [images, windows, heads], the batch the scores are viewed through
+    windows = next(lg.attention for lg in tiles["shifted_windows"].groups if lg.attention is not None)
+    assert windows.shape == (2, 4, 2, 16, 16)
 
 
 @pytest.mark.parametrize("name", list(MODELS))

@@ -12,11 +12,13 @@ the first step verifies the program with it beside the one without, and keeps th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from stitchcuda.compiler.capture.graph import Node
 from stitchcuda.compiler.ir.expr import IDENTITY, VIEWS, Expr, Unsupported, leaf, numel, view_expr
 from stitchcuda.compiler.ir.formulas import is_pointwise, pointwise_expr
 from stitchcuda.compiler.ir.group import FusionGroup
+from stitchcuda.compiler.ir.ops import RESHAPES
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lowered import Lowered
 
@@ -65,7 +67,7 @@ class FusedAttention:
     k: AttentionOperand  # [Sk, D]
     v: AttentionOperand  # [Sk, DV]
     out: AttentionOperand  # [Sq, DV]
-    shape: tuple[int, ...]  # the scores': batch dims, Sq, Sk
+    shape: tuple[int, ...]  # the scores' rows and keys after the batch dims ``score`` is read over
     d: int
     dv: int
     alpha: float
@@ -111,34 +113,136 @@ def _operand(e: Expr, batch: tuple[int, ...], where: str, swap: bool = False) ->
     return AttentionOperand(lf.value, lf.offset, tuple(pairs), strides[-2], strides[-1])
 
 
-def _score(cx: LowerContext, env: dict[str, Expr], qk: Node, middle: list[Node]) -> tuple[Expr, bool]:
-    """The expression the softmax takes, over the scores' shape, with the scaled Q.K^T a read of
-    ``qk``'s value; and whether the softmax is the safe one. Only elementwise work and views of
-    what is not the scores may lie between."""
+def _refinement(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The coarsest batch shape both ``a`` and ``b`` (of one element count) merge from: the cuts of
+    both, where every piece between two cuts is whole ([6] and [2, 3]: [2, 3]; [4, 6] and [6, 4]: none),
+    without dims of 1."""
+    def cuts(shape: tuple[int, ...]) -> set[int]:
+        out, acc = set(), 1
+        for d in shape:
+            acc *= d
+            out.add(acc)
+        return out
+
+    if numel(a) != numel(b):
+        return None
+    ends, out, before = sorted(cuts(a) | cuts(b)), [], 1
+    for e in ends:
+        if e % before:
+            return None
+        if e != before or not out:
+            out.append(e // before)
+        before = e
+    return tuple(d for d in out if d != 1)
+
+
+def _in_frame(e: Expr, shape: tuple[int, ...], frame: tuple[int, ...], where: str) -> Expr:
+    """``e`` (broadcast over ``shape``, whose batch dims merge from ``frame``'s) re-read over
+    ``frame``: each batch dim of ``shape`` split into the ``frame`` dims it merges, a read's stride
+    split with it (stride 0 where it broadcasts)."""
+    batch, fb = shape[:-2], frame[:-2]
+    groups, k = [], 0
+    for size in batch:  # ``frame`` has no dim of 1: a dim of 1 here merges none
+        start, acc = k, 1
+        while acc < size and k < len(fb):
+            acc *= fb[k]
+            k += 1
+        if acc != size:
+            raise Unsupported(f"{where}: batch dims {list(batch)} do not merge from {list(fb)}")
+        groups.append(range(start, k))
+    if k != len(fb):
+        raise Unsupported(f"{where}: batch dims {list(batch)} do not merge from {list(fb)}")
+
+    def split(sizes: tuple[int, ...], strides: tuple[int, ...] | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        lead = len(shape) - len(sizes)
+        sizes = (1,) * lead + tuple(sizes)
+        strides = (0,) * lead + tuple(strides) if strides is not None else (0,) * len(sizes)
+        out_sizes: list[int] = []
+        out_strides: list[int] = []
+        for d, group in enumerate(groups):
+            dims = [fb[i] for i in group]
+            if sizes[d] == 1:
+                out_sizes += [1] * len(dims)
+                out_strides += [0] * len(dims)
+                continue
+            inner = numel(dims)
+            for f in dims:
+                inner //= f
+                out_sizes.append(f)
+                out_strides.append(strides[d] * inner)
+        return (*out_sizes, *sizes[-2:]), (*out_strides, *strides[-2:])
+
+    def convert(x: Expr) -> Expr:
+        if x.op == "const":
+            return x
+        if x.op == "leaf":
+            lf = x.leaf
+            if lf is None or not lf.plain:
+                raise Unsupported(f"{where}: a gathered or guarded read over regrouped scores")
+            sizes, strides = split(lf.shape, lf.strides)
+            return leaf(lf.value, sizes, strides, lf.offset)
+        if x.op == "ref":
+            raise Unsupported(f"{where}: a step value over regrouped scores")
+        return Expr(x.op, tuple(convert(a) for a in x.args), shape=split(x.shape, None)[0])
+
+    return convert(e)
+
+
+def _score(cx: LowerContext, env: dict[str, Expr], qk: Node, middle: list[Node]) -> tuple[Expr, tuple[int, ...], bool]:
+    """The expression the softmax takes, with the scaled Q.K^T a read of ``qk``'s value; the shape it
+    is read over (the scores' rows and keys after batch dims that every reshape of the scores on the
+    way merges from: a shifted-window mask is added through [B * W, H, N, N] -> [B, W, H, N, N] and
+    back); and whether the softmax is the safe one. Only elementwise work and views lie between."""
     s_shape = cx.shape(qk.name)
-    env = {**env, qk.name: leaf(qk.name, s_shape)}
     *work, last = middle
+    frame: tuple[int, ...] | None = s_shape[:-2]
+    for n in work:  # the reshapes of values as large as the scores, of the same rows and keys
+        out = cx.shape(n.name)
+        if n.op in VIEWS and out[-2:] == s_shape[-2:] and numel(out) == numel(s_shape) and frame is not None:
+            frame = _refinement(frame, out[:-2])
+    if frame is None:
+        raise Unsupported(f"{qk.name}: the scores are reshaped to batch dims no one shape merges from")
+    frame = (*frame, *s_shape[-2:])
+    derived = {qk.name: _in_frame(leaf(qk.name, s_shape), s_shape, frame, qk.name)}  # over ``frame``
     for n in work:
-        arg = cx.arg(env, f"{n.name} ({n.op})")
+        where = f"{n.name} ({n.op})"
+        arg = cx.arg(env, where)
+        reads = [a[1:] for a in n.args if isinstance(a, str) and a.startswith("%")]
+        if not any(r in derived for r in reads):  # a mask's preparation: over its own shape
+            if n.op in VIEWS and n.op not in IDENTITY:
+                env[n.name] = view_expr(n, arg(n.args[0]))
+            elif is_pointwise(n.op) or n.op in IDENTITY:
+                env[n.name] = pointwise_expr(n, arg)
+            else:
+                raise Unsupported(f"{where} between Q.K^T and the softmax")
+            continue
+        out = cx.shape(n.name)
         if n.op in VIEWS and n.op not in IDENTITY:
-            x = arg(n.args[0])
-            if any(lf.value == qk.name for lf in x.leaves()):
-                raise Unsupported(f"{n.name} ({n.op}): a view of the scores")
-            env[n.name] = view_expr(n, x)
-        elif is_pointwise(n.op) or n.op in IDENTITY:
-            env[n.name] = pointwise_expr(n, arg)
-        else:
-            raise Unsupported(f"{n.name} ({n.op}) between Q.K^T and the softmax")
+            if out[-2:] != s_shape[-2:] or numel(out) != numel(s_shape) or n.op not in RESHAPES:
+                raise Unsupported(f"{where}: a view of the scores that moves their rows or keys")
+            derived[n.name] = derived[n.args[0][1:]]  # the same elements, read over ``frame`` already
+            continue
+        if not (is_pointwise(n.op) or n.op in IDENTITY) or out[-2:] != s_shape[-2:] or numel(out) != numel(s_shape):
+            raise Unsupported(f"{where} between Q.K^T and the softmax")
+
+        def over_frame(a: object, where: str = where, out: tuple[int, ...] = out, arg: Any = arg) -> Expr:
+            name = a[1:] if isinstance(a, str) and a.startswith("%") else None
+            if name in derived:
+                return derived[name]
+            return _in_frame(arg(a), out, frame, where)
+
+        derived[n.name] = pointwise_expr(n, over_frame)
     if last.op not in SOFTMAXES or len(last.args) > 2 and last.args[2] is not None or last.kwargs.get("dtype"):
         raise Unsupported(f"{last.name} ({last.op}): not a float32 softmax")
     if last.args[1] % len(s_shape) != len(s_shape) - 1:
         raise Unsupported(f"{last.name}: a softmax over dim {last.args[1]}, not the keys")
-    score = cx.arg(env, last.name)(last.args[0])
-    if tuple(score.shape) != s_shape or qk.name not in {lf.value for lf in score.leaves()}:
-        raise Unsupported(f"{last.name}: a softmax of {list(score.shape)}, not of the scores {list(s_shape)}")
+    source = last.args[0][1:] if isinstance(last.args[0], str) else ""
+    if source not in derived:
+        raise Unsupported(f"{last.name}: a softmax of something other than the scores")
+    score = derived[source]
     for lf in score.leaves():
-        lf.effective_strides(s_shape)  # raises where a read does not broadcast to the scores
-    return score, SOFTMAXES[last.op]
+        lf.effective_strides(frame)  # raises where a read does not broadcast over the frame
+    return score, frame, SOFTMAXES[last.op]
 
 
 def fused_attention(cx: LowerContext, g: FusionGroup, qk: Node, pv: Node, middle: list[Node], env: dict[str, Expr],
@@ -162,10 +266,10 @@ def fused_attention(cx: LowerContext, g: FusionGroup, qk: Node, pv: Node, middle
     tile = next((t for width, t in TILES if max(d, dv) <= width), None)
     if tile is None:
         raise Unsupported(f"a head of {max(d, dv)} (one kernel takes up to {TILES[-1][0]})")
-    score, safe = _score(cx, env, qk, middle)
+    score, frame, safe = _score(cx, env, qk, middle)
     cx.buffer(final)
     out = AttentionOperand(final, 0, tuple(zip(batch, strides[:-2], strict=True)), strides[-2], strides[-1])
-    rec = FusedAttention(f"k_{qk.name}_attention", q, k, v, out, s_shape, d, dv, alpha, qk.name, score, safe, tile)
+    rec = FusedAttention(f"k_{qk.name}_attention", q, k, v, out, frame, d, dv, alpha, qk.name, score, safe, tile)
     if rec.blocks >= 2 ** 31:
         raise Unsupported(f"{rec.blocks} blocks")
     work = ", ".join(n.op.removeprefix("aten.") for n in middle)
