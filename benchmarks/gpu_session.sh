@@ -12,7 +12,7 @@
 # (suite, or names separated by commas), SUITE_PRESET (default: with the torch.compile baseline),
 # SUITE_FRESH=1 (a new bench, not a resume of the last one on a warm machine: e.g. the second half
 # of the suite in a second call).
-# tests: TESTS_K (a pytest -k expression, e.g. offline), TESTS_S (seconds, 480).
+# tests: TESTS_FILES (tests/test_gpu.py), TESTS_K (a pytest -k expression, e.g. offline), TESTS_S (seconds, 480).
 # Modes run in the order given. CORPUS_ONLY=a,b,... limits the corpus run to those candidates,
 # whose builds then start in the background at once, on the CPU, while the GPU does the rest.
 # Logs go to $OUT (default ./gpu-logs). Wheels the image lacks are expected in .whl/.
@@ -43,7 +43,7 @@ for mode in "$@"; do
   case "$mode" in
     tests)
       python3 -m stitchcuda.cli doctor > "$OUT/doctor.txt" 2>&1; echo "doctor rc=$?"
-      timeout ${TESTS_S:-480} python3 -m pytest -m gpu -v -s -rA tests/test_gpu.py ${TESTS_K:+-k "$TESTS_K"} \
+      timeout ${TESTS_S:-480} python3 -m pytest -m gpu -v -s -rA ${TESTS_FILES:-tests/test_gpu.py} ${TESTS_K:+-k "$TESTS_K"} \
         > "$OUT/pytest_gpu.txt" 2>&1; echo "pytest rc=$?"
       grep -E "PASS|FAIL|ERROR|speedups|profile|passed|failed" "$OUT/pytest_gpu.txt" | tail -n 40; cat "$OUT/doctor.txt"
       ;;
