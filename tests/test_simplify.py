@@ -119,6 +119,40 @@ def test_a_copy_of_a_strided_view_that_elementwise_operators_alone_read_goes():
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5)
 
+UNFOLD = '''
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+class Model(nn.Module):  # convolutions as F.unfold and a product: padded, then not
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(8, 36) / 6)
+        self.w2 = nn.Parameter(torch.randn(8, 32) / 6)
+
+    def forward(self, x):
+        y = (self.w1 @ F.unfold(x, 3, padding=1)).view(2, 8, 10, 10).relu()
+        return self.w2 @ F.unfold(y, 2, stride=2)
+
+def get_inputs():
+    return [torch.randn(2, 4, 10, 10)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_pad_by_nothing_goes_and_a_real_pad_stays():
+    task = task_from("unfold_pads", UNFOLD)
+    graph = capture(task)
+    pads = [n for n in graph.nodes if n.op in ("aten.pad", "aten.constant_pad_nd")]
+    assert [n.args[1] for n in pads] == [[1, 1, 1, 1], [0, 0, 0, 0]]
+    final = simplify(graph)
+    assert [n.args[1] for n in final.nodes if n.op in ("aten.pad", "aten.constant_pad_nd")] == [[1, 1, 1, 1]]
+    got, expected = simulate(task, final, fuse(final))
+    torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
+
+
 CONSTANTS = '''
 import torch
 import torch.nn as nn

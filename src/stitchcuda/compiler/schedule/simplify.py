@@ -3,7 +3,8 @@ launch a kernel for.
 
 - ``drop_identity_clones``: a view to its input's own shape (``expand(x, x.shape)``) and core
   ATen's ``clone`` of a dense value (eval-mode dropout leaves one after every residual branch of
-  a transformer) are the value itself in a functional graph: their readers read the source. A
+  a transformer), or a pad by nothing (``F.unfold`` without padding), are the value itself in a
+  functional graph: their readers read the source. A
   clone that is returned, written back to a buffer, or of a strided view (a real layout copy)
   stays, unless elementwise operators alone read it and its rows stay contiguous: their kernels
   read the view through strides.
@@ -154,6 +155,13 @@ def _rows_contiguous(view: str, produced: dict[str, Node], shapes: dict[str, lis
     return last.dim() > 0 and (last.stride(-1) == 1 or last.shape[-1] == 1)
 
 
+def _zero_pad(n: Node) -> bool:
+    """A pad by nothing on every side (``F.unfold`` without padding pads by zeros): a copy."""
+    pads = n.args[1] if len(n.args) > 1 else None
+    return n.op in ("aten.pad", "aten.constant_pad_nd") and isinstance(pads, list) and bool(pads) \
+        and all(isinstance(p, int) and p == 0 for p in pads)
+
+
 def drop_identity_clones(graph: OpGraph) -> OpGraph:
     """``graph`` without same-shape views, clones of dense values and clones of strided views with
     contiguous rows that only elementwise operators read: their readers read the source."""
@@ -167,7 +175,7 @@ def drop_identity_clones(graph: OpGraph) -> OpGraph:
                 and shapes.get(n.inputs()[0]) == n.out[0].shape:
             alias[n.name] = alias.get(n.inputs()[0], n.inputs()[0])  # a view to its own shape: the value
             continue
-        if n.op != "aten.clone" or n.name in kept or len(n.inputs()) != 1:
+        if (n.op != "aten.clone" and not _zero_pad(n)) or n.name in kept or len(n.inputs()) != 1:
             continue
         if n.kwargs.get("memory_format") not in (None, "torch.preserve_format", "torch.contiguous_format"):
             continue
