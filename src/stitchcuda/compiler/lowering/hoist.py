@@ -41,6 +41,8 @@ def hoist(low: Lowering, static: set[str]) -> None:
     and add the tensors they read to the pack key."""
     graph = low.graph
     returned = set(graph.outputs) | set(graph.mutations)
+    outputs = {ident for _, ident, _ in low.outputs}  # a value stored in an output's buffer is returned too
+    returned |= {v for v, ident in low.storage.items() if ident in outputs}
     placeholders = {p.name for p in graph.placeholders}
     by_name = {n.name: n for n in graph.nodes}
     # what the packs can read: the static placeholders and what hoisted groups compute (a static

@@ -41,6 +41,7 @@ from stitchcuda.compiler.lowering.lower_gemm import library_way, reserve_scratch
 from stitchcuda.compiler.lowering.lower_recurrent import batch_recurrent_inputs
 from stitchcuda.compiler.lowering.lower_sequence import SEQUENCES
 from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS, CodegenOptions, Lowered, Lowering, to_ident
+from stitchcuda.compiler.lowering.output_views import plan_output_views
 from stitchcuda.compiler.lowering.registry import OPERATORS, group_lowering_for
 
 # names the entry point's own code uses (forward_impl's locals, the kernels' index variables) and C++
@@ -98,6 +99,7 @@ class _Lowerer:
         self.counters = self._counters()
         self._check_placeholders()
         self.concats = plan_concats(self.cx, groups, self.owner)
+        plan_output_views(self.cx, groups, self.owner)
 
     def _check_placeholders(self) -> None:
         """Entry arguments are the placeholders some node reads (an unread buffer such as BatchNorm's

@@ -73,7 +73,8 @@ def lower_pointwise(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: di
             s.expr = onto(s.expr, shape)
     if program is None and len(outs) == 1 and not steps and outs[0] not in cx.out.layouts:
         e = env[outs[0]]
-        if e.op == "leaf" and e.leaf.contiguous and outs[0] not in cx.graph.outputs:  # type: ignore[union-attr]
+        returned_in_place = cx.out.storage.get(outs[0], "") == cx.out.storage.get(e.leaf.value)  # type: ignore[union-attr]
+        if e.op == "leaf" and e.leaf.contiguous and (outs[0] not in cx.graph.outputs or returned_in_place):  # type: ignore[union-attr]
             cx.out.storage[outs[0]] = cx.out.storage[e.leaf.value]  # type: ignore[union-attr]
             return Lowered(g, "alias", describe=f"{outs[0]} is a view of {e.leaf.value}")  # type: ignore[union-attr]
     prog = program or Program("pointwise", shape)
