@@ -73,10 +73,12 @@ def lower_pointwise(cx: LowerContext, g: FusionGroup, nodes: list[Node], env: di
             s.expr = onto(s.expr, shape)
     if program is None and len(outs) == 1 and not steps and outs[0] not in cx.out.layouts:
         e = env[outs[0]]
-        returned_in_place = cx.out.storage.get(outs[0], "") == cx.out.storage.get(e.leaf.value)  # type: ignore[union-attr]
-        if e.op == "leaf" and e.leaf.contiguous and (outs[0] not in cx.graph.outputs or returned_in_place):  # type: ignore[union-attr]
-            cx.out.storage[outs[0]] = cx.out.storage[e.leaf.value]  # type: ignore[union-attr]
-            return Lowered(g, "alias", describe=f"{outs[0]} is a view of {e.leaf.value}")  # type: ignore[union-attr]
+        if e.op == "leaf" and e.leaf.contiguous:  # type: ignore[union-attr]
+            source = e.leaf.value  # type: ignore[union-attr]
+            # an output whose value was planned into its buffer (output_views.py) is an alias too
+            if outs[0] not in cx.graph.outputs or cx.out.storage.get(outs[0], "") == cx.out.storage.get(source):
+                cx.out.storage[outs[0]] = cx.out.storage[source]
+                return Lowered(g, "alias", describe=f"{outs[0]} is a view of {source}")
     prog = program or Program("pointwise", shape)
     prog.steps = steps
     for v in outs:
