@@ -20,7 +20,7 @@ from stitchcuda.compiler.ir.formulas import is_pointwise, pointwise_expr
 from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import RESHAPES
 from stitchcuda.compiler.lowering.lower_context import LowerContext
-from stitchcuda.compiler.lowering.lowered import Lowered
+from stitchcuda.compiler.lowering.lowered import Lowered, to_ident
 
 SOFTMAXES = {"aten.softmax": False, "aten._safe_softmax": True}  # op -> a row of -inf gives 0 (not NaN)
 
@@ -269,7 +269,7 @@ def fused_attention(cx: LowerContext, g: FusionGroup, qk: Node, pv: Node, middle
     score, frame, safe = _score(cx, env, qk, middle)
     cx.buffer(final)
     out = AttentionOperand(final, 0, tuple(zip(batch, strides[:-2], strict=True)), strides[-2], strides[-1])
-    rec = FusedAttention(f"k_{qk.name}_attention", q, k, v, out, frame, d, dv, alpha, qk.name, score, safe, tile)
+    rec = FusedAttention(f"k_{to_ident(qk.name)}_attention", q, k, v, out, frame, d, dv, alpha, qk.name, score, safe, tile)
     if rec.blocks >= 2 ** 31:
         raise Unsupported(f"{rec.blocks} blocks")
     work = ", ".join(n.op.removeprefix("aten.") for n in middle)
