@@ -43,6 +43,7 @@ from stitchcuda.compiler.lowering.lower_sequence import SEQUENCES
 from stitchcuda.compiler.lowering.lowered import PLAIN_GEMM_OPS, CodegenOptions, Lowered, Lowering, to_ident
 from stitchcuda.compiler.lowering.output_views import plan_output_views
 from stitchcuda.compiler.lowering.registry import OPERATORS, group_lowering_for
+from stitchcuda.compiler.lowering.siblings import merge_siblings
 
 # names the entry point's own code uses (forward_impl's locals, the kernels' index variables) and C++
 # keywords that are valid Python names: an argument named so gets a prefix
@@ -388,6 +389,7 @@ def lower(graph: OpGraph, groups: list[FusionGroup], options: CodegenOptions | N
     low.uses_blas = any(g.lt is None and g.cutlass is None and g.split is None and not tiny(g) for g in gemms)
     if lowerer.cx.options.pack_weights:
         hoist(low, static_values(graph))
+    merge_siblings(low)
     return low
 
 
