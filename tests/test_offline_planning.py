@@ -335,6 +335,9 @@ def test_offline_coder_searches_from_the_fastest_verified_variant():
     task = TASKS["mlp"]
     coder = OfflineCoder(task, "strict")
     assert len(coder.variants) == 60 + 48  # no attention: its one-kernel variants are the same programs
+    # a program written before an option existed names the variant with that option at its default
+    older = {k: v for k, v in opts[5].items() if k != "fused_attention"}
+    assert variant_of(f"  Options {older}\n", opts) == 5
     answers = [coder.answer(CoderRequest(skill="scratch")) for _ in range(5)]  # nothing shown: a walk
     # the cost model, then the paths the model estimates fastest first: its TF32 twin and the other
     # TF32 paths, each one change from the one before

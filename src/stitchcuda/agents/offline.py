@@ -137,8 +137,8 @@ def variant_of(program: str, options: list[dict]) -> int | None:
     found = OPTIONS_LINE.search(program)
     if not found:
         return None
-    try:
-        named = ast.literal_eval(found[1])
+    try:  # an option added since the program was written takes its default
+        named = CodegenOptions.model_validate(ast.literal_eval(found[1])).model_dump()
     except (ValueError, SyntaxError):
         return None
     return next((i for i, o in enumerate(options) if o == named), None)
