@@ -383,7 +383,8 @@ class Emitter:
             bases=[(f"{k}_at", {"offset": x.offset, "dims": list(reversed(x.batch))}) for k, x in operands.items()],
             **{f"{k}_ptr": low.storage[x.value] for k, x in operands.items()},
             **{f"{k}_row": x.row for k, x in operands.items()}, **{f"{k}_col": x.col for k, x in operands.items()})
+        name, source = self._dedupe(rec.name, source, decls)  # the same layer again: its kernel once
         args = [f"a.{b}" for b in reads] + [f"a.{out}"]
-        launch = (f"{rec.name}<<<{rec.blocks}, {tile.ty * tile.tx}, {tile.shared_bytes(rec.d, rec.dv)}, stream>>>"
+        launch = (f"{name}<<<{rec.blocks}, {tile.ty * tile.tx}, {tile.shared_bytes(rec.d, rec.dv)}, stream>>>"
                   f"({', '.join(args)});\nSC_CUDA_CHECK(cudaGetLastError());")
         return _Kernel(source, launch, decls)

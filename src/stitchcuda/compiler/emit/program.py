@@ -312,7 +312,8 @@ def generate(task: Task, graph: OpGraph, groups: list[FusionGroup], options: Cod
                 continue
             if part.attention is not None:
                 k = emitter.attention(part.attention)
-                kernels.append(k.source)
+                if k.source:
+                    kernels.append(k.source)
                 text.append(k.launch)
             if part.gemm is not None:
                 text.append(emitter.gemm(part.gemm))
