@@ -79,10 +79,10 @@ def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
     if any(v in scale for n in middle + [pv] for v in n.inputs()):
         raise Unsupported("a scaled value is read after Q.K^T")
     final, strides = _output_layout(cx, pv, after)
+    alpha = 1.0  # the constant scales of Q and K, folded into Q.K^T
+    for operand in qk.args[:2]:
+        alpha *= scale.get(operand[1:], 1.0) if isinstance(operand, str) else 1.0
     if cx.options.fused_attention:
-        alpha = 1.0
-        for operand in qk.args[:2]:
-            alpha *= scale.get(operand[1:], 1.0) if isinstance(operand, str) else 1.0
         mark = cx.out.mark()
         try:
             return fused_attention(cx, g, qk, pv, middle, env, alpha, final, strides)
@@ -95,8 +95,7 @@ def lower_attention(cx: LowerContext, g: FusionGroup, nodes: list[Node]) -> Lowe
     copies: list[Lowered] = []  # regrouped operands the products cannot read in place, laid out first
     g_qk = _product(cx, g, f"{qk.name} ({qk.op})", arg(qk.args[0]), arg(qk.args[1]), scores, s_shape,
                     contiguous_strides(s_shape), copies)
-    for operand in qk.args[:2]:
-        g_qk.alpha *= scale.get(operand[1:], 1.0) if isinstance(operand, str) else 1.0
+    g_qk.alpha *= alpha
     place_product(cx, g_qk)
     parts = [*copies, Lowered(g, "gemm", gemm=g_qk, describe=describe_gemm(qk, g_qk))]
     p_value = qk.name

@@ -17,12 +17,12 @@ from stitchcuda.compiler.ir.ops import LAYOUT_VIEWS
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 
 
-def plan_output_views(cx: LowerContext, groups: list[FusionGroup], owner: dict[str, int]) -> list[str]:
-    """Store each such value in its output's buffer (``cx.out.storage``); returns the outputs planned."""
+def plan_output_views(cx: LowerContext, groups: list[FusionGroup], owner: dict[str, int]) -> None:
+    """Store each such value in its output's buffer (``cx.out.storage``)."""
     graph = cx.graph
     by_id = {g.id: g for g in groups}
     kept = set(graph.outputs) | set(graph.mutations) | set(graph.mutations.values())
-    planned, taken = [], set()
+    taken: set[str] = set()
     for o in dict.fromkeys(graph.outputs):
         if graph.outputs.count(o) > 1 or o in cx.out.storage or o not in cx.nodes:
             continue
@@ -40,5 +40,3 @@ def plan_output_views(cx: LowerContext, groups: list[FusionGroup], owner: dict[s
             continue
         cx.out.storage[value] = cx.buffer(o)
         taken.add(value)
-        planned.append(o)
-    return planned
