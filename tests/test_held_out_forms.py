@@ -23,7 +23,7 @@ from stitchcuda.compiler.schedule.simplify import simplify
 from stitchcuda.task.probe import check_here
 from stitchcuda.task.record import Task
 from stitchcuda.verify.correctness import flatten_output
-from stitchcuda.verify.kernelbench_harness import _not_one_tensor
+from stitchcuda.verify.kernelbench_harness import _not_one_tensor, adapt_for_harness, flattened_outputs
 from stitchcuda.verify.weights_trial import perturbed
 
 TASKS = {
@@ -230,10 +230,27 @@ def test_the_reference_check_takes_any_nesting_of_tensors_and_names_what_is_not_
     assert problem is not None and "int" in problem and "tensors" in problem
 
 
-def test_kernelbench_s_harness_is_told_it_cannot_compare_a_tuple():
-    why = _not_one_tensor(_task("lstm_states").source)
-    assert why is not None and "tuple of 3 tensors" in why
-    assert _not_one_tensor(_task("im2col").source) is None
+def test_kernelbench_s_harness_compares_a_tuple_of_tensors_flattened_into_one():
+    """Its harness reads ``output.shape`` and calls one ``torch.allclose``: nn.LSTM's
+    ``output, (h_n, c_n)`` goes to it as the three flattened and concatenated, in both models (the
+    same elementwise test as leaf by leaf); outputs of mixed dtypes it is told it cannot compare."""
+    source = _task("lstm_states").source
+    assert flattened_outputs(source) == 3 and _not_one_tensor(source) is None
+    assert flattened_outputs(_task("im2col").source) is None and _not_one_tensor(_task("im2col").source) is None
+    reference, candidate, said = adapt_for_harness(source, source.replace("class Model(", "class ModelNew("))
+    assert "3 tensors" in said and "flattened" in said
+    scope: dict = {}
+    exec(reference, scope)
+    torch.manual_seed(0)
+    model = scope["Model"](*scope["get_init_inputs"]())
+    inputs = scope["get_inputs"]()
+    flat = model(*inputs)
+    leaves = torch.utils._pytree.tree_leaves(scope["_stitchcuda_Model_forward"](model, *inputs))
+    assert len(leaves) == 3 and torch.equal(flat, torch.cat([t.reshape(-1) for t in leaves]))
+    mixed = source.replace("return self.net(x)", "return self.net(x)[0], x.argmax()")
+    assert mixed != source and flattened_outputs(mixed) is None
+    why = _not_one_tensor(mixed)
+    assert why is not None and "tuple of 2 values" in why
 
 
 def _encoder_task(**kwargs) -> Task:

@@ -355,7 +355,7 @@ def test_integer_inputs_are_cast_back_for_kernelbench_whose_harness_makes_every_
     first; the classes keep their constructors (``super(Model, self)`` included) and state_dict keys."""
     import torch
 
-    from stitchcuda.verify.kernelbench_harness import _restore_inputs, integer_inputs
+    from stitchcuda.verify.kernelbench_harness import _wrap_forward, integer_inputs
 
     reference = (
         "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
@@ -366,7 +366,7 @@ def test_integer_inputs_are_cast_back_for_kernelbench_whose_harness_makes_every_
     restored = integer_inputs(reference)
     assert restored == {0: "torch.int64", 1: "torch.bool"}
     scope: dict = {}
-    exec(_restore_inputs(reference, "Model", restored), scope)
+    exec(_wrap_forward(reference, "Model", restored, flatten=False), scope)
     torch.manual_seed(0)
     model = scope["Model"]()
     assert list(model.state_dict()) == ["table.weight"]

@@ -124,9 +124,7 @@ def run_harness(checkout: str | Path, reference: str, candidate: str, *, trials:
             raise HarnessError("this KernelBench harness has no get_tolerance_for_precision to judge at another "
                                "tolerance")
         harness.get_tolerance_for_precision = lambda precision: tolerance
-    restored = integer_inputs(reference)
-    if restored:
-        reference, candidate = _restore_inputs(reference, "Model", restored), _restore_inputs(candidate, "ModelNew", restored)
+    reference, candidate, adapted = adapt_for_harness(reference, candidate)
     result = harness.eval_kernel_against_ref(
         reference, candidate, num_correct_trials=trials, num_perf_trials=perf_trials, measure_performance=measure_performance,
         build_dir=build_dir, device=torch.device("cuda:0"), backend="cuda", precision=torch.float32)
@@ -136,9 +134,8 @@ def run_harness(checkout: str | Path, reference: str, candidate: str, *, trials:
     meta = getattr(result, "metadata", {}) or {}
     detail = "; ".join(f"{k}: {str(v)[:200]}" for k, v in meta.items()
                        if k not in ("hardware", "device", "correctness_trials"))
-    if restored:
-        detail = (f"inputs {sorted(restored)} are {', '.join(sorted(set(restored.values())))}: KernelBench casts every "
-                  "input to float32, so both models cast them back first (exact below 2^24); " + detail)
+    if adapted:
+        detail = f"{adapted}; {detail}"
     ref_runtime = getattr(result, "ref_runtime", -1.0)
     return HarnessVerdict(compiled=bool(result.compiled), correct=bool(result.correctness),
                           runtime_ms=float(runtime) if runtime and runtime > 0 else None,
@@ -167,9 +164,7 @@ def time_both(checkout: str | Path, reference: str, candidate: str, *, perf_tria
     _set_tf32(None)
     harness = load_eval(checkout)
     timing = importlib.import_module("kernelbench.timing")
-    restored = integer_inputs(reference)
-    if restored:
-        reference, candidate = _restore_inputs(reference, "Model", restored), _restore_inputs(candidate, "ModelNew", restored)
+    reference, candidate, _ = adapt_for_harness(reference, candidate)
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")  # cpu: only under a test's fake harness
     ref_ms = timing.measure_ref_program_time("reference", reference, num_trials=perf_trials, device=device)["mean"]
     _, get_init_inputs, get_inputs = harness.load_original_model_and_inputs(reference, {})
@@ -186,25 +181,50 @@ def time_both(checkout: str | Path, reference: str, candidate: str, *, perf_tria
     return float(ref_ms), float(timing.get_timing_stats(elapsed, device=device)["mean"])
 
 
-def _not_one_tensor(reference: str) -> str | None:
-    """Why KernelBench's harness cannot compare this task's outputs (it reads ``output.shape`` and
-    calls ``torch.allclose`` on one tensor), from the reference's forward on the meta device; None
-    where it returns one tensor, or where the meta device cannot tell."""
+def _outputs_on_meta(reference: str) -> Any:
+    """The reference's output computed on the meta device (shapes and dtypes only); None where the
+    meta device cannot run it."""
     import torch
-    from torch.utils._pytree import tree_leaves
 
     scope: dict[str, Any] = {"__name__": "stitchcuda_harness_outputs"}
     try:
         exec(compile(reference, "reference.py", "exec"), scope)
         with torch.device("meta"), torch.no_grad():
-            output = scope["Model"](*scope["get_init_inputs"]())(*scope["get_inputs"]())
-    except Exception:  # noqa: BLE001 - not told here: its verdict stands
+            return scope["Model"](*scope["get_init_inputs"]())(*scope["get_inputs"]())
+    except Exception:  # noqa: BLE001 - not told here: the harness's own verdict stands
         return None
-    if isinstance(output, torch.Tensor):
+
+
+def flattened_outputs(reference: str) -> int | None:
+    """How many tensors the reference returns where it returns a pytree of them (a tuple, a nested
+    tuple, a dict) that can be given to KernelBench's harness as one tensor: every leaf a tensor of
+    one floating dtype. None where it returns one tensor, or anything else."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    output = _outputs_on_meta(reference)
+    if output is None or isinstance(output, torch.Tensor):
+        return None
+    leaves = tree_leaves(output)
+    if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
+        return None
+    dtypes = {t.dtype for t in leaves}
+    return len(leaves) if len(dtypes) == 1 and next(iter(dtypes)).is_floating_point else None
+
+
+def _not_one_tensor(reference: str) -> str | None:
+    """Why KernelBench's harness cannot compare this task's outputs (it reads ``output.shape`` and
+    calls ``torch.allclose`` on one tensor, and they cannot be flattened into one for it); None where
+    it returns one tensor or flattenable ones, or where the meta device cannot tell."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    output = _outputs_on_meta(reference)
+    if output is None or isinstance(output, torch.Tensor) or flattened_outputs(reference) is not None:
         return None
     return (f"KernelBench's harness compares one output tensor (output.shape, torch.allclose); this task returns "
-            f"{type(output).__name__} of {len(tree_leaves(output))} tensors, which it cannot compare: no verdict "
-            "from it (ours compares them one by one)")
+            f"{type(output).__name__} of {len(tree_leaves(output))} values that are not tensors of one floating "
+            "dtype, which it cannot compare: no verdict from it (ours compares them one by one)")
 
 
 def integer_inputs(reference: str) -> dict[int, str]:
@@ -220,16 +240,39 @@ def integer_inputs(reference: str) -> dict[int, str]:
             if isinstance(x, torch.Tensor) and not x.dtype.is_floating_point and not x.dtype.is_complex}
 
 
-def _restore_inputs(source: str, cls: str, restored: dict[int, str]) -> str:
+def adapt_for_harness(reference: str, candidate: str) -> tuple[str, str, str]:
+    """Both sources as KernelBench's harness can judge them, and what was done, in words ("" where
+    nothing): integer inputs, which it casts to float32, cast back first; a pytree of outputs
+    returned as the concatenation of its leaves flattened, which it compares in one
+    ``torch.allclose`` element by element (what comparing leaf by leaf decides; the leaves' shapes
+    are our Verifier's check)."""
+    restored, flattened = integer_inputs(reference), flattened_outputs(reference)
+    said = []
+    if restored:
+        said.append(f"inputs {sorted(restored)} are {', '.join(sorted(set(restored.values())))}: KernelBench casts "
+                    "every input to float32, so both models cast them back first (exact below 2^24)")
+    if flattened:
+        said.append(f"the task returns {flattened} tensors; KernelBench compares one, so both models return them "
+                    "flattened and concatenated")
+    if said:
+        reference = _wrap_forward(reference, "Model", restored, bool(flattened))
+        candidate = _wrap_forward(candidate, "ModelNew", restored, bool(flattened))
+    return reference, candidate, "; ".join(said)
+
+
+def _wrap_forward(source: str, cls: str, restored: dict[int, str], flatten: bool) -> str:
     """``source`` with ``cls``'s forward replaced by one that first casts the inputs at ``restored``
-    back to their own dtypes. The class itself stays (a subclass under its name would send its
+    back to their own dtypes and, with ``flatten``, returns its outputs' leaves flattened into one
+    tensor. The class itself stays (a subclass under its name would send its
     ``super(Model, self).__init__()`` round in circles); constructor, parameters and keys unchanged."""
     casts = ", ".join(f"{i}: {dtype}" for i, dtype in sorted(restored.items()))
-    return (source + f"\n\n# stitchcuda: KernelBench's harness casts every input to float32; these are cast back\n"
-            f"_stitchcuda_{cls}_forward = {cls}.forward\n\n\ndef _stitchcuda_{cls}_cast(self, *args):\n"
-            f"    dtypes = {{{casts}}}\n"
-            f"    return _stitchcuda_{cls}_forward(self, *(a.to(dtypes[i]) if i in dtypes else a "
-            f"for i, a in enumerate(args)))\n\n\n{cls}.forward = _stitchcuda_{cls}_cast\n")
+    call = f"_stitchcuda_{cls}_forward(self, *(a.to(dtypes[i]) if i in dtypes else a for i, a in enumerate(args)))"
+    if flatten:
+        call = f"torch.cat([t.reshape(-1) for t in _stitchcuda_leaves({call})])"
+    return (source + "\n\n# stitchcuda: adapted for KernelBench's harness (its inputs all float32, one output "
+            f"tensor)\nimport torch\nfrom torch.utils._pytree import tree_leaves as _stitchcuda_leaves\n"
+            f"_stitchcuda_{cls}_forward = {cls}.forward\n\n\ndef _stitchcuda_{cls}_adapted(self, *args):\n"
+            f"    dtypes = {{{casts}}}\n    return {call}\n\n\n{cls}.forward = _stitchcuda_{cls}_adapted\n")
 
 
 class HarnessRequest(BaseModel):
