@@ -91,7 +91,7 @@ def markdown() -> str:
     by: dict[tuple[str, str], list[str]] = {}
     for op, info in OPERATORS.items():
         lowering = "refused" if refusal(op) else info.lowering
-        by.setdefault((info.role, lowering), []).append(op.split(".", 1)[1])
+        by.setdefault((info.role, lowering), []).append(op.removeprefix("aten."))  # the compiler's own keep their prefix
     lines = ["| role | lowered by | operators |", "|---|---|---|"]
     for (role, lowering), names in sorted(by.items()):
         lines.append(f"| {role} | {lowering} | {', '.join(f'`{n}`' for n in sorted(names))} |")

@@ -299,6 +299,8 @@ OPERATORS: dict[str, OpInfo] = {
     "aten.sym_numel": _op("other", "refused: a symbolic shape"),
     "aten.sym_storage_offset": _op("other", "refused: a symbolic shape"),
     "stitchcuda.int_add": _op("other", FAMILY),
+    # strides over a computed value's own buffer (schedule/copy_reads.py): (value, size, stride, offset)
+    "stitchcuda.buffer_view": _op("view", GROUPS, "strided", "fusable", "quiet"),
 }
 
 

@@ -133,7 +133,7 @@ class Dataflow:
             if op in ("aten.expand", "aten.expand_as"):
                 lead = len(new) - rank
                 return [0] * lead + [0 if shape[i] == 1 and new[lead + i] != 1 else st[i] for i in range(rank)]
-            if op == "aten.as_strided":
+            if op in ("aten.as_strided", "stitchcuda.buffer_view"):
                 return [int(s) for s in args[2]]
         except (IndexError, TypeError, ValueError):
             return None

@@ -55,6 +55,7 @@ from stitchcuda.compiler.ir.ops import (
     SPLITS,
     VIEW_OPS,
 )
+from stitchcuda.compiler.schedule.copy_reads import read_copies_through_views
 from stitchcuda.compiler.schedule.batch_norm_split import training_batch_norm_as_pointwise
 from stitchcuda.compiler.schedule.horizontal import merge_shared_linears
 from stitchcuda.compiler.schedule.rewrite import split_into_slices, without_unread
@@ -82,8 +83,8 @@ _INTEGER_REDUCTIONS = {"aten.any", "aten.all", "aten.sum", "aten.amax", "aten.am
 
 
 def simplify(graph: OpGraph) -> OpGraph:
-    graph = commute_row_permutes(merge_shared_linears(tanh_gelu_formulas(negated_pieces_as_signs(
-        index_ranges_as_slices(fold_constants(drop_identity_clones(graph)))))))
+    graph = read_copies_through_views(commute_row_permutes(merge_shared_linears(tanh_gelu_formulas(
+        negated_pieces_as_signs(index_ranges_as_slices(fold_constants(drop_identity_clones(graph))))))))
     graph = split_into_slices(graph, {n.name for n in graph.nodes if n.op in SPLITS})
     return split_shared_views(shuffles_as_concatenations(training_batch_norm_as_pointwise(graph)))
 
