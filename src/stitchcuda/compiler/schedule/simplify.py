@@ -55,8 +55,8 @@ from stitchcuda.compiler.ir.ops import (
     SPLITS,
     VIEW_OPS,
 )
-from stitchcuda.compiler.schedule.copy_reads import read_copies_through_views
 from stitchcuda.compiler.schedule.batch_norm_split import training_batch_norm_as_pointwise
+from stitchcuda.compiler.schedule.copy_reads import read_copies_through_views
 from stitchcuda.compiler.schedule.horizontal import merge_shared_linears
 from stitchcuda.compiler.schedule.rewrite import split_into_slices, without_unread
 from stitchcuda.compiler.schedule.roles import op_role
