@@ -146,3 +146,16 @@ def test_a_worker_takes_the_gate_around_its_gpu_work(tmp_path, cache):
     assert verdict.correct and wall.gpu_wait_s > 0.5  # it waited for the holder
     assert wall.gpu_shared_s > 0 and wall.gpu_exclusive_s > 0 and len(wall.gpu_intervals) >= 2
     assert wall.split()["gpu_wait"] == wall.gpu_wait_s
+
+
+def test_a_gate_under_a_relative_workspace_names_its_lock_absolutely(tmp_path, monkeypatch):
+    """A bench given ``--workspace .stitchcuda/ws`` hands the lock's path to workers and to
+    KernelBench's process, which run from folders of their own."""
+    from pathlib import Path
+
+    monkeypatch.chdir(tmp_path)
+    gate = GpuGate("cpu", Path("ws") / "gpu-locks")
+    assert gate.path.is_absolute() and gate.path.parent == tmp_path / "ws" / "gpu-locks"
+    monkeypatch.chdir("/")
+    with GateClient(str(gate.path)).section("shared"):
+        pass

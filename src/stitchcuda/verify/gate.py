@@ -41,7 +41,8 @@ class GpuGate:
         gpu = machine.physical_gpu(device) if device.startswith("cuda") else None
         key = f"gpu{gpu.index}" if gpu is not None else device.replace(":", "")
         root.mkdir(parents=True, exist_ok=True)
-        self.path = root / f"{key}.lock"
+        # absolute: the workers and KernelBench's process open it from folders of their own
+        self.path = root.resolve() / f"{key}.lock"
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
