@@ -404,7 +404,9 @@ class Program {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using stitchcuda_host::Program;
-  py::class_<Program>(m, "Program")
+  // module-local: the same host built in two folders (a harness that builds each program apart)
+  // loads twice into one process, and a global type of one name cannot register twice
+  py::class_<Program>(m, "Program", py::module_local())
       .def(py::init<int64_t, std::vector<std::string>, std::vector<std::vector<int64_t>>, std::vector<std::string>,
                     std::vector<std::vector<int64_t>>, std::vector<std::string>, std::vector<std::vector<int64_t>>,
                     std::vector<std::string>, std::vector<int64_t>, std::vector<int64_t>, int64_t, bool, bool,
