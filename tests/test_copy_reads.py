@@ -113,6 +113,35 @@ def test_packed_heads_picked_from_a_copy_read_the_projection():
     torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
 
 
+TWO_COPIES = '''
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 24)
+
+    def forward(self, x):
+        y = self.fc(x).view(2, 3, 4, 6).permute(0, 2, 1, 3).contiguous()  # a copy that goes ...
+        z = y[:, 1].permute(2, 0, 1).contiguous()  # ... and a copy of a view of it, which stays
+        return z[0] * 2.0
+
+def get_inputs():
+    return [torch.randn(2, 3, 8)]
+''' + _INPUTS
+
+
+def test_a_copy_of_a_view_of_a_dropped_copy_keeps_a_consistent_graph():
+    task = task_from("two_copies", TWO_COPIES)
+    graph = simplify(capture(task))
+    names = {n.name for n in graph.nodes} | {p.name for p in graph.placeholders}
+    assert all(v in names for n in graph.nodes for v in n.inputs())
+    assert _ops(graph).count("stitchcuda.buffer_view") == 1 and _ops(graph).count("aten.clone") == 1
+    got, expected = simulate(task, graph, fuse(graph))
+    torch.testing.assert_close(got[0], expected[0], atol=1e-5, rtol=1e-5)
+
+
 def test_a_copy_read_as_rows_of_another_layout_stays():
     task = task_from("layout", REAL_LAYOUT)
     graph = simplify(capture(task))

@@ -42,7 +42,7 @@ def read_copies_through_views(graph: OpGraph) -> OpGraph:
         if n.op != "aten.clone" or n.name in kept or len(n.inputs()) != 1 or n.kwargs.get("memory_format") not in _FORMATS:
             continue
         found = _rewrite(graph, produced, users, kept, n)
-        if found is not None:
+        if found is not None and not _overlaps(found, replaced, dropped):
             replaced |= found[0]
             dropped |= found[1]
             beneath |= found[2]
@@ -52,6 +52,14 @@ def read_copies_through_views(graph: OpGraph) -> OpGraph:
     nodes = [replaced.get(m.name, m) for m in out.nodes if m.name not in dropped]
     out.nodes = without_unread(out, nodes, lambda m: m.name in beneath)
     return out
+
+
+def _overlaps(found: tuple[dict[str, Node], set[str], set[str]], replaced: dict[str, Node], dropped: set[str]) -> bool:
+    """Whether a copy's rewrite reads or rewrites what an earlier one dropped or rewrote (a copy of a
+    view of another copy: the first goes, the second stays and reads the first's buffer view)."""
+    ends, gone, beneath = found
+    sources = {m.args[0][1:] for m in ends.values()}
+    return bool((sources | set(ends) | gone | beneath) & (set(replaced) | dropped))
 
 
 def _view(n: Node) -> bool:
