@@ -402,10 +402,10 @@ def view_expr(node: Any, x: Expr) -> Expr:
         dim, step = a[1] % len(shape), a[3]
         return leaf(lf.value, out, strides[:dim] + [strides[dim] * step] + strides[dim + 1:] + [strides[dim]],
                     lf.offset)
-    if name == "stitchcuda.buffer_view":  # strides over the value's own buffer, read whole
-        if not lf.contiguous:
-            raise Unsupported(f"{where}: a buffer view of a view")
-        return leaf(lf.value, out, [int(s) for s in a[2]], int(a[3]))
+    if name == "stitchcuda.buffer_view":  # strides over the value's elements in row-major order
+        if not lf.plain or list(lf.strides) != list(contiguous_strides(lf.shape)):
+            raise Unsupported(f"{where}: a buffer view of a strided view")
+        return leaf(lf.value, out, [int(s) for s in a[2]], lf.offset + int(a[3]))  # where it starts in its buffer
     if name in ("aten.slice", "aten.select"):
         dim = (a[1] if len(a) > 1 else 0) % len(shape)
         if name == "aten.select":
