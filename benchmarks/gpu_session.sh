@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # GPU sessions of checks, as run on the lent H100/H200 (the issue notes carry the figures):
 #   bash benchmarks/gpu_session.sh MODE...     MODE: tests | bench | ncu | agents | corpus | suite | throughput | reward | grpo
-#                                              | zoo | dnn
+#                                              | zoo | dnn | probe | dnndebug
 # zoo: the whole zoo (written here by benchmarks/zoo.py) through benchmarks/ray_scaling.py: ZOO_MODES
 # (local, ray, local-1gpu; comma-separated, default local), ZOO_PRESET (quick), ZOO_RUNS (6 per GPU),
 # ZOO_HARNESS (a KernelBench checkout: its second opinion too), ZOO_TIMEOUT_S (540 a mode); a mode
 # cut at its limit carries on in the next call on a warm machine; each mode's figures come back as
 # mode-MODE.json, and `python benchmarks/ray_scaling.py --table --out DIR` compares them anywhere.
 # dnn: cuDNN's graph-API convolution plans against float64, timed beside the legacy algorithms.
+# probe: benchmarks/harness_probe.py on PROBE_TASK and PROBE_PROGRAM. dnndebug: the graph-API plans'
+# GPU test under gdb where the machine has it, with cuDNN's API log (its last 200 lines kept).
 # suite: SUITE_TOLERANCES (strict paper), SUITE_STEPS (3), SUITE_RUNS (tasks per GPU, 8), SUITE_TASKS
 # (suite, or names separated by commas), SUITE_PRESET (default: with the torch.compile baseline),
 # SUITE_FRESH=1 (a new bench, not a resume of the last one on a warm machine: e.g. the second half
@@ -103,6 +105,21 @@ for mode in "$@"; do
     dnn)
       timeout ${DNN_S:-300} python3 -m pytest -m gpu -s -rA tests/test_dnn_graph.py > "$OUT/dnn.txt" 2>&1
       echo "dnn rc=$?"; grep -E "convolutions:|passed|failed|Error" "$OUT/dnn.txt" | tail -n 12
+      ;;
+    probe)
+      # one program run each way KernelBench's harness differs from our worker (PROBE_TASK, PROBE_PROGRAM)
+      timeout ${PROBE_S:-400} python3 benchmarks/harness_probe.py "$PROBE_TASK" "$PROBE_PROGRAM" > "$OUT/probe.txt" 2>&1
+      echo "probe rc=$?"; tail -n 8 "$OUT/probe.txt"
+      ;;
+    dnndebug)
+      # the graph-API plans' GPU test under gdb (a native backtrace) with cuDNN's API log
+      export CUDNN_LOGLEVEL_DBG=3 CUDNN_LOGDEST_DBG="$OUT/cudnn_full.log"
+      run=(python3 -m pytest -m gpu -x -s -p no:cacheprovider tests/test_dnn_graph.py)
+      if command -v gdb > /dev/null; then run=(gdb -q -batch -ex run -ex bt --args "${run[@]}"); fi
+      timeout ${DNN_S:-300} "${run[@]}" > "$OUT/dnndebug.txt" 2>&1; echo "dnndebug rc=$?"
+      unset CUDNN_LOGLEVEL_DBG CUDNN_LOGDEST_DBG
+      tail -n 200 "$OUT/cudnn_full.log" > "$OUT/cudnn_tail.log" 2>/dev/null; rm -f "$OUT/cudnn_full.log"
+      grep -n -A30 "SIGSEGV\|Segmentation\|passed\|failed" "$OUT/dnndebug.txt" | head -n 50
       ;;
     throughput)
       timeout ${THROUGHPUT_S:-500} python3 benchmarks/bench_throughput.py > "$OUT/throughput.txt" 2>&1
