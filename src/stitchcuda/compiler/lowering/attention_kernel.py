@@ -21,6 +21,7 @@ from stitchcuda.compiler.ir.group import FusionGroup
 from stitchcuda.compiler.ir.ops import RESHAPES
 from stitchcuda.compiler.lowering.lower_context import LowerContext
 from stitchcuda.compiler.lowering.lowered import Lowered, to_ident
+from stitchcuda.compiler.lowering.regroup import common_split, onto
 
 SOFTMAXES = {"aten.softmax": False, "aten._safe_softmax": True}  # op -> a row of -inf gives 0 (not NaN)
 
@@ -113,79 +114,19 @@ def _operand(e: Expr, batch: tuple[int, ...], where: str, swap: bool = False) ->
     return AttentionOperand(lf.value, lf.offset, tuple(pairs), strides[-2], strides[-1])
 
 
-def _refinement(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The coarsest batch shape both ``a`` and ``b`` (of one element count) merge from: the cuts of
-    both, where every piece between two cuts is whole ([6] and [2, 3]: [2, 3]; [4, 6] and [6, 4]: none),
-    without dims of 1."""
-    def cuts(shape: tuple[int, ...]) -> set[int]:
-        out, acc = set(), 1
-        for d in shape:
-            acc *= d
-            out.add(acc)
-        return out
-
-    if numel(a) != numel(b):
-        return None
-    ends, out, before = sorted(cuts(a) | cuts(b)), [], 1
-    for e in ends:
-        if e % before:
-            return None
-        if e != before or not out:
-            out.append(e // before)
-        before = e
-    return tuple(d for d in out if d != 1)
-
-
-def _in_frame(e: Expr, shape: tuple[int, ...], frame: tuple[int, ...], where: str) -> Expr:
-    """``e`` (broadcast over ``shape``, whose batch dims merge from ``frame``'s) re-read over
-    ``frame``: each batch dim of ``shape`` split into the ``frame`` dims it merges, a read's stride
-    split with it (stride 0 where it broadcasts)."""
-    batch, fb = shape[:-2], frame[:-2]
-    groups, k = [], 0
-    for size in batch:  # ``frame`` has no dim of 1: a dim of 1 here merges none
-        start, acc = k, 1
-        while acc < size and k < len(fb):
-            acc *= fb[k]
-            k += 1
-        if acc != size:
-            raise Unsupported(f"{where}: batch dims {list(batch)} do not merge from {list(fb)}")
-        groups.append(range(start, k))
-    if k != len(fb):
-        raise Unsupported(f"{where}: batch dims {list(batch)} do not merge from {list(fb)}")
-
-    def split(sizes: tuple[int, ...], strides: tuple[int, ...] | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        lead = len(shape) - len(sizes)
-        sizes = (1,) * lead + tuple(sizes)
-        strides = (0,) * lead + tuple(strides) if strides is not None else (0,) * len(sizes)
-        out_sizes: list[int] = []
-        out_strides: list[int] = []
-        for d, group in enumerate(groups):
-            dims = [fb[i] for i in group]
-            if sizes[d] == 1:
-                out_sizes += [1] * len(dims)
-                out_strides += [0] * len(dims)
-                continue
-            inner = numel(dims)
-            for f in dims:
-                inner //= f
-                out_sizes.append(f)
-                out_strides.append(strides[d] * inner)
-        return (*out_sizes, *sizes[-2:]), (*out_strides, *strides[-2:])
-
-    def convert(x: Expr) -> Expr:
-        if x.op == "const":
-            return x
-        if x.op == "leaf":
-            lf = x.leaf
-            if lf is None or not lf.plain:
-                raise Unsupported(f"{where}: a gathered or guarded read over regrouped scores")
-            sizes, strides = split(lf.shape, lf.strides)
-            return leaf(lf.value, sizes, strides, lf.offset)
-        if x.op == "ref":
-            raise Unsupported(f"{where}: a step value over regrouped scores")
-        return Expr(x.op, tuple(convert(a) for a in x.args), shape=split(x.shape, None)[0])
-
-    return convert(e)
+def _broadcast(e: Expr, shape: tuple[int, ...]) -> Expr:
+    """``e`` read over the whole of ``shape`` (each read's broadcast dims at stride 0), so that
+    ``regroup.onto`` can re-read it over a finer split of the batch dims."""
+    if e.op == "const":
+        return e
+    if e.op == "leaf":
+        lf = e.leaf
+        if lf is None or not lf.plain:
+            raise Unsupported("a gathered or guarded read over regrouped scores")
+        return leaf(lf.value, shape, lf.effective_strides(shape), lf.offset)
+    if e.op == "ref":
+        raise Unsupported("a step value over regrouped scores")
+    return Expr(e.op, tuple(_broadcast(a, shape) for a in e.args), shape=tuple(shape))
 
 
 def _score(cx: LowerContext, env: dict[str, Expr], qk: Node, middle: list[Node]) -> tuple[Expr, tuple[int, ...], bool]:
@@ -199,11 +140,12 @@ def _score(cx: LowerContext, env: dict[str, Expr], qk: Node, middle: list[Node])
     for n in work:  # the reshapes of values as large as the scores, of the same rows and keys
         out = cx.shape(n.name)
         if n.op in VIEWS and out[-2:] == s_shape[-2:] and numel(out) == numel(s_shape) and frame is not None:
-            frame = _refinement(frame, out[:-2])
+            split = common_split([frame, out[:-2]])
+            frame = None if split is None else tuple(d for d in split if d != 1)
     if frame is None:
         raise Unsupported(f"{qk.name}: the scores are reshaped to batch dims no one shape merges from")
     frame = (*frame, *s_shape[-2:])
-    derived = {qk.name: _in_frame(leaf(qk.name, s_shape), s_shape, frame, qk.name)}  # over ``frame``
+    derived = {qk.name: onto(leaf(qk.name, s_shape), frame)}  # over ``frame``
     for n in work:
         where = f"{n.name} ({n.op})"
         arg = cx.arg(env, where)
@@ -229,7 +171,7 @@ def _score(cx: LowerContext, env: dict[str, Expr], qk: Node, middle: list[Node])
             name = a[1:] if isinstance(a, str) and a.startswith("%") else None
             if name in derived:
                 return derived[name]
-            return _in_frame(arg(a), out, frame, where)
+            return onto(_broadcast(arg(a), out), frame)
 
         derived[n.name] = pointwise_expr(n, over_frame)
     if last.op not in SOFTMAXES or len(last.args) > 2 and last.args[2] is not None or last.kwargs.get("dtype"):
