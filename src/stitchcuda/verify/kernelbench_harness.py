@@ -181,50 +181,48 @@ def time_both(checkout: str | Path, reference: str, candidate: str, *, perf_tria
     return float(ref_ms), float(timing.get_timing_stats(elapsed, device=device)["mean"])
 
 
-def _outputs_on_meta(reference: str) -> Any:
-    """The reference's output computed on the meta device (shapes and dtypes only); None where the
-    meta device cannot run it."""
+@functools.lru_cache(maxsize=8)
+def _output_form(reference: str) -> tuple[str, int, bool] | None:
+    """The reference's output computed on the meta device, as (its type's name, its tensor leaves,
+    whether they are tensors of one floating dtype); None where it is one tensor or the meta device
+    cannot run it. Once per reference: each of the harness's questions about one task asks it."""
     import torch
+    from torch.utils._pytree import tree_leaves
 
     scope: dict[str, Any] = {"__name__": "stitchcuda_harness_outputs"}
     try:
         exec(compile(reference, "reference.py", "exec"), scope)
         with torch.device("meta"), torch.no_grad():
-            return scope["Model"](*scope["get_init_inputs"]())(*scope["get_inputs"]())
+            output = scope["Model"](*scope["get_init_inputs"]())(*scope["get_inputs"]())
     except Exception:  # noqa: BLE001 - not told here: the harness's own verdict stands
         return None
+    if isinstance(output, torch.Tensor):
+        return None
+    leaves = tree_leaves(output)
+    dtypes = {t.dtype for t in leaves if isinstance(t, torch.Tensor)}
+    flat = bool(leaves) and all(isinstance(t, torch.Tensor) for t in leaves) and len(dtypes) == 1 \
+        and next(iter(dtypes)).is_floating_point
+    return type(output).__name__, len(leaves), flat
 
 
 def flattened_outputs(reference: str) -> int | None:
     """How many tensors the reference returns where it returns a pytree of them (a tuple, a nested
     tuple, a dict) that can be given to KernelBench's harness as one tensor: every leaf a tensor of
     one floating dtype. None where it returns one tensor, or anything else."""
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    output = _outputs_on_meta(reference)
-    if output is None or isinstance(output, torch.Tensor):
-        return None
-    leaves = tree_leaves(output)
-    if not leaves or not all(isinstance(t, torch.Tensor) for t in leaves):
-        return None
-    dtypes = {t.dtype for t in leaves}
-    return len(leaves) if len(dtypes) == 1 and next(iter(dtypes)).is_floating_point else None
+    form = _output_form(reference)
+    return form[1] if form is not None and form[2] else None
 
 
 def _not_one_tensor(reference: str) -> str | None:
     """Why KernelBench's harness cannot compare this task's outputs (it reads ``output.shape`` and
     calls ``torch.allclose`` on one tensor, and they cannot be flattened into one for it); None where
     it returns one tensor or flattenable ones, or where the meta device cannot tell."""
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    output = _outputs_on_meta(reference)
-    if output is None or isinstance(output, torch.Tensor) or flattened_outputs(reference) is not None:
+    form = _output_form(reference)
+    if form is None or form[2]:
         return None
     return (f"KernelBench's harness compares one output tensor (output.shape, torch.allclose); this task returns "
-            f"{type(output).__name__} of {len(tree_leaves(output))} values that are not tensors of one floating "
-            "dtype, which it cannot compare: no verdict from it (ours compares them one by one)")
+            f"{form[0]} of {form[1]} values that are not tensors of one floating dtype, which it cannot compare: "
+            "no verdict from it (ours compares them one by one)")
 
 
 def integer_inputs(reference: str) -> dict[int, str]:
