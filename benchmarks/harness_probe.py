@@ -24,7 +24,7 @@ WAYS = {
     "built_without_grad": "as ours, both models built under torch.no_grad()",
     "to_dtype_each_trial": "as ours, .to(device=, dtype=float32) before every trial",
     "one_namespace": "reference and program exec'd into one dict, the program after KernelBench's prefix",
-    "kernelbench": "all of the above together, as eval_kernel_against_ref runs it",
+    "kernelbench": "all of the above together (its own eval adds its seeds and default flags)",
 }
 
 
